@@ -1,0 +1,5 @@
+"""``python -m runner`` is ``ddp-run``."""
+
+from runner.cli import main
+
+main()

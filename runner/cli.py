@@ -1,0 +1,190 @@
+"""``ddp-run``: compose (Hydra) → plan → run tree → torchrun → summary. The driver never trains."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from runner import layout
+from runner.plan import Plan, PlanError, make_plan
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+CONF_DIR = PROJECT_ROOT / "conf"
+TASKS_DIR = PROJECT_ROOT / "tasks"
+
+# Worst exit code over the jobs of this invocation (a sweep runs several in one process).
+_state: dict[str, Any] = {"exit": 0, "sweep_dir": None}
+
+
+def known_tasks() -> list[str]:
+    """Task modules: files in tasks/ that define ``build``."""
+    return sorted(p.stem for p in TASKS_DIR.glob("*.py") if "\ndef build(" in p.read_text())
+
+
+def refuse(err: PlanError) -> int:
+    """Print a refusal the user can act on; return the refusal exit code."""
+    print(f"ddp-run: refused: {err.key}={err.value!r}: {err.problem}.\n"
+          f"  key:   {err.key}\n  value: {err.value!r}\n  fix:   {err.fix}\n"
+          "Nothing was started and no run directory was created.", file=sys.stderr)
+    return layout.EXIT_REFUSED
+
+
+def check_group_overrides(args: list[str]) -> None:
+    """Refuse an unknown ``task=``/``data=``/``launcher=`` option before Hydra does (with exit 2, not 1)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        overrides = OverridesParser.create().parse_overrides([a for a in args if not a.startswith("-")])
+    except Exception:  # noqa: BLE001 - Hydra itself reports malformed overrides
+        return
+    for o in overrides:
+        group = o.key_or_group
+        if group not in ("task", "data", "launcher") or o.is_delete():
+            continue
+        options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+        values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.value()]
+        for v in values:
+            if str(v) not in options:
+                sys.exit(refuse(PlanError(group, v, f"no such {group}", f"pick one of: {', '.join(options)}")))
+
+
+def _plan(cfg: dict[str, Any]) -> Plan:
+    from runner import data_prep
+    from runner.devices import visible_gpus
+
+    gpus = visible_gpus() if cfg["device"] != "cpu" else []
+    train_samples = data_prep.prepare(cfg["data"], cfg["task"])
+    plan = make_plan(cfg, gpus, train_samples=train_samples, known_tasks=known_tasks())
+    # The resolved config holds what the plan decided: workers run exactly this.
+    cfg["batch"]["accumulation"] = plan.accumulation
+    cfg["device"], cfg["backend"] = plan.device, plan.backend
+    return plan
+
+
+def execute(cfg: DictConfig) -> int:
+    """One job: plan, refuse or launch, supervise, summarise. Returns the job's exit code."""
+    from runner import finalize, rundir
+    from runner.launch import Supervisor, torchrun_command, worker_env
+
+    t0 = time.time()
+    started = datetime.now()
+    resume = str(cfg.resume)
+    continuing = resume not in ("auto", "never") and _is_run_dir(resume)
+    try:
+        if continuing:  # continue that run in place, with its own config
+            rd = rundir.open_run_dir(resume)
+            with rd.fs.open(layout.join(rd.path, layout.CONFIG)) as f:
+                conf = OmegaConf.to_container(OmegaConf.create(f.read().decode()), resolve=True)
+            conf["resume"] = "auto"
+        else:
+            conf = OmegaConf.to_container(cfg, resolve=True)
+        plan = _plan(conf)
+        if not continuing and resume not in ("auto", "never"):
+            _check_resume_source(resume, plan)
+    except PlanError as err:
+        return refuse(err)
+
+    task = conf["task"]["name"]
+    print(f"ddp-run: {task}: {plan.explanation}; device {plan.device}, backend {plan.backend}", flush=True)
+    if conf["dry_run"]:
+        cmd = torchrun_command(plan, conf["launcher"], "<run dir>")
+        print("ddp-run: dry run, nothing launched. Command:\n  " + shlex.join(cmd))
+        print(OmegaConf.to_yaml(OmegaConf.create({"plan": plan.to_manifest()})))
+        return 0
+
+    if not continuing:
+        try:
+            rd = _new_run_dir(conf, plan, started)
+        except PlanError as err:
+            return refuse(err)
+    cmd = torchrun_command(plan, conf["launcher"], rd.url)
+    rd.write_text(layout.CONFIG, OmegaConf.to_yaml(OmegaConf.create(conf)))
+    from runner.manifest import initial_manifest
+
+    manifest = initial_manifest(plan, cmd, task, started)
+    if continuing:
+        previous = rd.read_json(layout.MANIFEST)
+        manifest["started"] = previous.get("started", manifest["started"])
+        manifest["continued"] = previous.get("continued", []) + [started.isoformat(timespec="seconds")]
+    rd.write_json(layout.MANIFEST, manifest)
+    print(f"ddp-run: run directory {rd.url}", flush=True)
+
+    sup = Supervisor(cmd, worker_env(rd.url, rd.local, t0), str(Path(rd.local, layout.LOGS, "torchrun.log")))
+    mirror = finalize.Mirror(rd) if rd.is_remote else None
+    rc = sup.run(on_tick=mirror.tick if mirror else None)
+    code = finalize.finish(rd, manifest, plan, rc, sup.interrupted)
+    if mirror:
+        mirror.flush()
+    print(rd.url, flush=True)
+    return code
+
+
+def _is_run_dir(url: str) -> bool:
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(url)
+    return fs.exists(layout.join(path, layout.CONFIG)) and fs.exists(layout.join(path, layout.MANIFEST))
+
+
+def _check_resume_source(resume: str, plan: Plan) -> None:
+    """Refuse before launch a checkpoint from a run with another world size (its RNG and data order
+    would not carry over)."""
+    import json
+
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(resume)
+    if not fs.exists(path):
+        raise PlanError("resume", resume, "no such run directory or checkpoint",
+                        "use resume=auto, resume=never, a run directory or a checkpoints/step_<N> path")
+    manifest = layout.join(path.rstrip("/").rsplit("/", 2)[0], layout.MANIFEST)
+    if fs.exists(manifest):
+        ws = json.loads(fs.cat_file(manifest)).get("plan", {}).get("world_size")
+        if ws is not None and ws != plan.world_size:
+            raise PlanError("world_size", plan.world_size,
+                            f"the checkpoint's run used world_size={ws}; per-rank RNG states and the data"
+                            " order would not carry over", f"resume with world_size={ws}")
+
+
+def _new_run_dir(conf: dict[str, Any], plan: Plan, started: datetime):
+    from runner import rundir
+
+    root, task = conf["output"]["root"], conf["task"]["name"]
+    hc = HydraConfig.get() if HydraConfig.initialized() else None
+    if hc is not None and hc.mode == RunMode.MULTIRUN:
+        if _state["sweep_dir"] is None:
+            sweep = rundir.create_sweep_dir(root, started)
+            _state["sweep_dir"] = sweep
+            print(f"ddp-run: sweep directory {sweep}", flush=True)
+        name = f"{hc.job.num}_{task}_w{plan.world_size}"
+        return rundir.create_run_dir(root, task, plan.world_size, started, parent=_state["sweep_dir"], name=name)
+    return rundir.create_run_dir(root, task, plan.world_size, started)
+
+
+@hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")
+def _app(cfg: DictConfig) -> None:
+    code = execute(cfg)
+    if code == layout.EXIT_REFUSED and not (HydraConfig.initialized() and
+                                           HydraConfig.get().mode == RunMode.MULTIRUN):
+        sys.exit(code)
+    _state["exit"] = max(_state["exit"], code)
+
+
+def main() -> None:
+    """Console entry point of ``ddp-run``."""
+    check_group_overrides(sys.argv[1:])
+    _app()
+    sys.exit(_state["exit"])
+
+
+if __name__ == "__main__":
+    main()

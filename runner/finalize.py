@@ -1,0 +1,110 @@
+"""After torchrun ends: status, exit codes, root cause and summary.json; mirroring for remote roots."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from runner import layout
+from runner.manifest import completion_check, read_rank_files, root_cause
+from runner.plan import Plan
+from runner.rundir import RunDir
+
+# torchrun's failure report: "rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 123)"
+_AGENT_FAILURE = re.compile(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
+
+
+def _exit_codes(facts: dict[int, dict], errors: dict[int, dict], agent_log: str, world_size: int,
+                ) -> dict[str, int | None]:
+    codes: dict[str, int | None] = {str(r): None for r in range(world_size)}
+    for r in errors:
+        codes[str(r)] = 1
+    for m in _AGENT_FAILURE.finditer(agent_log):
+        codes[m.group(1)] = int(m.group(2))
+    for r, f in facts.items():
+        if f.get("completed"):
+            codes[str(r)] = 0
+    return codes
+
+
+def finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupted: int | None) -> int:
+    """Write the final run.json and summary.json, print the outcome, and return the driver's exit code."""
+    facts, errors, logs = read_rank_files(rd.local, plan.world_size)
+    agent_log_path = Path(rd.local, layout.LOGS, "torchrun.log")
+    agent_log = agent_log_path.read_text(errors="replace") if agent_log_path.exists() else ""
+    check = completion_check(logs, plan.world_size)
+    ok = rc == 0 and interrupted is None and check["all_completed"]
+    cause = None if ok else root_cause(errors)
+    if cause is None and not ok:
+        reason = (f"interrupted by signal {interrupted}" if interrupted is not None
+                  else f"torchrun exited with {rc} and no rank left an error record (killed or crashed)")
+        cause = {"rank": None, "type": "Interrupted" if interrupted is not None else "WorkerLost",
+                 "message": reason, "traceback": agent_log.strip().splitlines()[-12:]}
+    rank0 = facts.get(0, {})
+    manifest.update(
+        status=layout.STATUS_COMPLETED if ok else layout.STATUS_FAILED,
+        ended=datetime.now().isoformat(timespec="seconds"),
+        exit_codes=_exit_codes(facts, errors, agent_log, plan.world_size),
+        torchrun_exit_code=rc,
+        restarts=max((f.get("restart_count", 0) for f in facts.values()), default=0),
+        ranks={str(r): {k: f.get(k) for k in ("host", "device", "device_name", "cuda_visible_devices", "pid")}
+               for r, f in sorted(facts.items())},
+    )
+    manifest["versions"]["nccl"] = rank0.get("nccl")
+    manifest["versions"]["cuda"] = rank0.get("cuda")
+    rd.write_json(layout.MANIFEST, manifest)
+    train = (rank0.get("summary") or {}) if ok else {}
+    summary = {
+        "status": manifest["status"],
+        "explanation": plan.explanation,
+        "global_batch": plan.global_batch,
+        "completion": check,
+        "root_cause": cause,
+        **{k: v for k, v in train.items() if k != "losses"},
+        "losses": train.get("losses"),
+    }
+    rd.write_json(layout.SUMMARY, summary)
+    if ok:
+        fin = train.get("final", {})
+        loss = fin.get("train/loss")
+        print(f"ddp-run: completed: {check['completed_ranks'] and len(check['completed_ranks'])} ranks on"
+              f" {'distinct' if check['distinct_devices'] else 'SHARED'} devices"
+              f" ({', '.join(check['devices'].values())}), {train.get('steps')} steps"
+              + (f", final loss {loss:.4f}" if loss is not None else ""), flush=True)
+        return 0
+    where = f"rank {cause['rank']}" if cause.get("rank") is not None else "the launcher"
+    print(f"ddp-run: FAILED: earliest error on {where}: {cause['type']}: {cause['message']}", file=sys.stderr)
+    for line in cause.get("traceback", [])[-6:]:
+        print(f"    {line}", file=sys.stderr)
+    print(f"ddp-run: rank logs: {layout.join(rd.url, layout.LOGS)}", file=sys.stderr, flush=True)
+    if interrupted is not None:
+        return 128 + interrupted
+    return rc if rc > 0 else 1
+
+
+class Mirror:
+    """Copies the locally written files (logs, TensorBoard) into a remote run tree, during and after a run."""
+
+    def __init__(self, rd: RunDir, every_s: float = 15.0) -> None:
+        self.rd, self.every_s, self.last = rd, every_s, time.monotonic()
+
+    def tick(self) -> None:
+        """Mirror if ``every_s`` has passed since the last copy."""
+        if time.monotonic() - self.last >= self.every_s:
+            self.flush()
+
+    def flush(self) -> None:
+        """Copy every local file to the remote tree now."""
+        self.last = time.monotonic()
+        local = Path(self.rd.local)
+        for p in local.rglob("*"):
+            if p.is_file() and ".tmp" not in p.name:
+                rel = p.relative_to(local).as_posix()
+                try:
+                    self.rd.fs.put_file(str(p), layout.join(self.rd.path, rel))
+                except OSError as exc:  # a failed mirror must not kill the run; the next tick retries
+                    print(f"ddp-run: warning: could not mirror {rel}: {exc}", file=sys.stderr)

@@ -1,0 +1,143 @@
+"""Build the exact torchrun command for a plan, start it, and supervise it to the end.
+
+torchrun's elastic agent starts, restarts and tears down the workers; the driver adds what it lacks:
+a clean stop on Ctrl-C/SIGTERM that leaves no process behind, and a readable root cause.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from runner import layout
+from runner.plan import Plan
+
+# Every environment built for workers keeps NVLink multicast off (it can take shared GPUs out of service).
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+GRACE_S = 20.0  # after SIGTERM, how long workers get before SIGKILL (well inside the 30 s promise)
+
+
+def torchrun_command(plan: Plan, launcher: Mapping[str, Any], run_url: str) -> list[str]:
+    """The torchrun invocation for this plan; the worker entry is ``python -m tasks <run dir>``."""
+    exe = Path(sys.executable).with_name("torchrun")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "torch.distributed.run"]
+    name = launcher.get("name", "local")
+    if name == "local":
+        cmd += ["--standalone", "--nnodes=1"]
+    elif name == "multinode":
+        cmd += [f"--nnodes={plan.nnodes}", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={launcher['rdzv_endpoint']}", f"--rdzv-id={launcher.get('rdzv_id', 'ddp-run')}"]
+    else:
+        raise ValueError(f"launcher={name!r}: unknown launcher. Fix: use launcher=local or launcher=multinode")
+    cmd += [f"--nproc-per-node={plan.nproc_per_node}", f"--max-restarts={launcher.get('max_restarts', 0)}",
+            "-m", "tasks", run_url]
+    return cmd
+
+
+def worker_env(run_url: str, local_dir: str, t0: float) -> dict[str, str]:
+    """The environment torchrun and its workers get."""
+    env = dict(os.environ)
+    for k, v in SAFE_ENV.items():
+        env.setdefault(k, v)
+    env[layout.ENV_RUN_DIR] = run_url
+    env[layout.ENV_LOCAL_DIR] = local_dir
+    env["DDP_RUNNER_T0"] = repr(t0)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would pick, without its warning
+    # Workers import `tasks` and `runner` from this checkout even when it is not installed.
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: torchrun ends if we die
+    except OSError:
+        pass
+
+
+class Supervisor:
+    """Runs torchrun as the driver's child and guarantees that no process outlives the run."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], agent_log: str) -> None:
+        self.cmd, self.env, self.agent_log = cmd, env, agent_log
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.interrupted: int | None = None
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self.interrupted = signum
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # torchrun's agent then stops its workers
+
+    def run(self, on_tick: Callable[[], None] | None = None) -> int:
+        """Start torchrun, wait for it, and return its exit code (negative for a signal).
+
+        ``on_tick`` is called about every half second while it runs (e.g. to mirror logs remotely).
+        """
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            with open(self.agent_log, "ab") as log:
+                # torchrun's own chatter goes to logs/torchrun.log; rank 0's console output keeps stdout.
+                self.proc = subprocess.Popen(self.cmd, env=self.env, stderr=log, start_new_session=True,
+                                             preexec_fn=_die_with_parent)
+                tree: list[psutil.Process] = []
+                while True:
+                    try:
+                        rc = self.proc.wait(timeout=0.5)
+                        break
+                    except subprocess.TimeoutExpired:
+                        tree = self._snapshot(tree)
+                        if on_tick is not None:
+                            on_tick()
+                        if self.interrupted is not None:
+                            rc = self._stop(tree)
+                            break
+            self._reap(tree)
+            return rc
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+    def _snapshot(self, tree: list[psutil.Process]) -> list[psutil.Process]:
+        """Remember torchrun's descendants (workers live in their own sessions, so killpg misses them)."""
+        try:
+            found = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            return tree
+        known = {p.pid for p in tree}
+        return tree + [p for p in found if p.pid not in known]
+
+    def _stop(self, tree: list[psutil.Process]) -> int:
+        assert self.proc is not None
+        deadline = time.monotonic() + GRACE_S
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            time.sleep(0.2)
+        if self.proc.poll() is None:
+            self.proc.kill()
+        return self.proc.wait()
+
+    @staticmethod
+    def _reap(tree: list[psutil.Process]) -> None:
+        """SIGTERM, then SIGKILL, any worker still alive after torchrun has gone."""
+        alive = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        for p in alive:
+            try:
+                p.terminate()
+            except psutil.Error:
+                pass
+        _, still = psutil.wait_procs(alive, timeout=5)
+        for p in still:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass

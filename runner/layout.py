@@ -1,0 +1,55 @@
+"""Vocabulary shared by the driver and the workers: run-tree paths and manifest/summary fields.
+
+The run directory is the only interface between the two sides, so its names live here and nowhere else.
+This module must stay import-light (standard library only): both sides import it at start-up.
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+CONFIG = "config.yaml"
+MANIFEST = "run.json"
+SUMMARY = "summary.json"
+LOGS = "logs"
+TB = "tb"
+CHECKPOINTS = "checkpoints"
+
+# Exit code of a refused plan: bad input, nothing started.
+EXIT_REFUSED = 2
+
+STATUS_RUNNING = "running"
+STATUS_COMPLETED = "completed"
+STATUS_FAILED = "failed"
+
+# Environment variable through which the driver tells workers where the run directory is.
+ENV_RUN_DIR = "DDP_RUNNER_RUN_DIR"
+# Local directory for files libraries insist on writing locally (logs, TensorBoard) when the run
+# directory is remote; equal to the run directory when it is local.
+ENV_LOCAL_DIR = "DDP_RUNNER_LOCAL_DIR"
+
+
+def join(base: str, *parts: str) -> str:
+    """Join URL or path components with '/' (fsspec URLs are always '/'-separated)."""
+    return posixpath.join(base, *parts)
+
+
+def rank_log(rank: int) -> str:
+    """Relative path of a rank's log file."""
+    return f"{LOGS}/rank{rank}.log"
+
+
+def rank_facts(rank: int) -> str:
+    """Relative path of the JSON facts a rank reports about itself (device, versions, completion)."""
+    return f"{LOGS}/rank{rank}.json"
+
+
+def rank_error(rank: int) -> str:
+    """Relative path of the error record a failing rank leaves (time, type, traceback tail)."""
+    return f"{LOGS}/rank{rank}.error.json"
+
+
+def run_name(time_hms: str, task: str, world_size: int, n: int = 0) -> str:
+    """Directory name of one run: ``<HH-MM-SS>_<task>_w<world_size>[_<n>]``."""
+    base = f"{time_hms}_{task}_w{world_size}"
+    return base if n == 0 else f"{base}_{n}"

@@ -1,0 +1,182 @@
+"""The plan: a pure function from a composed config and the visible devices to what will run.
+
+Everything here is arithmetic and checks, no I/O, so every refusal can be tested directly and happens
+before any process starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+DEVICES = ("auto", "cpu", "cuda")
+BACKENDS = ("auto", "nccl", "gloo")
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+class PlanError(ValueError):
+    """A refused plan: names the config key, the offending value and the fix."""
+
+    def __init__(self, key: str, value: Any, problem: str, fix: str) -> None:
+        self.key, self.value, self.problem, self.fix = key, value, problem, fix
+        super().__init__(f"{key}={value!r}: {problem}. Fix: {fix}")
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One visible CUDA device: its local index is its position in the visible list."""
+
+    physical_index: int
+    name: str
+    uuid: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What will run. ``global_batch = per_rank_batch × world_size × accumulation`` always holds."""
+
+    world_size: int
+    per_rank_batch: int
+    accumulation: int
+    global_batch: int
+    device: str
+    backend: str
+    nnodes: int
+    nproc_per_node: int
+    # local rank -> visible GPU (empty on CPU): local rank indexes the *visible* list.
+    gpus: tuple[Gpu, ...] = field(default_factory=tuple)
+
+    @property
+    def explanation(self) -> str:
+        """One line a reviewer can read: how the global batch comes about."""
+        ranks = "rank" if self.world_size == 1 else "ranks"
+        return (
+            f"global batch {self.global_batch} = {self.per_rank_batch} per rank × {self.world_size} {ranks}"
+            f" × {self.accumulation} accumulation"
+        )
+
+    def to_manifest(self) -> dict[str, Any]:
+        """The plan as recorded in run.json."""
+        d = asdict(self)
+        d["gpus"] = [asdict(g) for g in self.gpus]
+        d["explanation"] = self.explanation
+        return d
+
+
+def _positive_int(cfg: Mapping[str, Any], key: str, fix: str) -> int:
+    value = _get(cfg, key)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise PlanError(key, value, "must be a positive integer", fix)
+    return value
+
+
+def _get(cfg: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return node
+
+
+def derive_accumulation(global_batch: int, per_rank: int, world_size: int) -> int:
+    """Accumulation steps that make ``global_batch`` exactly; refuses indivisible values."""
+    step = per_rank * world_size
+    if global_batch % step:
+        lower, upper = (global_batch // step) * step, (global_batch // step + 1) * step
+        near = f"{lower} or {upper}" if lower else f"{upper}"
+        raise PlanError(
+            "batch.global",
+            global_batch,
+            f"not divisible by batch.per_rank × world_size = {per_rank} × {world_size} = {step}",
+            f"use a multiple of {step} (e.g. {near}), or change batch.per_rank / world_size",
+        )
+    return global_batch // step
+
+
+def make_plan(
+    cfg: Mapping[str, Any],
+    gpus: Sequence[Gpu],
+    train_samples: int | None = None,
+    known_tasks: Sequence[str] | None = None,
+) -> Plan:
+    """Turn a composed config and the visible GPUs into a :class:`Plan`, or raise :class:`PlanError`.
+
+    ``train_samples`` is the training set's size when known; ``known_tasks`` the task modules that exist.
+    """
+    task = _get(cfg, "task.name")
+    if known_tasks is not None and task not in known_tasks:
+        raise PlanError("task", task, "no such task", f"pick one of: {', '.join(sorted(known_tasks))}")
+
+    world_size = _positive_int(cfg, "world_size", "set world_size to the number of ranks, e.g. world_size=2")
+    per_rank = _positive_int(cfg, "batch.per_rank", "set batch.per_rank to a positive micro-batch, e.g. 8")
+    nnodes = _positive_int(cfg, "launcher.nnodes", "set launcher.nnodes to the number of hosts, e.g. 1")
+    if world_size % nnodes:
+        raise PlanError(
+            "world_size", world_size, f"not divisible by launcher.nnodes={nnodes}",
+            "use the same number of processes on every node (world_size = nnodes × processes per node)",
+        )
+    nproc = world_size // nnodes
+
+    global_batch = _get(cfg, "batch.global")
+    if global_batch is None:
+        accumulation = _positive_int(cfg, "batch.accumulation", "set batch.accumulation to 1 or more")
+    else:
+        _positive_int(cfg, "batch.global", "set batch.global to a positive global batch, or null")
+        accumulation = derive_accumulation(global_batch, per_rank, world_size)
+
+    device = _get(cfg, "device")
+    backend = _get(cfg, "backend")
+    if device not in DEVICES:
+        raise PlanError("device", device, "unknown device", f"use one of {', '.join(DEVICES)}")
+    if backend not in BACKENDS:
+        raise PlanError("backend", backend, "unknown backend", f"use one of {', '.join(BACKENDS)}")
+    if device == "cuda" and not gpus:
+        raise PlanError(
+            "device", device, "no CUDA device is visible on this host (CUDA_VISIBLE_DEVICES respected)",
+            "use device=cpu (or device=auto), or run on a host with GPUs",
+        )
+    if backend == "nccl" and not gpus:
+        raise PlanError("backend", backend, "NCCL needs CUDA devices and none is visible",
+                        "use backend=gloo (or backend=auto) on a CPU host")
+    if device == "auto":
+        device = "cuda" if gpus else "cpu"
+    if backend == "nccl" and device == "cpu":
+        raise PlanError("backend", backend, "NCCL cannot run on device=cpu", "use backend=gloo or device=cuda")
+    if backend == "auto":
+        backend = "nccl" if device == "cuda" else "gloo"
+    if device == "cuda" and nproc > len(gpus):
+        raise PlanError(
+            "world_size", world_size,
+            f"{nproc} processes per node but only {len(gpus)} GPU(s) visible (CUDA_VISIBLE_DEVICES respected);"
+            " DDP needs one GPU per process",
+            f"use world_size={len(gpus) * nnodes} or fewer, or device=cpu",
+        )
+
+    precision = _get(cfg, "train.precision")
+    if precision not in PRECISIONS:
+        raise PlanError("train.precision", precision, "unknown precision", f"use one of {', '.join(PRECISIONS)}")
+    max_steps = _get(cfg, "train.max_steps")
+    if max_steps is not None:
+        _positive_int(cfg, "train.max_steps", "set train.max_steps to a positive number of optimizer steps, or null")
+    else:
+        _positive_int(cfg, "train.epochs", "set train.epochs to 1 or more (or set train.max_steps)")
+
+    if train_samples is not None and train_samples < world_size * per_rank:
+        raise PlanError(
+            "batch.per_rank", per_rank,
+            f"the training set has {train_samples} samples, fewer than world_size × batch.per_rank ="
+            f" {world_size} × {per_rank} = {world_size * per_rank}, so some rank would get no full micro-batch",
+            "lower batch.per_rank or world_size, or give the task more data",
+        )
+
+    return Plan(
+        world_size=world_size,
+        per_rank_batch=per_rank,
+        accumulation=accumulation,
+        global_batch=per_rank * world_size * accumulation,
+        device=device,
+        backend=backend,
+        nnodes=nnodes,
+        nproc_per_node=nproc,
+        gpus=tuple(gpus[:nproc]) if device == "cuda" else (),
+    )

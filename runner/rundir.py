@@ -1,0 +1,136 @@
+"""The run tree on any fsspec filesystem: create it (only the driver does), write and read its files."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from runner import layout
+from runner.plan import PlanError
+
+
+@dataclass
+class RunDir:
+    """A run directory: ``url`` is where it lives; ``local`` is where local-only writers write.
+
+    For a local root the two are the same directory; for a remote root (s3://…), ``local`` is a staging
+    directory whose contents the driver mirrors into ``url``.
+    """
+
+    url: str
+    local: str
+    fs: fsspec.AbstractFileSystem
+    path: str
+
+    @property
+    def is_remote(self) -> bool:
+        return not isinstance(self.fs, LocalFileSystem)
+
+    def write_text(self, rel: str, text: str) -> None:
+        """Write a file of the run tree (atomically on local disks: readers never see half of it)."""
+        target = layout.join(self.path, rel)
+        if self.is_remote:
+            with self.fs.open(target, "w") as f:
+                f.write(text)
+            return
+        tmp = f"{target}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, target)
+
+    def write_json(self, rel: str, obj: Any) -> None:
+        self.write_text(rel, json.dumps(obj, indent=2, default=str, ensure_ascii=False) + "\n")
+
+    def read_json(self, rel: str) -> Any:
+        with self.fs.open(layout.join(self.path, rel), "r") as f:
+            return json.load(f)
+
+    def remove(self) -> None:
+        """Delete the whole run directory (used when a refusal comes after creation)."""
+        self.fs.rm(self.path, recursive=True)
+        if self.is_remote:
+            shutil.rmtree(self.local, ignore_errors=True)
+
+
+def _unwritable(root: str, exc: Exception) -> PlanError:
+    return PlanError("output.root", root, f"cannot be written ({type(exc).__name__}: {exc})",
+                     "point output.root at a writable directory or bucket, e.g. output.root=outputs")
+
+
+def open_run_dir(url: str) -> RunDir:
+    """An existing run directory (for ``resume=<run dir>``)."""
+    fs, path = fsspec.core.url_to_fs(url)
+    local = path if isinstance(fs, LocalFileSystem) else tempfile.mkdtemp(prefix="ddp-run-")
+    return RunDir(url=url.rstrip("/"), local=local, fs=fs, path=path.rstrip("/"))
+
+
+def _claim(fs: fsspec.AbstractFileSystem, parent: str, base: str) -> str:
+    """Create ``parent/base`` or ``parent/base_<n>`` for the first free n and return its path.
+
+    On local disks ``mkdir`` is atomic, so two drivers started in the same second never share a name.
+    """
+    fs.makedirs(parent, exist_ok=True)
+    n = 0
+    while True:
+        path = layout.join(parent, base if n == 0 else f"{base}_{n}")
+        if isinstance(fs, LocalFileSystem):
+            try:
+                os.mkdir(path)
+                return path
+            except FileExistsError:
+                pass
+        elif not fs.exists(path):
+            fs.makedirs(path, exist_ok=True)
+            return path
+        n += 1
+
+
+def _dated(root_path: str, now: datetime) -> str:
+    return layout.join(root_path.rstrip("/"), now.strftime("%Y-%m-%d"))
+
+
+def create_sweep_dir(root: str, now: datetime) -> str:
+    """Make ``<root>/<YYYY-MM-DD>/<HH-MM-SS>_sweep[_<n>]`` (a filesystem path) for the jobs of one sweep."""
+    fs, root_path = fsspec.core.url_to_fs(root)
+    try:
+        return _claim(fs, _dated(root_path, now), f"{now.strftime('%H-%M-%S')}_sweep")
+    except OSError as exc:
+        raise _unwritable(root, exc) from exc
+
+
+def create_run_dir(root: str, task: str, world_size: int, now: datetime, parent: str | None = None,
+                   name: str | None = None) -> RunDir:
+    """Make ``<root>/<YYYY-MM-DD>/<HH-MM-SS>_<task>_w<ws>[_<n>]`` with its subfolders.
+
+    Two runs started in the same second get distinct directories. ``parent``/``name`` place a sweep job
+    inside its sweep directory. Raises :class:`PlanError` when the root cannot be written, leaving
+    nothing behind.
+    """
+    fs, root_path = fsspec.core.url_to_fs(root)
+    local_fs = isinstance(fs, LocalFileSystem)
+    parent_path = parent or _dated(root_path, now)
+    made_parent = not fs.exists(parent_path)
+    try:
+        path = _claim(fs, parent_path, name or layout.run_name(now.strftime("%H-%M-%S"), task, world_size))
+        for sub in (layout.LOGS, layout.TB, layout.CHECKPOINTS):
+            fs.makedirs(layout.join(path, sub), exist_ok=True)
+        if not local_fs:  # prove the bucket accepts writes now, not at the first checkpoint
+            fs.pipe_file(layout.join(path, layout.MANIFEST), b"{}")
+    except OSError as exc:
+        if made_parent and local_fs:
+            shutil.rmtree(parent_path, ignore_errors=True)
+        raise _unwritable(root, exc) from exc
+    if local_fs:
+        return RunDir(url=path, local=path, fs=fs, path=path)
+    local = tempfile.mkdtemp(prefix=f"ddp-run-{path.rsplit('/', 1)[-1]}-")
+    for sub in (layout.LOGS, layout.TB):
+        os.makedirs(os.path.join(local, sub), exist_ok=True)
+    return RunDir(url=fs.unstrip_protocol(path), local=local, fs=fs, path=path)

@@ -1,0 +1,37 @@
+"""Worker entry point, started by torchrun on every rank: ``python -m tasks <run dir>``.
+
+Reads the resolved config from the run directory (workers never run Hydra), then hands over to the one
+training engine. Only the driver creates directories.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from runner import layout
+from tasks import worker_io
+
+
+def main() -> int:
+    """Run this rank; return its exit code."""
+    run_dir = sys.argv[1] if len(sys.argv) > 1 else os.environ[layout.ENV_RUN_DIR]
+    local_dir = os.environ.get(layout.ENV_LOCAL_DIR, run_dir)
+    rank = int(os.environ.get("RANK", "0"))
+    worker_io.die_with_parent()
+    console = worker_io.redirect_output(local_dir, rank)
+    try:
+        from tasks.engine import run
+
+        run(run_dir, local_dir, console)
+        return 0
+    except BaseException as exc:  # noqa: B036 - every failure, KeyboardInterrupt too, is recorded
+        worker_io.record_error(local_dir, rank, exc)
+        import traceback
+
+        traceback.print_exc()
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,467 @@
+"""The one training engine. Every task supplies model, data and loss (``tasks.api.TaskParts``); this owns
+the loop: process group, DDP, sampler, accumulation, precision, optimizer, schedule, validation,
+TensorBoard scalars, checkpoints and resume.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import math
+import os
+import resource
+import socket
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import IO, Any
+
+import fsspec
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from runner import layout
+from tasks import checkpoint as ckpt
+from tasks import metrics, worker_io
+from tasks.api import TaskParts
+from tasks.progress import Progress
+from tasks.sampler import ResumableDistributedSampler
+
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class Context:
+    """Who and where this rank is."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    run_dir: str
+    local_dir: str
+    console: IO[str] | None
+    device_name: str = "cpu"
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+@dataclass
+class TrainState:
+    """Where training stands: enough to continue exactly from here."""
+
+    step: int = 0            # optimizer steps done
+    epoch: int = 0           # current epoch
+    micro_in_epoch: int = 0  # micro-batches of the current epoch already consumed
+    losses: list[float] = field(default_factory=list)
+
+
+def load_config(run_dir: str) -> DictConfig:
+    """The resolved config the driver wrote: what this run runs, exactly."""
+    with fsspec.open(layout.join(run_dir, layout.CONFIG), "r") as f:
+        return OmegaConf.create(f.read())
+
+
+def _setup(run_dir: str, local_dir: str, console: IO[str] | None, cfg: DictConfig) -> Context:
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    if cfg.device == "cuda":
+        torch.cuda.set_device(local_rank)  # local rank indexes the visible devices
+        device = torch.device("cuda", local_rank)
+        name = torch.cuda.get_device_name(device)
+    else:
+        device, name = torch.device("cpu"), "cpu"
+    dist.init_process_group(
+        cfg.backend, timeout=timedelta(seconds=cfg.timeout_s),
+        device_id=device if device.type == "cuda" else None,
+    )
+    return Context(rank, local_rank, world_size, device, run_dir, local_dir, console, name)
+
+
+def _device_label(ctx: Context) -> str:
+    return f"{ctx.device.type}:{ctx.local_rank}"
+
+
+def _facts(ctx: Context, **extra: Any) -> dict[str, Any]:
+    facts: dict[str, Any] = {
+        "rank": ctx.rank, "local_rank": ctx.local_rank, "host": socket.gethostname(), "pid": os.getpid(),
+        "device": _device_label(ctx), "device_name": ctx.device_name,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "torch": torch.__version__, "backend": dist.get_backend() if dist.is_initialized() else None,
+        "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+    }
+    if ctx.device.type == "cuda":
+        facts["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        facts["cuda"] = torch.version.cuda
+    facts.update(extra)
+    return facts
+
+
+def _optimizer(cfg: DictConfig, model: torch.nn.Module, device: torch.device) -> torch.optim.Optimizer:
+    t = cfg.train
+    params = [p for p in model.parameters() if p.requires_grad]
+    if t.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
+    if t.optimizer == "adamw":
+        # Decay matrices only (nanoGPT's rule): norms and biases are not regularised.
+        decay = [p for p in params if p.dim() >= 2]
+        no_decay = [p for p in params if p.dim() < 2]
+        groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), fused=device.type == "cuda")
+    raise ValueError(f"train.optimizer={t.optimizer!r}: unknown optimizer. Fix: use sgd or adamw")
+
+
+def lr_factor(step: int, total: int, schedule: str, warmup: int, min_ratio: float) -> float:
+    """Multiplier of the base LR at optimizer step ``step`` (0-based): linear warmup, then constant or cosine."""
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    if schedule == "cosine":
+        span = max(1, total - warmup)
+        progress = min(1.0, (step - warmup) / span)
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    raise ValueError(f"train.schedule={schedule!r}: unknown schedule. Fix: use constant or cosine")
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, data: Dataset, ctx: Context, batch: int, precision: str) -> float:
+    """Mean loss over the whole dataset, each sample counted exactly once across ranks.
+
+    DistributedSampler pads uneven splits with duplicates; here rank r takes samples r, r+W, r+2W, … with
+    no padding, and the sums and counts are reduced across ranks.
+    """
+    was_training = model.training
+    model.eval()
+    shard = Subset(data, range(ctx.rank, len(data), ctx.world_size))
+    totals = torch.zeros(2, dtype=torch.float64, device=ctx.device)
+    for x, y in DataLoader(shard, batch_size=batch, shuffle=False):
+        with _autocast(ctx.device, precision):
+            loss = model(x.to(ctx.device), y.to(ctx.device))
+        totals[0] += loss.double() * len(x)
+        totals[1] += len(x)
+    dist.all_reduce(totals)
+    model.train(was_training)
+    return (totals[0] / totals[1]).item()
+
+
+def _autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    dtype = AUTOCAST_DTYPES.get(precision)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def _peak_memory_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB (peak RSS)
+
+
+class Trainer:
+    """One run of the training loop on this rank."""
+
+    def __init__(self, cfg: DictConfig, ctx: Context) -> None:
+        self.cfg, self.ctx = cfg, ctx
+        t = cfg.train
+        torch.manual_seed(cfg.seed)  # same init on every rank (DDP also broadcasts rank 0's weights)
+        task = importlib.import_module(f"tasks.{cfg.task.name}")
+        self.parts: TaskParts = task.build(cfg, ctx.device)
+        self.model = self.parts.model.to(ctx.device)
+        self.ddp = DDP(
+            self.model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None,
+            gradient_as_bucket_view=True,
+        )
+        self.forward = torch.compile(self.ddp) if t.compile else self.ddp
+        self.optimizer = _optimizer(cfg, self.model, ctx.device)
+        self.scaler = torch.amp.GradScaler(ctx.device.type) if t.precision == "fp16" else None
+        self.per_rank, self.accumulation = cfg.batch.per_rank, cfg.batch.accumulation
+        self.sampler = ResumableDistributedSampler(
+            self.parts.train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=cfg.seed,
+        )
+        # drop_last keeps every micro-batch exactly batch.per_rank, so the global batch is what the plan says.
+        self.loader = DataLoader(
+            self.parts.train_set, batch_size=self.per_rank, sampler=self.sampler, drop_last=True,
+            num_workers=t.num_workers, pin_memory=ctx.device.type == "cuda",
+            persistent_workers=t.num_workers > 0,
+        )
+        self.steps_per_epoch = (self.sampler.num_samples // self.per_rank) // self.accumulation
+        if self.steps_per_epoch == 0:
+            raise ValueError(
+                f"batch.accumulation={self.accumulation}: an epoch gives each rank only"
+                f" {self.sampler.num_samples // self.per_rank} micro-batches, fewer than one optimizer step."
+                " Fix: lower batch.accumulation, batch.per_rank or world_size, or use more data"
+            )
+        self.total_steps = t.max_steps or t.epochs * self.steps_per_epoch
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda s: lr_factor(s, self.total_steps, t.schedule, t.warmup_steps, t.min_lr_ratio),
+        )
+        self.state = TrainState()
+        self.resumed_from: str | None = None
+        self.saver = ckpt.AsyncSaver() if (ctx.is_main and cfg.checkpoint.async_save) else None
+        self.ckpt_root = layout.join(ctx.run_dir, layout.CHECKPOINTS)
+
+    # -- checkpoints -----------------------------------------------------------------------------------
+
+    def _resume_source(self) -> str | None:
+        """Newest complete checkpoint of this run (elastic restart / continue in place), else ``resume``."""
+        resume = str(self.cfg.resume)
+        if resume == "never":
+            return None
+        own = ckpt.latest(self.ckpt_root)
+        if own is not None or resume == "auto":
+            return own
+        if ckpt.is_checkpoint(resume):
+            return resume
+        found = ckpt.latest(layout.join(resume, layout.CHECKPOINTS))
+        if found is None:
+            raise ValueError(f"resume={resume!r}: no complete checkpoint there. Fix: point resume at a"
+                             " run directory with checkpoints/step_<N>, a checkpoint, or use resume=never")
+        return found
+
+    def maybe_resume(self) -> None:
+        """Load model, optimizer, scheduler, scaler, progress and this rank's RNG state from a checkpoint."""
+        src = self._resume_source()
+        if src is None:
+            return
+        state = ckpt.load(src, map_location="cpu")
+        self._check_compatible(state, src)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        p = state["progress"]
+        self.state = TrainState(p["step"], p["epoch"], p["micro_in_epoch"], list(p.get("losses", [])))
+        ckpt.set_rng_state(state["rng"][self.ctx.rank])
+        self.resumed_from = src
+        self._say(f"resumed from {src} at step {self.state.step}")
+
+    def _check_compatible(self, state: dict[str, Any], src: str) -> None:
+        mine = self.model.state_dict()
+        theirs = state["model"]
+        problems = [f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(mine[k].shape)}"
+                    for k, v in theirs.items() if k in mine and tuple(v.shape) != tuple(mine[k].shape)]
+        problems += [f"{k}: missing in checkpoint" for k in mine if k not in theirs]
+        problems += [f"{k}: not in this model" for k in theirs if k not in mine]
+        if problems:
+            raise ValueError(f"cannot resume from {src}: the model differs ({len(problems)} keys): "
+                             + "; ".join(problems[:8]) + ". Fix: resume with the same task.model settings")
+        plan = state.get("plan", {})
+        if plan.get("world_size") not in (None, self.ctx.world_size):
+            raise ValueError(f"cannot resume from {src}: it ran with world_size={plan['world_size']}, this run"
+                             f" has {self.ctx.world_size}. Fix: resume with world_size={plan['world_size']}")
+
+    def save_checkpoint(self) -> None:
+        """Every rank hands its RNG state to rank 0 (one collective), which saves atomically."""
+        rng = [None] * self.ctx.world_size
+        dist.all_gather_object(rng, ckpt.rng_state())
+        if not self.ctx.is_main:
+            return
+        s = self.state
+        state = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "progress": {"step": s.step, "epoch": s.epoch, "micro_in_epoch": s.micro_in_epoch,
+                         "losses": list(s.losses)},
+            "rng": rng,
+            "plan": {"world_size": self.ctx.world_size, "per_rank_batch": self.per_rank,
+                     "accumulation": self.accumulation,
+                     "global_batch": self.per_rank * self.ctx.world_size * self.accumulation},
+            "config": OmegaConf.to_yaml(self.cfg),
+        }
+        protect = frozenset({self.resumed_from} if self.resumed_from else ())
+        keep = self.cfg.checkpoint.keep_last
+        if self.saver is not None:
+            self.saver.save(self.ckpt_root, s.step, state, keep_last=keep, protect=protect)
+        else:
+            ckpt.save(self.ckpt_root, s.step, state, keep_last=keep, protect=protect)
+
+    # -- the loop --------------------------------------------------------------------------------------
+
+    def _say(self, msg: str) -> None:
+        print(msg, flush=True)
+
+    def _micro_batches(self):
+        """Yield (x, y, data_wait_s) forever, epoch after epoch, calling set_epoch every epoch."""
+        while True:
+            self.sampler.set_epoch(self.state.epoch)
+            self.sampler.set_start(self.state.micro_in_epoch * self.per_rank)
+            usable = self.steps_per_epoch * self.accumulation
+            it = iter(self.loader)
+            while self.state.micro_in_epoch < usable:
+                t0 = time.perf_counter()
+                x, y = next(it)
+                yield x, y, time.perf_counter() - t0
+            self.state.epoch += 1
+            self.state.micro_in_epoch = 0
+
+    def train(self) -> dict[str, Any]:
+        cfg, ctx, t = self.cfg, self.ctx, self.cfg.train
+        writer = self._writer() if ctx.is_main else None
+        progress = Progress(ctx.console, self.total_steps, self.state.step) if ctx.is_main else None
+        device, acc = ctx.device, self.accumulation
+        samples_per_step = self.per_rank * ctx.world_size * acc
+        tokens_per_sample = self.parts.tokens_per_sample
+        peak = metrics.peak_flops(ctx.device_name, t.precision)
+        batches = self._micro_batches()
+        window: dict[str, Any] = {"steps": 0, "wait": 0.0, "t0": time.perf_counter(), "first": True}
+        step_times: list[float] = []
+        tps_hist: list[float] = []
+        mfu_hist: list[float] = []
+        loss_acc = torch.zeros((), device=device)
+        first_step_s: float | None = None
+        val_loss: float | None = None
+        last: dict[str, float] = {}
+        while self.state.step < self.total_steps:
+            for m in range(acc):
+                x, y, wait = next(batches)
+                window["wait"] += wait
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                # no_sync around forward *and* backward of every micro-step but the last.
+                sync = contextlib.nullcontext() if m == acc - 1 else self.ddp.no_sync()
+                with sync:
+                    with _autocast(device, t.precision):
+                        loss = self.forward(x, y)
+                    scaled = loss / acc
+                    (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+                loss_acc += loss.detach().float()
+                self.state.micro_in_epoch += 1
+            if self.scaler is not None:
+                self.scaler.unscale_(self.optimizer)
+            params = [p for p in self.model.parameters() if p.grad is not None]
+            if t.grad_clip:
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, t.grad_clip)
+            else:
+                grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+            lr = self.optimizer.param_groups[0]["lr"]
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scheduler.step()
+            self.state.step += 1
+            window["steps"] += 1
+            step = self.state.step
+
+            if step == 1:
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                first_step_s = time.time() - float(os.environ.get("DDP_RUNNER_T0", time.time()))
+            if step % t.log_every == 0 or step == self.total_steps:
+                # One small all-reduce: the logged loss is the global mean over the whole global batch.
+                stats = torch.stack([loss_acc / acc / window["steps"], grad_norm.detach().float().to(device)])
+                dist.all_reduce(stats)
+                train_loss, gnorm = (stats / ctx.world_size).tolist()
+                loss_acc.zero_()
+                step_s = (time.perf_counter() - window["t0"]) / window["steps"]
+                sps = samples_per_step / step_s
+                last = {"train/loss": train_loss, "lr": lr, "grad_norm": gnorm, "perf/step_time_s": step_s,
+                        "perf/data_wait_s": window["wait"] / window["steps"],
+                        "perf/samples_per_s": sps, "memory/peak_gb": _peak_memory_gb(device)}
+                if tokens_per_sample:
+                    last["perf/tokens_per_s"] = sps * tokens_per_sample
+                    last["perf/tokens_per_s_per_device"] = sps * tokens_per_sample / ctx.world_size
+                u = metrics.mfu(self.parts.flops_per_sample, sps / ctx.world_size, peak)
+                if u is not None:
+                    last["perf/mfu_pct"] = 100 * u
+                if not window["first"]:  # the first window holds start-up and compilation: not a median
+                    step_times.append(step_s)
+                    if tokens_per_sample:
+                        tps_hist.append(last["perf/tokens_per_s"])
+                    if u is not None:
+                        mfu_hist.append(100 * u)
+                self.state.losses.append(train_loss)
+                if writer is not None:
+                    for k, v in last.items():
+                        writer.add_scalar(k, v, step)
+                if progress is not None:
+                    progress.update(step, train_loss, last.get("perf/tokens_per_s") or sps)
+                window = {"steps": 0, "wait": 0.0, "t0": time.perf_counter(), "first": False}
+
+            if self.parts.val_set is not None and t.val_every and step % t.val_every == 0 \
+                    and step != self.total_steps:
+                val_loss = self._validate(writer, step)
+            every = cfg.checkpoint.every_steps
+            if every and step % every == 0 and step != self.total_steps:
+                self.save_checkpoint()
+                window["t0"] = time.perf_counter()  # the save's blocking time is not a training step
+
+        if self.parts.val_set is not None:
+            val_loss = self._validate(writer, self.state.step)
+        self.save_checkpoint()
+        if self.saver is not None:
+            self.saver.wait()
+        if progress is not None:
+            progress.close()
+        summary = {
+            "steps": self.state.step, "epochs_started": self.state.epoch + (self.state.micro_in_epoch > 0),
+            "final": {k: v for k, v in last.items()},
+            "val_loss": val_loss,
+            "median": {"step_time_s": metrics.median(step_times), "tokens_per_s": metrics.median(tps_hist),
+                       "mfu_pct": metrics.median(mfu_hist)},
+            "time_to_first_step_s": first_step_s,
+            "resumed_from": self.resumed_from,
+            "losses": self.state.losses,
+        }
+        if writer is not None:
+            writer.close()
+        return summary
+
+    def _validate(self, writer: Any, step: int) -> float:
+        loss = evaluate(self.model, self.parts.val_set, self.ctx, self.per_rank, self.cfg.train.precision)
+        if writer is not None:
+            writer.add_scalar("val/loss", loss, step)
+        self._say(f"step {step} val/loss {loss:.4f}")
+        return loss
+
+    def _writer(self) -> Any:
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(os.path.join(self.ctx.local_dir, layout.TB))
+        cfg = self.cfg
+        gb = self.per_rank * self.ctx.world_size * self.accumulation
+        plan = {"world_size": self.ctx.world_size, "per_rank_batch": self.per_rank,
+                "accumulation": self.accumulation, "global_batch": gb}
+        text = (f"global batch {gb} = {self.per_rank} per rank × {self.ctx.world_size} ranks × "
+                f"{self.accumulation} accumulation\n\n| key | value |\n|---|---|\n"
+                + "".join(f"| {k} | {v} |\n" for k, v in plan.items()))
+        writer.add_text("plan", text, 0)
+        hparams = {**plan, "task": cfg.task.name, "lr": cfg.train.lr, "precision": cfg.train.precision,
+                   "device": cfg.device}
+        from torch.utils.tensorboard.summary import hparams as hp
+
+        for event in hp(hparams, {"train/loss": 0.0}):
+            writer._get_file_writer().add_summary(event)
+        return writer
+
+
+def run(run_dir: str, local_dir: str, console: IO[str] | None) -> None:
+    """Train this rank to the end, then report ``rank R device D completed``."""
+    cfg = load_config(run_dir)
+    ctx = _setup(run_dir, local_dir, console, cfg)
+    worker_io.write_json(local_dir, layout.rank_facts(ctx.rank), _facts(ctx, completed=False))
+    try:
+        trainer = Trainer(cfg, ctx)
+        trainer.maybe_resume()
+        summary = trainer.train()
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize()
+        dist.barrier()
+        line = f"rank {ctx.rank} device {_device_label(ctx)} completed"
+        print(line, flush=True)
+        worker_io.write_json(local_dir, layout.rank_facts(ctx.rank),
+                             _facts(ctx, completed=True, exit_code=0, summary=summary if ctx.is_main else None))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

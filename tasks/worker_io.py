@@ -1,0 +1,65 @@
+"""What a worker writes about itself into the run directory: its log, its facts, its error record."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from typing import IO, Any
+
+from runner import layout
+
+
+def redirect_output(local_dir: str, rank: int) -> IO[str] | None:
+    """Send this process's stdout/stderr (C-level too, e.g. NCCL's) to ``logs/rank<R>.log``.
+
+    Returns a stream to the original stdout for rank 0 (its progress goes to the console), else None.
+    """
+    path = os.path.join(local_dir, layout.rank_log(rank))
+    console = os.fdopen(os.dup(1), "w", buffering=1) if rank == 0 else None
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    return console
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process if its parent (torchrun's agent) dies, so none is orphaned."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # the parent died before prctl took effect
+            os._exit(1)
+    except OSError:
+        pass
+
+
+def write_json(local_dir: str, rel: str, obj: dict[str, Any]) -> None:
+    """Write a small JSON file atomically (rename), so the driver never reads half of it."""
+    path = os.path.join(local_dir, rel)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2)
+    os.replace(tmp, path)
+
+
+def record_error(local_dir: str, rank: int, exc: BaseException) -> None:
+    """Leave ``logs/rank<R>.error.json``: when, what type, and the last traceback lines."""
+    lines = traceback.format_exception(exc)
+    tail = "".join(lines).rstrip().splitlines()[-12:]
+    write_json(local_dir, layout.rank_error(rank), {
+        "rank": rank,
+        "time": time.time(),
+        "type": type(exc).__name__,
+        "message": str(exc)[:2000],
+        "traceback": tail,
+    })
