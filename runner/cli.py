@@ -66,7 +66,7 @@ def _plan(cfg: dict[str, Any]) -> Plan:
     plan = make_plan(cfg, gpus, train_samples=train_samples, known_tasks=known_tasks())
     # The resolved config holds what the plan decided: workers run exactly this.
     cfg["batch"]["accumulation"] = plan.accumulation
-    cfg["device"], cfg["backend"] = plan.device, plan.backend
+    cfg["device"], cfg["backend"], cfg["world_size"] = plan.device, plan.backend, plan.world_size
     return plan
 
 

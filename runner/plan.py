@@ -107,6 +107,11 @@ def make_plan(
     if known_tasks is not None and task not in known_tasks:
         raise PlanError("task", task, "no such task", f"pick one of: {', '.join(sorted(known_tasks))}")
 
+    if _get(cfg, "world_size") == "auto":
+        if not gpus or _get(cfg, "device") == "cpu":
+            raise PlanError("world_size", "auto", "auto means one rank per visible GPU, and none is visible",
+                            "set world_size to a number of CPU ranks, e.g. world_size=2")
+        cfg = {**cfg, "world_size": len(gpus) * (_get(cfg, "launcher.nnodes") or 1)}
     world_size = _positive_int(cfg, "world_size", "set world_size to the number of ranks, e.g. world_size=2")
     per_rank = _positive_int(cfg, "batch.per_rank", "set batch.per_rank to a positive micro-batch, e.g. 8")
     nnodes = _positive_int(cfg, "launcher.nnodes", "set launcher.nnodes to the number of hosts, e.g. 1")

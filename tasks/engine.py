@@ -10,6 +10,7 @@ import importlib
 import math
 import os
 import resource
+import signal
 import socket
 import time
 from dataclasses import dataclass, field
@@ -127,6 +128,26 @@ def lr_factor(step: int, total: int, schedule: str, warmup: int, min_ratio: floa
         progress = min(1.0, (step - warmup) / span)
         return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
     raise ValueError(f"train.schedule={schedule!r}: unknown schedule. Fix: use constant or cosine")
+
+
+def inject_fault(rank: int, step: int) -> None:
+    """Fault injection for tests: ``DDP_RUNNER_FAULT=<kind>@<rank>:<step>`` with kind raise|kill|hang.
+
+    Only the first attempt of a run is faulted, so an elastic restart can be shown to recover.
+    """
+    spec = os.environ.get("DDP_RUNNER_FAULT")
+    if not spec or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return
+    kind, _, where = spec.partition("@")
+    r, _, s = where.partition(":")
+    if int(r) != rank or int(s) != step:
+        return
+    if kind == "raise":
+        raise RuntimeError(f"injected fault on rank {rank} at step {step}")
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "hang":
+        time.sleep(10**6)
 
 
 @torch.no_grad()
@@ -353,6 +374,7 @@ class Trainer:
             self.state.step += 1
             window["steps"] += 1
             step = self.state.step
+            inject_fault(ctx.rank, step)
 
             if step == 1:
                 if device.type == "cuda":

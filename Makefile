@@ -1,0 +1,32 @@
+# Two commands on a fresh machine: `make run` (set up + smoke run), `make test`.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+# On a GPU host: one rank per visible GPU with NCCL; elsewhere 2 CPU ranks with gloo.
+RUN_ARGS ?= $(if $(shell nvidia-smi -L 2>/dev/null),world_size=auto,device=cpu world_size=2)
+ARGS   ?=
+
+.PHONY: setup run test lint bench clean
+
+setup: $(VENV)/.installed
+
+# The system site-packages are visible so a GPU host's own CUDA torch is used as is; elsewhere torch is
+# the CPU wheel (`torch==2.13.0`), installed first so nothing pulls a multi-GB CUDA build.
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv --system-site-packages $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[test]'
+	touch $@
+
+run: setup
+	$(VENV)/bin/ddp-run task=smoke $(RUN_ARGS) $(ARGS)
+
+test: setup
+	$(VENV)/bin/ruff check runner tasks tests bench
+	$(VENV)/bin/pytest -q $(ARGS)
+
+bench: setup
+	$(PY) bench/overhead.py
+
+clean:
+	rm -rf $(VENV) outputs/2*

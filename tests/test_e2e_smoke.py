@@ -1,0 +1,133 @@
+"""End-to-end: real torchrun, real gloo process groups, real TensorBoard files, through the CLI."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+from conftest import ddp_run, load_json, run_dirs
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+pytestmark = pytest.mark.slow
+
+
+def scalars(run: Path, tag: str) -> list[tuple[int, float]]:
+    acc = EventAccumulator(str(run / "tb"))
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def test_smoke_two_ranks_gloo_tree_and_manifest(out_root):
+    r = ddp_run(["task=smoke", "world_size=2", "batch.per_rank=8", "batch.accumulation=2", "device=cpu"], out_root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    [run] = run_dirs(out_root)
+    assert r.stdout.strip().splitlines()[-1] == str(run), "the run directory is the last line"
+    assert "global batch 32 = 8 per rank × 2 ranks × 2 accumulation" in r.stdout
+    # <root>/<YYYY-MM-DD>/<HH-MM-SS>_smoke_w2
+    assert run.parent.parent == out_root and run.name.endswith("_smoke_w2")
+    for item in ("config.yaml", "run.json", "summary.json", "logs/rank0.log", "logs/rank1.log", "tb", "checkpoints"):
+        assert (run / item).exists(), item
+
+    manifest = load_json(run / "run.json")
+    assert manifest["status"] == "completed"
+    assert {k: manifest["plan"][k] for k in ("world_size", "per_rank_batch", "accumulation", "global_batch")} == {
+        "world_size": 2, "per_rank_batch": 8, "accumulation": 2, "global_batch": 32}
+    assert manifest["command"][-3:] == ["-m", "tasks", str(run)]
+    assert manifest["exit_codes"] == {"0": 0, "1": 0}
+    assert manifest["versions"]["torch"] and manifest["versions"]["python"]
+    assert manifest["host"] and manifest["started"] and manifest["ended"]
+    assert [d["local_rank"] for d in manifest["devices"]] == [0, 1]
+
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert config["batch"]["accumulation"] == 2 and config["device"] == "cpu" and config["backend"] == "gloo"
+
+    summary = load_json(run / "summary.json")
+    assert summary["completion"]["all_completed"] and summary["completion"]["distinct_devices"]
+    assert summary["global_batch"] == 32
+    for rank in (0, 1):
+        assert f"rank {rank} device cpu:{rank} completed" in (run / f"logs/rank{rank}.log").read_text()
+
+    # 64 samples / (8 × 2 × 2) = 2 optimizer steps per epoch, 2 epochs: x-axis is the optimizer step.
+    loss = scalars(run, "train/loss")
+    assert [s for s, _ in loss] == [1, 2, 3, 4]
+    assert summary["steps"] == 4 and summary["losses"] == pytest.approx([v for _, v in loss])
+    acc = EventAccumulator(str(run / "tb"))
+    acc.Reload()
+    assert "plan/text_summary" in acc.Tags()["tensors"]
+    # Only the driver makes directories: no Hydra output dirs anywhere.
+    assert not list(out_root.parent.rglob(".hydra")) and not (Path(tempfile.gettempdir()) / "outputs").exists()
+
+
+def test_runs_in_the_same_second_get_distinct_dirs(out_root):
+    procs = [subprocess.Popen([sys.executable, "-m", "runner", "device=cpu", "dry_run=false", "train.epochs=1",
+                               f"output.root={out_root}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for _ in range(2)]
+    for p in procs:
+        assert p.wait(timeout=240) == 0
+    runs = run_dirs(out_root)
+    assert len(runs) == 2 and len({r.name for r in runs}) == 2
+
+
+def test_multirun_sweep_one_dir_per_job(out_root):
+    r = ddp_run(["-m", "device=cpu", "batch.per_rank=4,8", "train.epochs=1"], out_root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    runs = run_dirs(out_root)
+    assert len(runs) == 2 and runs[0].parent == runs[1].parent and runs[0].parent.name.endswith("_sweep")
+    assert sorted(load_json(r / "run.json")["plan"]["global_batch"] for r in runs) == [8, 16]
+
+
+def test_failing_rank_is_named_as_root_cause(out_root):
+    r = ddp_run(["device=cpu"], out_root, env={"DDP_RUNNER_FAULT": "raise@1:2"})
+    assert r.returncode != 0
+    assert "earliest error on rank 1: RuntimeError: injected fault on rank 1 at step 2" in r.stderr
+    [run] = run_dirs(out_root)
+    manifest, summary = load_json(run / "run.json"), load_json(run / "summary.json")
+    assert manifest["status"] == "failed" and manifest["exit_codes"]["1"] == 1
+    cause = summary["root_cause"]
+    assert cause["rank"] == 1 and cause["type"] == "RuntimeError"
+    assert any("injected fault" in line for line in cause["traceback"])
+
+
+def _procs_mentioning(text: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline", "environ"]):
+        try:
+            if any(text in part for part in (p.info["cmdline"] or [])) or \
+                    text in (p.info["environ"] or {}).get("DDP_RUNNER_RUN_DIR", ""):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_to_driver_leaves_no_process(out_root, sig):
+    driver = subprocess.Popen([sys.executable, "-m", "runner", "device=cpu", "train.max_steps=1000000",
+                               "train.log_every=1000", f"output.root={out_root}"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # wait until both ranks are training
+        logs = list(out_root.rglob("rank*.json"))
+        if len(logs) == 2:
+            break
+        time.sleep(0.2)
+    assert len(logs) == 2, "workers never started"
+    [run] = run_dirs(out_root)
+    assert len(_procs_mentioning(str(run))) >= 3  # torchrun + 2 workers
+    t0 = time.monotonic()
+    driver.send_signal(sig)
+    driver.wait(timeout=60)
+    assert time.monotonic() - t0 < 30
+    assert driver.returncode == 128 + sig
+    time.sleep(0.5)
+    assert _procs_mentioning(str(run)) == []
+    assert load_json(run / "run.json")["status"] == "failed"
+    assert os.path.exists(run / "summary.json")

@@ -1,0 +1,108 @@
+"""The plan is pure: batch arithmetic and every refusal, without starting anything."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from runner.devices import select_visible
+from runner.plan import Gpu, PlanError, derive_accumulation, make_plan
+
+GPUS = [Gpu(0, "NVIDIA H200", "GPU-aaa"), Gpu(1, "NVIDIA H200", "GPU-bbb")]
+
+
+def cfg(**over):
+    base = {
+        "world_size": 2, "batch": {"per_rank": 8, "accumulation": 1, "global": None},
+        "device": "cpu", "backend": "auto", "task": {"name": "smoke"}, "launcher": {"nnodes": 1},
+        "train": {"precision": "fp32", "max_steps": None, "epochs": 2},
+    }
+    for dotted, value in over.items():
+        node = base
+        *parents, leaf = dotted.split("__")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return base
+
+
+def test_explanation_and_manifest_keys():
+    plan = make_plan(cfg(batch__accumulation=2), [])
+    assert plan.global_batch == 32
+    assert plan.explanation == "global batch 32 = 8 per rank × 2 ranks × 2 accumulation"
+    m = plan.to_manifest()
+    assert {k: m[k] for k in ("world_size", "per_rank_batch", "accumulation", "global_batch")} == {
+        "world_size": 2, "per_rank_batch": 8, "accumulation": 2, "global_batch": 32}
+    assert (plan.device, plan.backend) == ("cpu", "gloo")
+
+
+@given(st.integers(1, 64), st.integers(1, 512), st.integers(1, 32))
+def test_global_batch_is_the_product(ws, per_rank, acc):
+    plan = make_plan(cfg(world_size=ws, batch__per_rank=per_rank, batch__accumulation=acc), [])
+    assert plan.global_batch == per_rank * ws * acc
+
+
+@given(st.integers(1, 16), st.integers(1, 64), st.integers(1, 16))
+def test_fixed_global_batch_derives_accumulation(ws, per_rank, acc):
+    g = ws * per_rank * acc
+    plan = make_plan(cfg(world_size=ws, batch__per_rank=per_rank, batch__global=g, batch__accumulation=99), [])
+    assert plan.accumulation == acc and plan.global_batch == g
+
+
+@given(st.integers(1, 10_000), st.integers(1, 64), st.integers(1, 16))
+def test_indivisible_global_batch_is_refused(g, per_rank, ws):
+    if g % (per_rank * ws) == 0:
+        assert derive_accumulation(g, per_rank, ws) * per_rank * ws == g
+    else:
+        with pytest.raises(PlanError) as e:
+            derive_accumulation(g, per_rank, ws)
+        assert e.value.key == "batch.global" and str(per_rank * ws) in e.value.problem
+
+
+def test_auto_device_and_backend():
+    plan = make_plan(cfg(device="auto"), GPUS)
+    assert (plan.device, plan.backend) == ("cuda", "nccl")
+    assert [g.physical_index for g in plan.gpus] == [0, 1]
+    assert make_plan(cfg(device="auto"), []).backend == "gloo"
+    assert make_plan(cfg(device="auto", world_size="auto"), GPUS).world_size == 2
+
+
+@pytest.mark.parametrize("over, gpus, key", [
+    ({"world_size": 3, "device": "cuda"}, GPUS, "world_size"),
+    ({"device": "cuda"}, [], "device"),
+    ({"backend": "nccl"}, [], "backend"),
+    ({"backend": "nccl", "device": "cpu"}, GPUS, "backend"),
+    ({"world_size": 0}, [], "world_size"),
+    ({"world_size": "auto"}, [], "world_size"),
+    ({"batch__per_rank": -1}, [], "batch.per_rank"),
+    ({"batch__accumulation": 0}, [], "batch.accumulation"),
+    ({"batch__global": 30}, [], "batch.global"),
+    ({"batch__global": -16}, [], "batch.global"),
+    ({"device": "tpu"}, [], "device"),
+    ({"train__precision": "fp8"}, [], "train.precision"),
+    ({"task__name": "nope"}, [], "task"),
+])
+def test_refusals_name_key_value_and_fix(over, gpus, key):
+    with pytest.raises(PlanError) as e:
+        make_plan(cfg(**over), gpus, known_tasks=["smoke", "gpt"])
+    assert e.value.key == key
+    msg = str(e.value)
+    assert key in msg and "Fix:" in msg and repr(e.value.value) in msg
+
+
+def test_too_small_dataset_is_refused():
+    with pytest.raises(PlanError) as e:
+        make_plan(cfg(), [], train_samples=15)
+    assert "15 samples" in e.value.problem and "2 × 8 = 16" in e.value.problem
+    make_plan(cfg(), [], train_samples=16)
+
+
+def test_local_rank_indexes_visible_devices():
+    gpus = [Gpu(i, "H200", f"GPU-{i}{i}{i}") for i in range(4)]
+    assert [g.physical_index for g in select_visible(gpus, "2,0")] == [2, 0]
+    assert [g.physical_index for g in select_visible(gpus, "GPU-333")] == [3]
+    assert select_visible(gpus, "") == []
+    assert [g.physical_index for g in select_visible(gpus, "1,9,2")] == [1]  # CUDA stops at an invalid id
+    plan = make_plan(cfg(device="cuda"), select_visible(gpus, "3,1"))
+    assert [g.physical_index for g in plan.gpus] == [3, 1]
