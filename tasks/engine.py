@@ -13,14 +13,13 @@ import resource
 import signal
 import socket
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import IO, Any
 
-import fsspec
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, Subset
 
@@ -28,6 +27,7 @@ from runner import layout
 from tasks import checkpoint as ckpt
 from tasks import metrics, worker_io
 from tasks.api import TaskParts
+from tasks.config import Config, load_config
 from tasks.progress import Progress
 from tasks.sampler import ResumableDistributedSampler
 
@@ -62,13 +62,7 @@ class TrainState:
     losses: list[float] = field(default_factory=list)
 
 
-def load_config(run_dir: str) -> DictConfig:
-    """The resolved config the driver wrote: what this run runs, exactly."""
-    with fsspec.open(layout.join(run_dir, layout.CONFIG), "r") as f:
-        return OmegaConf.create(f.read())
-
-
-def _setup(run_dir: str, local_dir: str, console: IO[str] | None, cfg: DictConfig) -> Context:
+def _setup(run_dir: str, local_dir: str, console: IO[str] | None, cfg: Config) -> Context:
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
     if cfg.device == "cuda":
@@ -103,7 +97,7 @@ def _facts(ctx: Context, **extra: Any) -> dict[str, Any]:
     return facts
 
 
-def _optimizer(cfg: DictConfig, model: torch.nn.Module, device: torch.device) -> torch.optim.Optimizer:
+def _optimizer(cfg: Config, model: torch.nn.Module, device: torch.device) -> torch.optim.Optimizer:
     t = cfg.train
     params = [p for p in model.parameters() if p.requires_grad]
     if t.optimizer == "sgd":
@@ -187,8 +181,9 @@ def _peak_memory_gb(device: torch.device) -> float:
 class Trainer:
     """One run of the training loop on this rank."""
 
-    def __init__(self, cfg: DictConfig, ctx: Context) -> None:
+    def __init__(self, cfg: Config, ctx: Context, writer_future: Future | None = None) -> None:
         self.cfg, self.ctx = cfg, ctx
+        self.writer_future = writer_future
         t = cfg.train
         torch.manual_seed(cfg.seed)  # same init on every rank (DDP also broadcasts rank 0's weights)
         task = importlib.import_module(f"tasks.{cfg.task.name}")
@@ -297,7 +292,7 @@ class Trainer:
             "plan": {"world_size": self.ctx.world_size, "per_rank_batch": self.per_rank,
                      "accumulation": self.accumulation,
                      "global_batch": self.per_rank * self.ctx.world_size * self.accumulation},
-            "config": OmegaConf.to_yaml(self.cfg),
+            "config": self.cfg.to_yaml(),
         }
         protect = frozenset({self.resumed_from} if self.resumed_from else ())
         keep = self.cfg.checkpoint.keep_last
@@ -327,7 +322,7 @@ class Trainer:
 
     def train(self) -> dict[str, Any]:
         cfg, ctx, t = self.cfg, self.ctx, self.cfg.train
-        writer = self._writer() if ctx.is_main else None
+        writer = self._writer() if self.writer_future is not None else None
         progress = Progress(ctx.console, self.total_steps, self.state.step) if ctx.is_main else None
         device, acc = ctx.device, self.accumulation
         samples_per_step = self.per_rank * ctx.world_size * acc
@@ -448,9 +443,7 @@ class Trainer:
         return loss
 
     def _writer(self) -> Any:
-        from torch.utils.tensorboard import SummaryWriter
-
-        writer = SummaryWriter(os.path.join(self.ctx.local_dir, layout.TB))
+        writer = self.writer_future.result()
         cfg = self.cfg
         gb = self.per_rank * self.ctx.world_size * self.accumulation
         plan = {"world_size": self.ctx.world_size, "per_rank_batch": self.per_rank,
@@ -468,13 +461,23 @@ class Trainer:
         return writer
 
 
+def _open_writer(logdir: str) -> Any:
+    from torch.utils.tensorboard import SummaryWriter
+
+    return SummaryWriter(logdir)
+
+
 def run(run_dir: str, local_dir: str, console: IO[str] | None) -> None:
     """Train this rank to the end, then report ``rank R device D completed``."""
     cfg = load_config(run_dir)
+    writer_future = None
+    if int(os.environ.get("RANK", "0")) == 0:
+        # TensorBoard's import overlaps the process-group and DDP set-up instead of delaying the first step.
+        writer_future = ThreadPoolExecutor(1).submit(_open_writer, os.path.join(local_dir, layout.TB))
     ctx = _setup(run_dir, local_dir, console, cfg)
     worker_io.write_json(local_dir, layout.rank_facts(ctx.rank), _facts(ctx, completed=False))
     try:
-        trainer = Trainer(cfg, ctx)
+        trainer = Trainer(cfg, ctx, writer_future)
         trainer.maybe_resume()
         summary = trainer.train()
         if ctx.device.type == "cuda":

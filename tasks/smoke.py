@@ -6,10 +6,10 @@ An execution check, not a benchmark: it proves processes, devices, sampler and g
 from __future__ import annotations
 
 import torch
-from omegaconf import DictConfig
 from torch.utils.data import TensorDataset
 
 from tasks.api import TaskParts
+from tasks.config import Config
 
 
 class Regression(torch.nn.Module):
@@ -31,7 +31,7 @@ def synthetic_dataset(num_samples: int, in_features: int, out_features: int, see
     return TensorDataset(x, y)
 
 
-def build(cfg: DictConfig, device: torch.device) -> TaskParts:
+def build(cfg: Config, device: torch.device) -> TaskParts:
     """Model and data for the smoke task."""
     t, d = cfg.task, cfg.data
     data = synthetic_dataset(d.num_samples, t.in_features, t.out_features, d.seed)

@@ -1,0 +1,52 @@
+"""The resolved config as workers see it: plain YAML read from the run directory, dotted access.
+
+Workers need no Hydra or OmegaConf: the driver already resolved everything, and skipping those imports
+keeps every rank's start-up short.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import fsspec
+import yaml
+
+from runner import layout
+
+
+class Config(dict):
+    """A dict whose keys also read as attributes (``cfg.train.lr``), recursively."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return _wrap(self[name])
+        except KeyError as exc:
+            raise AttributeError(f"config has no key {name!r}") from exc
+
+    def __getitem__(self, key: str) -> Any:
+        return _wrap(dict.__getitem__(self, key))
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return _wrap(dict.get(self, key, default))
+
+    def to_yaml(self) -> str:
+        """The config as YAML text."""
+        return yaml.safe_dump(_plain(self), sort_keys=False)
+
+
+def _wrap(value: Any) -> Any:
+    return Config(value) if isinstance(value, dict) and not isinstance(value, Config) else value
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in dict.items(value)}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def load_config(run_dir: str) -> Config:
+    """The resolved config the driver wrote into the run directory: what this run runs, exactly."""
+    with fsspec.open(layout.join(run_dir, layout.CONFIG), "r") as f:
+        return Config(yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))

@@ -1,0 +1,59 @@
+"""Task ``gpt``: a GPT-2-style language model trained on a token stream (``data: text``).
+
+Config: ``task.model.{layers, heads, width, context, vocab, dropout}`` and the ``data`` group (``path``,
+``format``, ``val_fraction``, optional ``vocab``). See ``conf/task/gpt.yaml`` (tiny, CPU) and
+``conf/task/gpt2_small.yaml`` (124M).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from runner.corpus import FORMAT_VOCAB, resolve_format
+from tasks.api import TaskParts
+from tasks.config import Config
+from tasks.gpt_model import GPT
+from tasks.text_data import make_datasets
+
+
+def data_vocab(data_cfg: Config) -> int | None:
+    """The vocabulary the data needs: ``data.vocab`` if set, else what the format implies (bytes: 256)."""
+    if data_cfg.get("vocab") is not None:
+        return int(data_cfg.vocab)
+    path = data_cfg.get("path") or "corpus.txt"  # null path = the default corpus, which is raw text
+    return FORMAT_VOCAB[resolve_format(path, data_cfg.get("format", "auto"))]
+
+
+def build(cfg: Config, device: torch.device) -> TaskParts:
+    """Build the GPT model on ``device`` and its (train, val) text datasets.
+
+    Raises ValueError when the data is not a token stream or its vocabulary exceeds ``task.model.vocab``.
+    """
+    m = cfg.task.model
+    if cfg.data.get("name") != "text":
+        raise ValueError(f"task=gpt reads a token stream: use data=text (got data={cfg.data.get('name')!r})")
+    need = data_vocab(cfg.data)
+    if need is not None and need > m.vocab:
+        raise ValueError(
+            f"the data needs a vocabulary of {need} tokens but task.model.vocab={m.vocab}; "
+            f"set task.model.vocab >= {need} (byte-level text needs >= 256)"
+        )
+    # Build straight on the device: a 124M model initialised on GPU does not wait on CPU RNG and a copy.
+    with torch.device(device):
+        model = GPT(
+            vocab=int(m.vocab),
+            context=int(m.context),
+            width=int(m.width),
+            layers=int(m.layers),
+            heads=int(m.heads),
+            dropout=float(m.get("dropout", 0.0)),
+        )
+    # uint16 streams carry no vocabulary of their own: every sample checks its ids against the model's.
+    train, val = make_datasets(cfg.data, int(m.context), max_token=int(m.vocab))
+    return TaskParts(
+        model=model,
+        train_set=train,
+        val_set=val,
+        flops_per_sample=model.flops_per_token() * int(m.context),
+        tokens_per_sample=int(m.context),
+    )

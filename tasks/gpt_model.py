@@ -1,0 +1,115 @@
+"""A GPT-2-style decoder-only transformer language model.
+
+Token + learned position embeddings, pre-LayerNorm blocks (fused qkv projection, causal
+``scaled_dot_product_attention`` so CUDA picks flash/memory-efficient kernels, 4x GELU-tanh MLP), a final
+LayerNorm and an LM head tied to the token embedding. GPT-2 initialisation. Same structure as the
+hand-written baseline in ``shared/reference/gpt_ddp_reference.py``, so it runs at least as fast; dropout
+modules are left out entirely at ``dropout=0`` rather than run as no-ops.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def _dropout(p: float) -> nn.Module:
+    return nn.Dropout(p) if p > 0 else nn.Identity()
+
+
+class Block(nn.Module):
+    """One pre-LN transformer block: ``x + attn(ln1(x))``, then ``x + mlp(ln2(x))``."""
+
+    def __init__(self, width: int, heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.heads, self.dropout = heads, dropout
+        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+        self.fc = nn.Linear(width, 4 * width)
+        self.out = nn.Linear(4 * width, width)
+        self.resid_drop = _dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        x = x + self.resid_drop(self.proj(y.transpose(1, 2).reshape(b, t, c)))
+        return x + self.resid_drop(self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh")))
+
+
+class GPT(nn.Module):
+    """Decoder-only transformer LM; ``forward(idx, targets)`` returns the mean next-token cross-entropy."""
+
+    def __init__(
+        self,
+        vocab: int = 50304,
+        context: int = 1024,
+        width: int = 768,
+        layers: int = 12,
+        heads: int = 12,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if width % heads:
+            raise ValueError(f"width {width} must be divisible by heads {heads}")
+        if min(vocab, context, width, layers, heads) < 1:
+            raise ValueError("vocab, context, width, layers and heads must all be >= 1")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1); got {dropout}")
+        self.vocab, self.context, self.width, self.layers, self.heads = vocab, context, width, layers, heads
+        self.tok = nn.Embedding(vocab, width)
+        self.pos = nn.Embedding(context, width)
+        self.drop = _dropout(dropout)
+        self.blocks = nn.ModuleList(Block(width, heads, dropout) for _ in range(layers))
+        self.ln = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.tok.weight  # tied: one matrix embeds and un-embeds
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """GPT-2 init: N(0, 0.02) weights, zero biases; residual output projections scaled by 1/sqrt(2L)."""
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, mean=0.0, std=0.02)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
+        # Each block adds two outputs to the residual stream; scaling keeps its variance flat with depth.
+        resid_std = 0.02 / math.sqrt(2 * self.layers)
+        for blk in self.blocks:
+            nn.init.normal_(blk.proj.weight, mean=0.0, std=resid_std)
+            nn.init.normal_(blk.out.weight, mean=0.0, std=resid_std)
+
+    def num_params(self, exclude_position: bool = True) -> int:
+        """Parameter count (tied weights once); without position embeddings by default, as in FLOP counts."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.pos.weight.numel() if exclude_position else n
+
+    def flops_per_token(self) -> float:
+        """Training FLOPs per token (forward + backward) at full context: ``6N + 12·L·d·T`` (PaLM appendix B).
+
+        ``6N`` covers the weight matmuls, ``12·L·d·T`` the attention score and value matmuls.
+        """
+        return 6 * self.num_params() + 12 * self.layers * self.width * self.context
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Mean cross-entropy of ``targets`` given ``idx`` (both ``(B, T)`` int64, ``T <= context``).
+
+        Logits are upcast to float32 before the loss, so bf16 autocast does not degrade the softmax. With
+        ``targets=None`` returns the ``(B, T, vocab)`` logits instead.
+        """
+        t = idx.shape[1]
+        if t > self.context:
+            raise ValueError(f"sequence length {t} exceeds the model context {self.context}")
+        x = self.drop(self.tok(idx) + self.pos(torch.arange(t, device=idx.device)))
+        for blk in self.blocks:
+            x = blk(x)
+        logits = self.head(self.ln(x))
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))

@@ -1,0 +1,131 @@
+"""Token-window datasets over fsspec files: formats, URLs, split sizes, window contents, pickling."""
+
+from __future__ import annotations
+
+import pickle
+import uuid
+from pathlib import Path
+
+import fsspec
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from runner.corpus import count_samples, resolve_format
+from tasks.text_data import TokenWindows, make_datasets
+
+
+def data_cfg(path: str | None, fmt: str = "auto", val_fraction: float = 0.1):
+    return OmegaConf.create(dict(name="text", path=path, format=fmt, val_fraction=val_fraction))
+
+
+def check_windows(ds: TokenWindows, tokens: np.ndarray, start: int, context: int) -> None:
+    """Every sample is the expected shifted pair, in order, int64."""
+    for i in range(len(ds)):
+        x, y = ds[i]
+        a = start + i * context
+        assert x.dtype == torch.int64 and y.dtype == torch.int64
+        assert x.shape == (context,) and y.shape == (context,)
+        assert torch.equal(x, torch.from_numpy(tokens[a : a + context].astype(np.int64)))
+        assert torch.equal(y, torch.from_numpy(tokens[a + 1 : a + context + 1].astype(np.int64)))
+
+
+def test_resolve_format() -> None:
+    assert resolve_format("s3://b/train.bin", "auto") == "uint16"
+    assert resolve_format("/x/corpus.txt", "auto") == "bytes"
+    assert resolve_format("/x/train.bin", "bytes") == "bytes"
+    with pytest.raises(ValueError, match="data.format"):
+        resolve_format("/x", "int8")
+
+
+@pytest.mark.parametrize("n_bytes", [1000, 1001, 1024, 1025])
+@pytest.mark.parametrize("context", [7, 16])
+def test_bytes_windows_and_split(tmp_path: Path, n_bytes: int, context: int) -> None:
+    raw = np.random.default_rng(0).integers(0, 256, n_bytes, dtype=np.uint8)
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(raw.tobytes())
+    train, val = make_datasets(data_cfg(str(path)), context)
+    assert (len(train), len(val)) == count_samples(str(path), "auto", context, 0.1)
+    n_val = int(n_bytes * 0.1)
+    n_train = n_bytes - n_val
+    assert len(train) == (n_train - 1) // context and len(val) == (n_val - 1) // context
+    check_windows(train, raw, 0, context)
+    check_windows(val, raw, n_train, context)
+    # Train never reads a val token: its last target sits before the split.
+    assert len(train) * context < n_train
+
+
+def test_uint16_bin_windows(tmp_path: Path) -> None:
+    tokens = np.random.default_rng(1).integers(0, 50257, 5001, dtype=np.uint16)
+    path = tmp_path / "train.bin"
+    tokens.astype("<u2").tofile(path)
+    train, val = make_datasets(data_cfg(str(path), val_fraction=0.2), 32)
+    assert train.fmt == "uint16"
+    assert (len(train), len(val)) == count_samples(str(path), "auto", 32, 0.2)
+    check_windows(train, tokens, 0, 32)
+    check_windows(val, tokens, 4001, 32)
+    assert int(train[0][0].max()) >= 256  # really 16-bit ids, not bytes
+
+
+def test_uint16_ids_beyond_model_vocab_are_reported(tmp_path: Path) -> None:
+    path = tmp_path / "train.bin"
+    np.full(200, 300, dtype="<u2").tofile(path)
+    train, _ = make_datasets(data_cfg(str(path)), 8, max_token=256)
+    with pytest.raises(ValueError, match="token id 300"):
+        train[0]
+
+
+def test_memory_url_uses_ranged_reads() -> None:
+    url = f"memory://text-{uuid.uuid4().hex}/train.bin"
+    tokens = np.arange(3000, dtype="<u2")
+    with fsspec.open(url, "wb") as f:
+        f.write(tokens.tobytes())
+    train, val = make_datasets(data_cfg(url), 50)
+    assert (len(train), len(val)) == count_samples(url, "auto", 50, 0.1)
+    check_windows(train, tokens, 0, 50)
+    check_windows(val, tokens, 2700, 50)
+    assert train._mm is None and train._fh is not None  # not memory-mapped: seek + read
+    # Negative indices count from the end, out-of-range ones raise.
+    assert torch.equal(train[-1][0], train[len(train) - 1][0])
+    with pytest.raises(IndexError):
+        train[len(train)]
+
+
+def test_pickles_without_open_handles(tmp_path: Path) -> None:
+    raw = bytes(range(256)) * 20
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(raw)
+    train, _ = make_datasets(data_cfg(str(path)), 16)
+    x0, y0 = train[3]  # opens the memmap
+    assert train._mm is not None
+    blob = pickle.dumps(train)
+    assert len(blob) < 2000  # the handle, not the data, was dropped
+    clone = pickle.loads(blob)
+    assert clone._mm is None
+    x1, y1 = clone[3]
+    assert torch.equal(x0, x1) and torch.equal(y0, y1)
+
+
+def test_dataloader_with_worker_processes(tmp_path: Path) -> None:
+    raw = np.random.default_rng(2).integers(0, 256, 4000, dtype=np.uint8)
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(raw.tobytes())
+    train, _ = make_datasets(data_cfg(str(path)), 32)
+    train[0]  # the parent opens its memmap first: each worker must still open its own
+    loader = torch.utils.data.DataLoader(train, batch_size=8, num_workers=2, shuffle=False)
+    xs = torch.cat([x for x, _ in loader])
+    assert xs.shape == (len(train), 32)
+    assert torch.equal(xs[5], train[5][0])
+
+
+def test_val_is_none_without_a_window_and_short_data_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(b"x" * 100)
+    train, val = make_datasets(data_cfg(str(path), val_fraction=0.0), 9)
+    assert val is None and len(train) == 11
+    assert count_samples(str(path), "auto", 9, 0.0) == (11, 0)
+    with pytest.raises(ValueError, match="too few"):
+        make_datasets(data_cfg(str(path)), 100)
+    with pytest.raises(ValueError, match="val_fraction"):
+        make_datasets(data_cfg(str(path), val_fraction=1.0), 9)
