@@ -15,18 +15,23 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv --system-site-packages $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
 	$(PIP) install -q -e '.[test]'
 	touch $@
 
 run: setup
 	$(VENV)/bin/ddp-run task=smoke $(RUN_ARGS) $(ARGS)
 
-test: setup
+test: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check runner tasks tests bench
 	$(VENV)/bin/pytest -q $(ARGS)
 
 bench: setup
 	$(PY) bench/overhead.py
+	$(PY) bench/gpt_bench.py
 
 clean:
 	rm -rf $(VENV) outputs/2*

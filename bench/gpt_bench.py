@@ -1,0 +1,91 @@
+"""GPT-2 small throughput through `ddp-run` on the visible GPUs, beside the hand-written reference loop.
+
+For each world size (1 and, when there are two GPUs, 2) at a fixed global batch of 64 sequences
+(micro-batch 16, bf16, compiled), runs
+
+    ddp-run task=gpt2_small world_size=W batch.per_rank=16 batch.global=64 train.max_steps=S
+
+and reads tokens/s, MFU, step time and time to first step from its summary.json. With --reference it then
+runs the reference loop (`torchrun --standalone --nproc-per-node=W <ref> --compile`) right after, on the
+same machine. Prints a markdown table and one JSON line.
+
+Usage: python bench/gpt_bench.py [--steps 40] [--reference PATH] [--out results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def run_ours(world: int, steps: int, root: str) -> dict:
+    cmd = [sys.executable, "-m", "runner", "task=gpt2_small", f"world_size={world}", "batch.per_rank=16",
+           "batch.global=64", f"train.max_steps={steps}", "train.log_every=5", "train.val_every=0",
+           f"output.root={root}"]
+    t0 = time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.time() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"ddp-run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    run_dir = Path(proc.stdout.strip().splitlines()[-1])
+    s = json.loads((run_dir / "summary.json").read_text())
+    med = s["median"]
+    return {"who": "ddp-run", "world": world, "tok_s": med["tokens_per_s"], "mfu_pct": med["mfu_pct"],
+            "step_s": med["step_time_s"], "first_step_s": s["time_to_first_step_s"], "wall_s": wall,
+            "peak_mem_gb": s["final"].get("memory/peak_gb"), "final_loss": s["final"].get("train/loss"),
+            "run_dir": str(run_dir)}
+
+
+def run_reference(world: int, path: str, steps: int) -> dict:
+    cmd = ["torchrun", "--standalone", f"--nproc-per-node={world}", path, "--compile", "--global-seqs", "64",
+           "--micro", "16", "--steps", str(steps)]
+    t0 = time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**__import__("os").environ, "T0": repr(t0)})
+    if proc.returncode != 0:
+        raise RuntimeError(f"reference failed:\n{proc.stderr[-3000:]}")
+    r = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
+    return {"who": "reference", "world": world, "tok_s": r["tok_s"], "mfu_pct": 100 * r["mfu_vs_989"],
+            "step_s": r["step_s"], "first_step_s": r["launch_to_first_step_s"], "wall_s": time.time() - t0,
+            "peak_mem_gb": r["mem_gb"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--reference", default=None, help="path of gpt_ddp_reference.py to run beside ours")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    root = tempfile.mkdtemp(prefix="gpt-bench-")
+    worlds = [w for w in (1, 2) if w <= gpu_count()]
+    rows = []
+    for w in worlds:
+        rows.append(run_ours(w, a.steps, root))
+        if a.reference:
+            rows.append(run_reference(w, a.reference, a.steps))
+    base = {r["who"]: r["tok_s"] for r in rows if r["world"] == 1}
+    print("| runner | GPUs | tokens/s | tokens/s/GPU | MFU % | step s | scaling eff. | first step s | wall s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        eff = r["tok_s"] / (r["world"] * base[r["who"]]) if r["who"] in base else None
+        r["scaling_efficiency"] = eff
+        print(f"| {r['who']} | {r['world']} | {r['tok_s']:,.0f} | {r['tok_s'] / r['world']:,.0f} |"
+              f" {r['mfu_pct']:.1f} | {r['step_s']:.4f} | {'' if eff is None else f'{100 * eff:.1f}%'} |"
+              f" {r['first_step_s']:.1f} | {r['wall_s']:.1f} |")
+    print(json.dumps(rows))
+    if a.out:
+        Path(a.out).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
