@@ -14,6 +14,10 @@ setup: $(VENV)/.installed
 # the CPU wheel (`torch==2.13.0`), installed first so nothing pulls a multi-GB CUDA build.
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv --system-site-packages $(VENV)
+	@# A GPU image's python3 is often itself a venv, which --system-site-packages does not see through:
+	@# when that python3 has torch, its packages are added to .venv's path as they are.
+	if python3 -c "import torch" 2>/dev/null; then python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" \
+		> "$$($(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/_host_site.pth"; fi
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e .
 	touch $@

@@ -68,6 +68,9 @@ def main() -> None:
     a = ap.parse_args()
     root = tempfile.mkdtemp(prefix="gpt-bench-")
     worlds = [w for w in (1, 2) if w <= gpu_count()]
+    if not worlds:
+        print("gpt_bench: no CUDA device visible; this benchmark needs GPUs (skipped)")
+        return
     rows = []
     for w in worlds:
         rows.append(run_ours(w, a.steps, root))
