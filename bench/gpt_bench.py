@@ -29,10 +29,10 @@ def gpu_count() -> int:
     return torch.cuda.device_count()
 
 
-def run_ours(world: int, steps: int, root: str) -> dict:
+def run_ours(world: int, steps: int, root: str, extra: list[str]) -> dict:
     cmd = [sys.executable, "-m", "runner", "task=gpt2_small", f"world_size={world}", "batch.per_rank=16",
            "batch.global=64", f"train.max_steps={steps}", "train.log_every=5", "train.val_every=0",
-           f"output.root={root}"]
+           f"output.root={root}", *extra]
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.time() - t0
@@ -41,7 +41,8 @@ def run_ours(world: int, steps: int, root: str) -> dict:
     run_dir = Path(proc.stdout.strip().splitlines()[-1])
     s = json.loads((run_dir / "summary.json").read_text())
     med = s["median"]
-    return {"who": "ddp-run", "world": world, "tok_s": med["tokens_per_s"], "mfu_pct": med["mfu_pct"],
+    return {"who": " ".join(["ddp-run", *extra]), "world": world, "tok_s": med["tokens_per_s"],
+            "mfu_pct": med["mfu_pct"],
             "step_s": med["step_time_s"], "first_step_s": s["time_to_first_step_s"], "wall_s": wall,
             "peak_mem_gb": s["final"].get("memory/peak_gb"), "final_loss": s["final"].get("train/loss"),
             "run_dir": str(run_dir)}
@@ -65,22 +66,34 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--reference", default=None, help="path of gpt_ddp_reference.py to run beside ours")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--worlds", default="1,2", help="world sizes to run (those above the GPU count are skipped)")
+    ap.add_argument("--set", action="append", default=[], help="extra ddp-run override, e.g. train.ddp_bucket_mb=100")
+    ap.add_argument("--no-ours", action="store_true", help="run only the reference")
+    ap.add_argument("--label", default=None, help="name of this variant in the table (default: its overrides)")
     a = ap.parse_args()
     root = tempfile.mkdtemp(prefix="gpt-bench-")
-    worlds = [w for w in (1, 2) if w <= gpu_count()]
+    worlds = [w for w in map(int, a.worlds.split(",")) if w <= gpu_count()]
     if not worlds:
         print("gpt_bench: no CUDA device visible; this benchmark needs GPUs (skipped)")
         return
     rows = []
     for w in worlds:
-        rows.append(run_ours(w, a.steps, root))
+        if not a.no_ours:
+            rows.append(run_ours(w, a.steps, root, a.set))
+            if a.label:
+                rows[-1]["who"] = a.label
         if a.reference:
             rows.append(run_reference(w, a.reference, a.steps))
     base = {r["who"]: r["tok_s"] for r in rows if r["world"] == 1}
+    if a.out and Path(a.out).exists():  # earlier invocations' rows give the 1-GPU baselines
+        rows = json.loads(Path(a.out).read_text()) + rows
+        base = {**{r["who"]: r["tok_s"] for r in rows if r["world"] == 1}, **base}
     print("| runner | GPUs | tokens/s | tokens/s/GPU | MFU % | step s | scaling eff. | first step s | wall s |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        eff = r["tok_s"] / (r["world"] * base[r["who"]]) if r["who"] in base else None
+        # Against the same variant's 1-GPU figure, else plain ddp-run's.
+        one = base.get(r["who"]) or (base.get("ddp-run") if r["who"].startswith("ddp-run") else None)
+        eff = r["tok_s"] / (r["world"] * one) if one else None
         r["scaling_efficiency"] = eff
         print(f"| {r['who']} | {r['world']} | {r['tok_s']:,.0f} | {r['tok_s'] / r['world']:,.0f} |"
               f" {r['mfu_pct']:.1f} | {r['step_s']:.4f} | {'' if eff is None else f'{100 * eff:.1f}%'} |"

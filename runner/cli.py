@@ -78,13 +78,15 @@ def execute(cfg: DictConfig) -> int:
     t0 = time.time()
     started = datetime.now()
     resume = str(cfg.resume)
-    continuing = resume not in ("auto", "never") and _is_run_dir(resume)
     try:
-        if continuing:  # continue that run in place, with its own config
+        continuing = resume not in ("auto", "never") and _is_run_dir(resume)
+        if continuing:  # continue that run in place, with its own config (its own `resume` too: workers
+            # take the run's own newest checkpoint first and fall back to where the run started from)
             rd = rundir.open_run_dir(resume)
             with rd.fs.open(layout.join(rd.path, layout.CONFIG)) as f:
                 conf = OmegaConf.to_container(OmegaConf.create(f.read().decode()), resolve=True)
-            conf["resume"] = "auto"
+            conf["dry_run"] = bool(cfg.dry_run)
+            _warn_ignored_overrides(rd.url)
         else:
             conf = OmegaConf.to_container(cfg, resolve=True)
         plan = _plan(conf)
@@ -106,6 +108,8 @@ def execute(cfg: DictConfig) -> int:
             rd = _new_run_dir(conf, plan, started)
         except PlanError as err:
             return refuse(err)
+    else:
+        rundir.prepare_continue(rd)
     cmd = torchrun_command(plan, conf["launcher"], rd.url)
     rd.write_text(layout.CONFIG, OmegaConf.to_yaml(OmegaConf.create(conf)))
     from runner.manifest import initial_manifest
@@ -118,7 +122,8 @@ def execute(cfg: DictConfig) -> int:
     rd.write_json(layout.MANIFEST, manifest)
     print(f"ddp-run: run directory {rd.url}", flush=True)
 
-    sup = Supervisor(cmd, worker_env(rd.url, rd.local, t0), str(Path(rd.local, layout.LOGS, "torchrun.log")))
+    env = worker_env(rd.url, rd.local, t0, restarts=conf["launcher"].get("max_restarts", 0))
+    sup = Supervisor(cmd, env, str(Path(rd.local, layout.LOGS, "torchrun.log")))
     mirror = finalize.Mirror(rd) if rd.is_remote else None
     rc = sup.run(on_tick=mirror.tick if mirror else None)
     code = finalize.finish(rd, manifest, plan, rc, sup.interrupted)
@@ -131,28 +136,57 @@ def execute(cfg: DictConfig) -> int:
 def _is_run_dir(url: str) -> bool:
     import fsspec
 
-    fs, path = fsspec.core.url_to_fs(url)
-    return fs.exists(layout.join(path, layout.CONFIG)) and fs.exists(layout.join(path, layout.MANIFEST))
+    try:
+        fs, path = fsspec.core.url_to_fs(url)
+        return fs.exists(layout.join(path, layout.CONFIG)) and fs.exists(layout.join(path, layout.MANIFEST))
+    except (OSError, ValueError, ImportError) as exc:
+        raise PlanError("resume", url, f"cannot be read ({type(exc).__name__}: {exc})",
+                        "use resume=auto, resume=never, a run directory or a checkpoints/step_<N> path") from exc
+
+
+def _warn_ignored_overrides(run_url: str) -> None:
+    """``resume=<run dir>`` runs that run's own config: say which command-line overrides have no effect."""
+    if not HydraConfig.initialized():
+        return
+    ignored = [o for o in HydraConfig.get().overrides.task
+               if o.split("=", 1)[0].lstrip("+~") not in ("resume", "output.root", "dry_run")]
+    if ignored:
+        print(f"ddp-run: warning: continuing {run_url} with its own config.yaml; ignored: {' '.join(ignored)}",
+              file=sys.stderr, flush=True)
 
 
 def _check_resume_source(resume: str, plan: Plan) -> None:
-    """Refuse before launch a checkpoint from a run with another world size (its RNG and data order
-    would not carry over)."""
+    """Refuse before launch a source that holds no complete checkpoint, or a checkpoint from a run with another
+    world size (its RNG and data order would not carry over)."""
     import json
 
     import fsspec
 
-    fs, path = fsspec.core.url_to_fs(resume)
-    if not fs.exists(path):
-        raise PlanError("resume", resume, "no such run directory or checkpoint",
-                        "use resume=auto, resume=never, a run directory or a checkpoints/step_<N> path")
-    manifest = layout.join(path.rstrip("/").rsplit("/", 2)[0], layout.MANIFEST)
-    if fs.exists(manifest):
-        ws = json.loads(fs.cat_file(manifest)).get("plan", {}).get("world_size")
-        if ws is not None and ws != plan.world_size:
-            raise PlanError("world_size", plan.world_size,
-                            f"the checkpoint's run used world_size={ws}; per-rank RNG states and the data"
-                            " order would not carry over", f"resume with world_size={ws}")
+    fix = "use resume=auto, resume=never, a run directory or a checkpoints/step_<N> path"
+    try:
+        fs, path = fsspec.core.url_to_fs(resume)
+        path = path.rstrip("/")
+        if path.endswith("/state.pt"):
+            path = path.rsplit("/", 1)[0]
+        if not fs.exists(path):
+            raise PlanError("resume", resume, "no such run directory or checkpoint", fix)
+        # A checkpoint counts only once its meta.json (the commit marker) exists: tasks/checkpoint.py.
+        if fs.exists(layout.join(path, "meta.json")):
+            run = path.rsplit("/", 2)[0]  # <run>/checkpoints/step_<N>
+        elif fs.glob(layout.join(path, "step_*", "meta.json")):
+            run = path.rsplit("/", 1)[0]  # <run>/checkpoints
+        else:
+            raise PlanError("resume", resume, "holds no complete checkpoint (no step_<N>/meta.json)", fix)
+        manifest = layout.join(run, layout.MANIFEST)
+        ws = json.loads(fs.cat_file(manifest)).get("plan", {}).get("world_size") if fs.exists(manifest) else None
+    except PlanError:
+        raise
+    except (OSError, ValueError, ImportError) as exc:
+        raise PlanError("resume", resume, f"cannot be read ({type(exc).__name__}: {exc})", fix) from exc
+    if ws is not None and ws != plan.world_size:
+        raise PlanError("world_size", plan.world_size,
+                        f"the checkpoint's run used world_size={ws}; per-rank RNG states and the data"
+                        " order would not carry over", f"resume with world_size={ws}")
 
 
 def _new_run_dir(conf: dict[str, Any], plan: Plan, started: datetime):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import re
+import shutil
 import sys
 import time
 from datetime import datetime
@@ -91,6 +93,13 @@ class Mirror:
 
     def __init__(self, rd: RunDir, every_s: float = 15.0) -> None:
         self.rd, self.every_s, self.last = rd, every_s, time.monotonic()
+        self.clean = False  # did the last flush copy everything?
+        # The staging dir goes when the driver exits, unless its last copy failed (then it is all there is).
+        atexit.register(self._remove_staging)
+
+    def _remove_staging(self) -> None:
+        if self.clean and self.rd.is_remote:
+            shutil.rmtree(self.rd.local, ignore_errors=True)
 
     def tick(self) -> None:
         """Mirror if ``every_s`` has passed since the last copy."""
@@ -101,10 +110,13 @@ class Mirror:
         """Copy every local file to the remote tree now."""
         self.last = time.monotonic()
         local = Path(self.rd.local)
+        clean = True
         for p in local.rglob("*"):
             if p.is_file() and ".tmp" not in p.name:
                 rel = p.relative_to(local).as_posix()
                 try:
                     self.rd.fs.put_file(str(p), layout.join(self.rd.path, rel))
                 except OSError as exc:  # a failed mirror must not kill the run; the next tick retries
+                    clean = False
                     print(f"ddp-run: warning: could not mirror {rel}: {exc}", file=sys.stderr)
+        self.clean = clean

@@ -43,9 +43,14 @@ def torchrun_command(plan: Plan, launcher: Mapping[str, Any], run_url: str) -> l
     return cmd
 
 
-def worker_env(run_url: str, local_dir: str, t0: float) -> dict[str, str]:
+def worker_env(run_url: str, local_dir: str, t0: float, restarts: int = 0) -> dict[str, str]:
     """The environment torchrun and its workers get."""
     env = dict(os.environ)
+    if restarts:
+        # torchrun shares its rendezvous TCPStore with the workers and does not separate restart attempts in
+        # it: restarted gloo/NCCL ranks read the previous attempt's addresses and fail to connect
+        # (pytorch/pytorch#135712). Not sharing it gives every attempt a fresh store.
+        env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     for k, v in SAFE_ENV.items():
         env.setdefault(k, v)
     env[layout.ENV_RUN_DIR] = run_url

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -66,10 +67,37 @@ def _unwritable(root: str, exc: Exception) -> PlanError:
 
 
 def open_run_dir(url: str) -> RunDir:
-    """An existing run directory (for ``resume=<run dir>``)."""
+    """An existing run directory (for ``resume=<run dir>``); for a remote one, with a fresh staging dir."""
     fs, path = fsspec.core.url_to_fs(url)
-    local = path if isinstance(fs, LocalFileSystem) else tempfile.mkdtemp(prefix="ddp-run-")
-    return RunDir(url=url.rstrip("/"), local=local, fs=fs, path=path.rstrip("/"))
+    path = path.rstrip("/")
+    if isinstance(fs, LocalFileSystem):
+        return RunDir(url=path, local=path, fs=fs, path=path)
+    local = tempfile.mkdtemp(prefix=f"ddp-run-{path.rsplit('/', 1)[-1]}-")
+    for sub in (layout.LOGS, layout.TB):
+        os.makedirs(os.path.join(local, sub), exist_ok=True)
+    return RunDir(url=fs.unstrip_protocol(path), local=local, fs=fs, path=path)
+
+
+def prepare_continue(rd: RunDir) -> None:
+    """Get an existing run directory ready to be continued in place by a new launch.
+
+    Error records of the earlier attempt are removed (they would otherwise be taken for this attempt's root
+    cause); for a remote run the earlier logs are staged locally, so that the new attempt appends to them and
+    the mirror does not overwrite them with only the new lines.
+    """
+    logs = layout.join(rd.path, layout.LOGS)
+    if rd.is_remote:
+        rd.fs.invalidate_cache(logs)
+        for remote in rd.fs.find(logs):
+            rel = remote[len(logs):].lstrip("/")
+            if rel and not rel.endswith(".error.json"):
+                target = os.path.join(rd.local, layout.LOGS, *rel.split("/"))
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                rd.fs.get_file(remote, target)
+    for remote in rd.fs.glob(layout.join(logs, "rank*.error.json")):
+        rd.fs.rm_file(remote)
+    for p in glob.glob(os.path.join(rd.local, layout.LOGS, "rank*.error.json")):
+        os.remove(p)
 
 
 def _claim(fs: fsspec.AbstractFileSystem, parent: str, base: str) -> str:

@@ -67,6 +67,8 @@ def _setup(run_dir: str, local_dir: str, console: IO[str] | None, cfg: Config) -
     world_size = int(os.environ["WORLD_SIZE"])
     if cfg.device == "cuda":
         torch.cuda.set_device(local_rank)  # local rank indexes the visible devices
+        torch.backends.cuda.matmul.allow_tf32 = True  # fp32 matmuls outside autocast use tensor cores
+        torch.backends.cudnn.allow_tf32 = True
         device = torch.device("cuda", local_rank)
         name = torch.cuda.get_device_name(device)
     else:
@@ -112,16 +114,21 @@ def _optimizer(cfg: Config, model: torch.nn.Module, device: torch.device) -> tor
 
 
 def lr_factor(step: int, total: int, schedule: str, warmup: int, min_ratio: float) -> float:
-    """Multiplier of the base LR at optimizer step ``step`` (0-based): linear warmup, then constant or cosine."""
+    """Multiplier of the base LR at optimizer step ``step`` (0-based): linear warmup, then constant or cosine.
+
+    Cosine falls from 1 after the warmup to ``min_ratio`` at step ``total`` and stays there.
+    """
+    # Checked before the warmup branch: LambdaLR calls this at construction (step 0), so a bad schedule fails
+    # at start-up instead of after the warmup.
+    if schedule not in ("constant", "cosine"):
+        raise ValueError(f"train.schedule={schedule!r}: unknown schedule. Fix: use constant or cosine")
     if warmup and step < warmup:
         return (step + 1) / warmup
     if schedule == "constant":
         return 1.0
-    if schedule == "cosine":
-        span = max(1, total - warmup)
-        progress = min(1.0, (step - warmup) / span)
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-    raise ValueError(f"train.schedule={schedule!r}: unknown schedule. Fix: use constant or cosine")
+    span = max(1, total - warmup)
+    progress = min(1.0, (step - warmup) / span)
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 def inject_fault(rank: int, step: int) -> None:
@@ -178,6 +185,20 @@ def _peak_memory_gb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB (peak RSS)
 
 
+class _SingleProcess(torch.nn.Module):
+    """Stands in for DDP at world size 1: same call and ``no_sync`` surface, no communication."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    def no_sync(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+
 class Trainer:
     """One run of the training loop on this rank."""
 
@@ -189,11 +210,15 @@ class Trainer:
         task = importlib.import_module(f"tasks.{cfg.task.name}")
         self.parts: TaskParts = task.build(cfg, ctx.device)
         self.model = self.parts.model.to(ctx.device)
-        self.ddp = DDP(
-            self.model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None,
-            gradient_as_bucket_view=True,
-        )
-        self.forward = torch.compile(self.ddp) if t.compile else self.ddp
+        if ctx.world_size > 1:
+            self.ddp: DDP | _SingleProcess = DDP(
+                self.model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None,
+                gradient_as_bucket_view=True, bucket_cap_mb=t.get("ddp_bucket_mb", 25),
+            )
+        else:  # one rank: nothing to synchronise, and compile sees one graph instead of DDP's bucketed ones
+            self.ddp = _SingleProcess(self.model)
+        compile_kwargs = {"mode": t.compile_mode} if t.get("compile_mode") else {}
+        self.forward = torch.compile(self.ddp, **compile_kwargs) if t.compile else self.ddp
         self.optimizer = _optimizer(cfg, self.model, ctx.device)
         self.scaler = torch.amp.GradScaler(ctx.device.type) if t.precision == "fp16" else None
         self.per_rank, self.accumulation = cfg.batch.per_rank, cfg.batch.accumulation
@@ -226,16 +251,19 @@ class Trainer:
     # -- checkpoints -----------------------------------------------------------------------------------
 
     def _resume_source(self) -> str | None:
-        """Newest complete checkpoint of this run (elastic restart / continue in place), else ``resume``."""
+        """Newest complete checkpoint of this run (elastic restart / continue in place), else ``resume``.
+
+        A run's own checkpoints always win, whatever ``resume`` says: they are this run's progress (an elastic
+        restart of a ``resume=never`` run must not start over and then have keep_last delete its fresh
+        checkpoints as "older" than the previous attempt's). ``resume`` says where a run with none starts.
+        """
         resume = str(self.cfg.resume)
-        if resume == "never":
-            return None
         own = ckpt.latest(self.ckpt_root)
-        if own is not None or resume == "auto":
+        if own is not None or resume in ("auto", "never"):
             return own
         if ckpt.is_checkpoint(resume):
             return resume
-        found = ckpt.latest(layout.join(resume, layout.CHECKPOINTS))
+        found = ckpt.latest(resume) or ckpt.latest(layout.join(resume, layout.CHECKPOINTS))
         if found is None:
             raise ValueError(f"resume={resume!r}: no complete checkpoint there. Fix: point resume at a"
                              " run directory with checkpoints/step_<N>, a checkpoint, or use resume=never")
@@ -254,7 +282,9 @@ class Trainer:
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         p = state["progress"]
-        self.state = TrainState(p["step"], p["epoch"], p["micro_in_epoch"], list(p.get("losses", [])))
+        # The data position is counted in micro-batches of the checkpoint's per-rank batch.
+        samples = p["micro_in_epoch"] * state.get("plan", {}).get("per_rank_batch", self.per_rank)
+        self.state = TrainState(p["step"], p["epoch"], samples // self.per_rank, list(p.get("losses", [])))
         ckpt.set_rng_state(state["rng"][self.ctx.rank])
         self.resumed_from = src
         self._say(f"resumed from {src} at step {self.state.step}")
@@ -273,6 +303,12 @@ class Trainer:
         if plan.get("world_size") not in (None, self.ctx.world_size):
             raise ValueError(f"cannot resume from {src}: it ran with world_size={plan['world_size']}, this run"
                              f" has {self.ctx.world_size}. Fix: resume with world_size={plan['world_size']}")
+        done = state["progress"]["micro_in_epoch"] * plan.get("per_rank_batch", self.per_rank)
+        if done % self.per_rank:
+            raise ValueError(f"cannot resume from {src}: each rank had used {done} samples of the epoch, not a"
+                             f" whole number of batch.per_rank={self.per_rank} micro-batches, so the data order"
+                             f" would not continue exactly. Fix: resume with batch.per_rank="
+                             f"{plan['per_rank_batch']} (or a divisor of {done})")
 
     def save_checkpoint(self) -> None:
         """Every rank hands its RNG state to rank 0 (one collective), which saves atomically."""
@@ -329,7 +365,10 @@ class Trainer:
         tokens_per_sample = self.parts.tokens_per_sample
         peak = metrics.peak_flops(ctx.device_name, t.precision)
         batches = self._micro_batches()
-        window: dict[str, Any] = {"steps": 0, "wait": 0.0, "t0": time.perf_counter(), "first": True}
+        # A logging window: optimizer steps, data wait, start time, and time spent outside training steps
+        # (validation, checkpoint saves), which is subtracted so perf/step_time_s times training steps only.
+        window: dict[str, Any] = {"steps": 0, "wait": 0.0, "t0": time.perf_counter(), "paused": 0.0,
+                                  "first": True}
         step_times: list[float] = []
         tps_hist: list[float] = []
         mfu_hist: list[float] = []
@@ -381,7 +420,7 @@ class Trainer:
                 dist.all_reduce(stats)
                 train_loss, gnorm = (stats / ctx.world_size).tolist()
                 loss_acc.zero_()
-                step_s = (time.perf_counter() - window["t0"]) / window["steps"]
+                step_s = (time.perf_counter() - window["t0"] - window["paused"]) / window["steps"]
                 sps = samples_per_step / step_s
                 last = {"train/loss": train_loss, "lr": lr, "grad_norm": gnorm, "perf/step_time_s": step_s,
                         "perf/data_wait_s": window["wait"] / window["steps"],
@@ -404,15 +443,18 @@ class Trainer:
                         writer.add_scalar(k, v, step)
                 if progress is not None:
                     progress.update(step, train_loss, last.get("perf/tokens_per_s") or sps)
-                window = {"steps": 0, "wait": 0.0, "t0": time.perf_counter(), "first": False}
+                window = {"steps": 0, "wait": 0.0, "t0": time.perf_counter(), "paused": 0.0, "first": False}
 
             if self.parts.val_set is not None and t.val_every and step % t.val_every == 0 \
                     and step != self.total_steps:
+                t_pause = time.perf_counter()
                 val_loss = self._validate(writer, step)
+                window["paused"] += time.perf_counter() - t_pause
             every = cfg.checkpoint.every_steps
             if every and step % every == 0 and step != self.total_steps:
+                t_pause = time.perf_counter()
                 self.save_checkpoint()
-                window["t0"] = time.perf_counter()  # the save's blocking time is not a training step
+                window["paused"] += time.perf_counter() - t_pause  # the save's blocking time is not a step
 
         if self.parts.val_set is not None:
             val_loss = self._validate(writer, self.state.step)
@@ -474,11 +516,14 @@ def run(run_dir: str, local_dir: str, console: IO[str] | None) -> None:
     if int(os.environ.get("RANK", "0")) == 0:
         # TensorBoard's import overlaps the process-group and DDP set-up instead of delaying the first step.
         writer_future = ThreadPoolExecutor(1).submit(_open_writer, os.path.join(local_dir, layout.TB))
+    t0 = time.perf_counter()
     ctx = _setup(run_dir, local_dir, console, cfg)
+    print(f"startup: process group ready in {time.perf_counter() - t0:.1f} s", flush=True)
     worker_io.write_json(local_dir, layout.rank_facts(ctx.rank), _facts(ctx, completed=False))
     try:
         trainer = Trainer(cfg, ctx, writer_future)
         trainer.maybe_resume()
+        print(f"startup: task, model, DDP and data ready in {time.perf_counter() - t0:.1f} s", flush=True)
         summary = trainer.train()
         if ctx.device.type == "cuda":
             torch.cuda.synchronize()

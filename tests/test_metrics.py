@@ -1,0 +1,61 @@
+"""Efficiency arithmetic (``tasks.metrics``) and the GPT FLOP count it is fed with."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tasks import metrics
+from tasks.gpt_model import GPT
+
+
+@pytest.mark.parametrize(("name", "precision", "peak"), [
+    ("NVIDIA H200", "bf16", 989e12),
+    ("NVIDIA H100 80GB HBM3", "bf16", 989e12),
+    ("NVIDIA H100 80GB HBM3", "fp16", 989e12),
+    ("NVIDIA A100-SXM4-80GB", "bf16", 312e12),
+])
+def test_peak_flops_of_known_devices(name, precision, peak):
+    assert metrics.peak_flops(name, precision) == peak
+
+
+@pytest.mark.parametrize(("name", "precision"), [
+    ("cpu", "fp32"), ("cpu", "bf16"), (None, "bf16"), ("", "bf16"),
+    ("NVIDIA GeForce RTX 4090", "bf16"),  # a device the table does not list
+    ("NVIDIA H200", "fp32"),              # a known device at a dtype the table does not list
+])
+def test_peak_flops_unknown_is_none_never_a_guess(name, precision):
+    assert metrics.peak_flops(name, precision) is None
+
+
+def test_mfu_formula_and_none_when_unknown():
+    # 1e9 FLOPs/sample × 100 samples/s = 1e11 FLOP/s on a 1e12 FLOP/s device: 10 %.
+    assert metrics.mfu(1e9, 100.0, 1e12) == pytest.approx(0.1)
+    assert metrics.mfu(1e9, 100.0, None) is None     # unknown device
+    assert metrics.mfu(None, 100.0, 1e12) is None    # unknown FLOP count
+    assert metrics.mfu(0.0, 100.0, 1e12) is None
+    assert metrics.mfu(1e9, 0.0, 1e12) is None       # no throughput measured yet
+    assert metrics.mfu(1e9, 100.0, metrics.peak_flops("cpu", "fp32")) is None
+
+
+def test_median_and_scaling_efficiency():
+    assert metrics.median([]) is None
+    assert metrics.median([3.0, 1.0, 2.0]) == 2.0
+    assert metrics.scaling_efficiency(100.0, 180.0, 2) == pytest.approx(0.9)
+
+
+def test_gpt2_small_flops_per_token_is_about_855_mflop():
+    with torch.device("meta"):  # no memory, no init cost: only shapes matter
+        model = GPT(vocab=50257, context=1024, width=768, layers=12, heads=12)
+    L, d, T, V = 12, 768, 1024, 50257
+    # Parameters without position embeddings, tied head counted once: embeddings, 12 d² + 13 d per block
+    # (qkv, proj, fc, out weights and biases, two LayerNorms), final LayerNorm.
+    n = V * d + L * (12 * d * d + 13 * d) + 2 * d
+    assert model.num_params() == n == 123_653_376
+    assert model.num_params(exclude_position=False) == n + T * d
+    assert model.flops_per_token() == 6 * n + 12 * L * d * T
+    assert model.flops_per_token() == pytest.approx(855e6, rel=0.001)
+    # The padded vocabulary of task=gpt2_small (50304) changes that by well under 0.1 %.
+    with torch.device("meta"):
+        padded = GPT(vocab=50304, context=1024, width=768, layers=12, heads=12)
+    assert padded.flops_per_token() == pytest.approx(855e6, rel=0.001)

@@ -1,0 +1,120 @@
+"""A remote output root end to end: a real S3 server (moto, on loopback), real torchrun and gloo workers.
+
+The driver stages logs and TensorBoard files locally and mirrors them; rank 0 writes checkpoints straight to
+the bucket. The server's endpoint and fake credentials reach the driver and the workers through the
+environment the ``s3_server`` fixture sets.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import fsspec
+import pytest
+import torch
+from conftest import ddp_run, load_json, run_dirs
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tasks import checkpoint as ck  # noqa: E402
+from tests.s3_server import s3_server, s3_url  # noqa: E402, F401 - fixtures
+
+pytestmark = pytest.mark.slow
+
+SMOKE = ["task=smoke", "device=cpu", "world_size=2", "checkpoint.every_steps=2"]
+
+
+def s3() -> fsspec.AbstractFileSystem:
+    fs = fsspec.filesystem("s3")
+    fs.invalidate_cache()
+    return fs
+
+
+def only_remote_run(root: str) -> str:
+    """``s3://…`` URL of the one run directory under an S3 output root."""
+    fs = s3()
+    runs = [p.rsplit("/", 1)[0] for p in fs.glob(root.removeprefix("s3://") + "/*/*/config.yaml")]
+    assert len(runs) == 1, runs
+    return "s3://" + runs[0]
+
+
+def read_json(url: str) -> dict:
+    return json.loads(s3().cat_file(url))
+
+
+def files(url: str) -> set[str]:
+    base = url.removeprefix("s3://")
+    return {p[len(base) + 1:] for p in s3().find(base)}
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory) -> Path:
+    """The same run on a local disk: the remote runs must reproduce its losses and parameters exactly."""
+    root = tmp_path_factory.mktemp("local") / "outputs"
+    r = ddp_run(SMOKE, root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    [run] = run_dirs(root)
+    return run
+
+
+def assert_same_as_local(summary: dict, final: dict, local: Path) -> None:
+    assert summary["losses"] == load_json(local / "summary.json")["losses"]
+    params = ck.load(local / "checkpoints/step_8")["model"]
+    assert final["model"].keys() == params.keys()
+    for k, v in params.items():
+        assert torch.equal(final["model"][k], v), k
+
+
+def test_run_under_s3_root_mirrors_the_whole_tree(s3_url, local_run):  # noqa: F811 - fixture
+    root = f"{s3_url}/runs"
+    r = ddp_run(SMOKE, root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    run = only_remote_run(root)
+    assert r.stdout.strip().splitlines()[-1] == run
+
+    tree = files(run)
+    for f in ("config.yaml", "run.json", "summary.json", "logs/rank0.log", "logs/rank1.log", "logs/rank0.json",
+              "checkpoints/step_8/state.pt", "checkpoints/step_8/meta.json"):
+        assert f in tree, (f, sorted(tree))
+    assert any(f.startswith("tb/events.out.tfevents.") for f in tree), sorted(tree)
+    assert "rank 0 device cpu:0 completed" in s3().cat_file(f"{run}/logs/rank0.log").decode()
+    assert read_json(f"{run}/run.json")["status"] == "completed"
+    summary = read_json(f"{run}/summary.json")
+    assert summary["status"] == "completed" and summary["steps"] == 8
+    # The workers reached the server themselves: rank 0 wrote these checkpoints straight into the bucket.
+    assert [u.rsplit("/", 1)[1] for _, u in ck.list_complete(f"{run}/checkpoints")] == ["step_6", "step_8"]
+    final = ck.load(f"{run}/checkpoints/step_8")
+    assert final["progress"]["step"] == 8 and final["progress"]["losses"] == summary["losses"]
+    assert_same_as_local(summary, final, local_run)
+
+
+def test_s3_run_killed_then_resumed_in_place(s3_url, local_run, tmp_path):  # noqa: F811 - fixture
+    # Rank 1 is SIGKILLed after step 7, once step_6 is in the bucket; then the remote run is continued in place.
+    root = f"{s3_url}/crash"
+    r = ddp_run(SMOKE, root, env={"DDP_RUNNER_FAULT": "kill@1:7"})
+    assert r.returncode != 0, r.stdout + r.stderr
+    crashed = only_remote_run(root)
+    assert read_json(f"{crashed}/run.json")["status"] == "failed"
+    # step_6 normally; step_4 if the rank-0 upload of step_6 was cut short when torchrun stopped it
+    source = ck.latest(f"{crashed}/checkpoints")
+    assert source is not None and source.rsplit("/", 1)[1] in ("step_4", "step_6"), source
+    log_before = s3().cat_file(f"{crashed}/logs/rank0.log").decode()
+
+    r = ddp_run([f"resume={crashed}"], tmp_path / "unused")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip().splitlines()[-1] == crashed
+    manifest, summary = read_json(f"{crashed}/run.json"), read_json(f"{crashed}/summary.json")
+    assert manifest["status"] == "completed" and len(manifest["continued"]) == 1
+    assert summary["resumed_from"] == source
+    final = ck.load(ck.latest(f"{crashed}/checkpoints"))
+    assert final["progress"]["step"] == 8
+    assert_same_as_local(summary, final, local_run)
+    # The mirrored log kept the first attempt's lines and gained the second's; no stale error record.
+    log_after = s3().cat_file(f"{crashed}/logs/rank0.log").decode()
+    assert log_after.startswith(log_before) and "resumed from" in log_after[len(log_before):]
+    assert not [f for f in files(crashed) if f.endswith(".error.json")]
+    assert any(f.startswith("tb/events.out.tfevents.") for f in files(crashed))

@@ -1,0 +1,198 @@
+"""Checkpoints and recovery end to end: real torchrun, gloo ranks killed with SIGKILL, resumed through the CLI.
+
+Every comparison is exact: a resumed or restarted run must give the same per-step losses (summary.json) and the
+same final parameters (torch.equal) as one that was never interrupted.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ddp_run, load_json, run_dirs
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tasks import checkpoint as ck  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+# smoke: 64 samples / (8 per rank × 2 ranks) = 4 optimizer steps per epoch, 2 epochs = 8 steps. With a
+# checkpoint every 2 steps, killing rank 1 after step 7 leaves step_6 (epoch 1, 2 of 4 micro-batches done).
+SMOKE = ["task=smoke", "device=cpu", "world_size=2", "checkpoint.every_steps=2"]
+KILL_SMOKE = {"DDP_RUNNER_FAULT": "kill@1:7"}
+
+
+def only_run(root: Path) -> Path:
+    [run] = run_dirs(root)
+    return run
+
+
+def final_params(run: Path | str) -> dict[str, torch.Tensor]:
+    latest = ck.latest(f"{run}/checkpoints")
+    assert latest is not None, f"no complete checkpoint in {run}"
+    return ck.load(latest)["model"]
+
+
+def assert_same_params(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def assert_killed(r, run: Path) -> None:
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert load_json(run / "run.json")["status"] == "failed"
+
+
+@pytest.fixture(scope="module")
+def smoke_baseline(tmp_path_factory) -> Path:
+    """One uninterrupted smoke run that the recovery tests compare against."""
+    root = tmp_path_factory.mktemp("baseline") / "outputs"
+    r = ddp_run(SMOKE, root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    run = only_run(root)
+    assert load_json(run / "summary.json")["steps"] == 8
+    return run
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory) -> Path:
+    """~5 KB of text: with context 64 and 4 samples per rank, 8 optimizer steps per epoch on 2 ranks."""
+    rng = random.Random(0)
+    words = ["alpha", "beta", "gamma", "delta", "ranks", "gloo", "torch", "step", "epoch", "loss", "the", "a"]
+    text = " ".join(rng.choice(words) for _ in range(1200))[:5000]
+    path = tmp_path_factory.mktemp("data") / "small.txt"
+    path.write_text(text)
+    return path
+
+
+def gpt_args(text_file: Path) -> list[str]:
+    # AdamW, cosine schedule with warmup, grad clipping: all of it must carry over through a checkpoint.
+    return ["task=gpt", "device=cpu", "world_size=2", f"data.path={text_file}", "batch.per_rank=4",
+            "train.max_steps=null", "train.epochs=3", "checkpoint.every_steps=4"]
+
+
+def test_kill_then_resume_run_dir_is_bit_identical(tmp_path, text_file):
+    args = gpt_args(text_file)
+    r = ddp_run(args, tmp_path / "clean")
+    assert r.returncode == 0, r.stdout + r.stderr
+    clean = only_run(tmp_path / "clean")
+    assert load_json(clean / "summary.json")["steps"] == 24
+
+    # Rank 1 is SIGKILLed after step 15; step_12 was saved in epoch 1 (steps 9-16), half-way through it.
+    r = ddp_run(args, tmp_path / "crash", env={"DDP_RUNNER_FAULT": "kill@1:15"})
+    crashed = only_run(tmp_path / "crash")
+    assert_killed(r, crashed)
+    assert ck.latest(f"{crashed}/checkpoints").endswith("step_12")
+
+    r = ddp_run([f"resume={crashed}"], tmp_path / "unused")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not (tmp_path / "unused").exists(), "resume=<run dir> continues in place: no new run directory"
+    summary, manifest = load_json(crashed / "summary.json"), load_json(crashed / "run.json")
+    assert manifest["status"] == "completed" and summary["status"] == "completed"
+    assert len(manifest["continued"]) == 1 and summary["root_cause"] is None
+    assert summary["resumed_from"].endswith("checkpoints/step_12")
+    progress = ck.load(summary["resumed_from"])["progress"]
+    assert progress["epoch"] == 1 and 0 < progress["micro_in_epoch"] < 8, "the resume must land mid-epoch"
+    assert "resumed from" in (crashed / "logs/rank0.log").read_text()
+    assert not list((crashed / "logs").glob("*.error.json")), "the crash's error records were cleared"
+
+    assert summary["steps"] == 24
+    assert summary["losses"] == load_json(clean / "summary.json")["losses"]
+    assert_same_params(final_params(crashed), final_params(clean))
+
+
+def test_elastic_restart_recovers_and_is_recorded(tmp_path, smoke_baseline):
+    r = ddp_run([*SMOKE, "launcher.max_restarts=1"], tmp_path / "out", env=KILL_SMOKE)
+    assert r.returncode == 0, r.stdout + r.stderr
+    run = only_run(tmp_path / "out")
+    manifest, summary = load_json(run / "run.json"), load_json(run / "summary.json")
+    assert manifest["status"] == "completed" and manifest["restarts"] >= 1
+    assert manifest["exit_codes"] == {"0": 0, "1": 0}
+    assert "--max-restarts=1" in manifest["command"]
+    for rank in (0, 1):  # each rank reports the attempt it finished in (TORCHELASTIC_RESTART_COUNT)
+        assert load_json(run / f"logs/rank{rank}.json")["restart_count"] == manifest["restarts"]
+    assert summary["resumed_from"] and "/checkpoints/step_" in summary["resumed_from"]
+    assert summary["losses"] == load_json(smoke_baseline / "summary.json")["losses"]
+    assert_same_params(final_params(run), final_params(smoke_baseline))
+
+
+def test_keep_last_and_resumed_from_checkpoint_is_protected(tmp_path, smoke_baseline):
+    r = ddp_run(["task=smoke", "device=cpu", "checkpoint.every_steps=1", "checkpoint.keep_last=2"], tmp_path / "a")
+    assert r.returncode == 0, r.stdout + r.stderr
+    a = only_run(tmp_path / "a")
+    assert [Path(u).name for _, u in ck.list_complete(f"{a}/checkpoints")] == ["step_7", "step_8"]
+    assert sorted(p.name for p in (a / "checkpoints").iterdir()) == ["step_7", "step_8"], "no leftovers"
+
+    # Into a new run from a checkpoint path, keeping only 1: the source (another run's) is never touched.
+    source = a / "checkpoints/step_7"
+    r = ddp_run(["task=smoke", "device=cpu", f"resume={source}", "train.epochs=3", "checkpoint.every_steps=1",
+                 "checkpoint.keep_last=1"], tmp_path / "b")
+    assert r.returncode == 0, r.stdout + r.stderr
+    b = only_run(tmp_path / "b")
+    summary = load_json(b / "summary.json")
+    assert summary["resumed_from"] == str(source) and summary["steps"] == 12
+    assert summary["losses"][:8] == load_json(smoke_baseline / "summary.json")["losses"]
+    assert [Path(u).name for _, u in ck.list_complete(f"{b}/checkpoints")] == ["step_12"]
+    assert ck.load(source)["progress"]["step"] == 7
+    assert [Path(u).name for _, u in ck.list_complete(f"{a}/checkpoints")] == ["step_7", "step_8"]
+
+    # Continued in place with keep_last=1: the checkpoint it resumed from survives the newer saves.
+    r = ddp_run([*SMOKE, "checkpoint.keep_last=1"], tmp_path / "c", env=KILL_SMOKE)
+    c = only_run(tmp_path / "c")
+    assert_killed(r, c)
+    resumed_from = ck.latest(f"{c}/checkpoints")
+    r = ddp_run([f"resume={c}"], tmp_path / "c")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert load_json(c / "summary.json")["resumed_from"] == resumed_from
+    assert ck.is_checkpoint(resumed_from) and ck.latest(f"{c}/checkpoints").endswith("step_8")
+    assert load_json(c / "summary.json")["losses"] == load_json(smoke_baseline / "summary.json")["losses"]
+
+
+def test_incompatible_resume_is_refused(tmp_path, text_file):
+    args = [a for a in gpt_args(text_file) if not a.startswith("train.")] + ["train.max_steps=2"]
+    r = ddp_run(args, tmp_path / "src")
+    assert r.returncode == 0, r.stdout + r.stderr
+    source = f"{only_run(tmp_path / 'src')}/checkpoints/step_2"
+
+    # Another model width: found by the workers when they compare state dicts, before any training step.
+    r = ddp_run([*args, f"resume={source}", "task.model.width=32"], tmp_path / "width")
+    assert r.returncode not in (0, 2), r.stdout + r.stderr
+    run = only_run(tmp_path / "width")
+    cause = load_json(run / "summary.json")["root_cause"]
+    assert cause["type"] == "ValueError" and "the model differs" in cause["message"]
+    for text in (cause["message"], r.stderr):
+        assert "tok.weight: checkpoint (256, 64) vs model (256, 32)" in text, text
+    assert not ck.list_complete(f"{run}/checkpoints"), "nothing was trained or saved"
+    assert "step 1/" not in r.stdout
+
+    # Another world size: refused by the driver, before anything starts.
+    r = ddp_run([*args, f"resume={source}", "world_size=1"], tmp_path / "ws")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "world_size=2" in r.stderr and "Nothing was started" in r.stderr
+    assert not (tmp_path / "ws").exists()
+
+
+def test_resume_never_and_missing_source(tmp_path, smoke_baseline):
+    # A root that already holds a run with checkpoints: resume=never starts from scratch.
+    root = smoke_baseline.parent.parent
+    before = run_dirs(root)
+    r = ddp_run([*SMOKE, "resume=never"], root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    [new] = set(run_dirs(root)) - set(before)
+    summary = load_json(new / "summary.json")
+    assert summary["resumed_from"] is None and "resumed from" not in (new / "logs/rank0.log").read_text()
+    assert summary["losses"] == load_json(smoke_baseline / "summary.json")["losses"]
+
+    for source, problem in ((tmp_path / "nope", "no such run directory or checkpoint"),
+                            (tmp_path, "holds no complete checkpoint")):
+        r = ddp_run([*SMOKE, f"resume={source}"], tmp_path / "out")
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert problem in r.stderr and "Nothing was started" in r.stderr
+        assert not (tmp_path / "out").exists()
