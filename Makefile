@@ -10,10 +10,11 @@ ARGS   ?=
 
 setup: $(VENV)/.installed
 
-# The system site-packages are visible so a GPU host's own CUDA torch is used as is; elsewhere torch is
-# the CPU wheel (`torch==2.13.0`), installed first so nothing pulls a multi-GB CUDA build.
+# Where python3 already has torch (a GPU host), .venv sees its packages so that CUDA build is used as is;
+# elsewhere .venv is isolated and gets the CPU wheel (`torch==2.13.0`), installed first so nothing pulls a
+# multi-GB CUDA build.
 $(VENV)/.installed: pyproject.toml
-	test -x $(PY) || python3 -m venv --system-site-packages $(VENV)
+	test -x $(PY) || python3 -m venv $$(python3 -c "import torch" 2>/dev/null && echo --system-site-packages) $(VENV)
 	@# A GPU image's python3 is often itself a venv, which --system-site-packages does not see through:
 	@# when that python3 has torch, its packages are added to .venv's path as they are.
 	if python3 -c "import torch" 2>/dev/null; then python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" \
@@ -30,8 +31,8 @@ run: setup
 	$(VENV)/bin/ddp-run task=smoke $(RUN_ARGS) $(ARGS)
 
 test: $(VENV)/.installed-test
-	$(VENV)/bin/ruff check runner tasks tests bench
-	$(VENV)/bin/pytest -q $(ARGS)
+	$(PY) -m ruff check runner tasks tests bench
+	$(PY) -m pytest -q $(ARGS)
 
 bench: setup
 	$(PY) bench/overhead.py

@@ -73,7 +73,8 @@ def finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupte
     if ok:
         fin = train.get("final", {})
         loss = fin.get("train/loss")
-        print(f"ddp-run: completed: {check['completed_ranks'] and len(check['completed_ranks'])} ranks on"
+        n = len(check["completed_ranks"])
+        print(f"ddp-run: completed: {n} rank{'s' if n != 1 else ''} on"
               f" {'distinct' if check['distinct_devices'] else 'SHARED'} devices"
               f" ({', '.join(check['devices'].values())}), {train.get('steps')} steps"
               + (f", final loss {loss:.4f}" if loss is not None else ""), flush=True)

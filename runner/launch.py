@@ -30,14 +30,9 @@ def torchrun_command(plan: Plan, launcher: Mapping[str, Any], run_url: str) -> l
     """The torchrun invocation for this plan; the worker entry is ``python -m tasks <run dir>``."""
     exe = Path(sys.executable).with_name("torchrun")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "torch.distributed.run"]
-    name = launcher.get("name", "local")
-    if name == "local":
-        cmd += ["--standalone", "--nnodes=1"]
-    elif name == "multinode":
-        cmd += [f"--nnodes={plan.nnodes}", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={launcher['rdzv_endpoint']}", f"--rdzv-id={launcher.get('rdzv_id', 'ddp-run')}"]
-    else:
-        raise ValueError(f"launcher={name!r}: unknown launcher. Fix: use launcher=local or launcher=multinode")
+    if launcher.get("name", "local") != "local":
+        raise ValueError(f"launcher={launcher.get('name')!r}: unknown launcher. Fix: use launcher=local")
+    cmd += ["--standalone", "--nnodes=1"]
     cmd += [f"--nproc-per-node={plan.nproc_per_node}", f"--max-restarts={launcher.get('max_restarts', 0)}",
             "-m", "tasks", run_url]
     return cmd

@@ -13,6 +13,8 @@ from typing import Any
 DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "nccl", "gloo")
 PRECISIONS = ("fp32", "bf16", "fp16")
+OPTIMIZERS = ("sgd", "adamw")
+SCHEDULES = ("constant", "cosine")
 
 
 class PlanError(ValueError):
@@ -115,6 +117,9 @@ def make_plan(
     world_size = _positive_int(cfg, "world_size", "set world_size to the number of ranks, e.g. world_size=2")
     per_rank = _positive_int(cfg, "batch.per_rank", "set batch.per_rank to a positive micro-batch, e.g. 8")
     nnodes = _positive_int(cfg, "launcher.nnodes", "set launcher.nnodes to the number of hosts, e.g. 1")
+    if nnodes != 1 and _get(cfg, "launcher.name") in (None, "local"):
+        raise PlanError("launcher.nnodes", nnodes, "the local launcher runs on this host only",
+                        "use launcher.nnodes=1 (multi-node launching is not supported yet)")
     if world_size % nnodes:
         raise PlanError(
             "world_size", world_size, f"not divisible by launcher.nnodes={nnodes}",
@@ -157,6 +162,9 @@ def make_plan(
             f"use world_size={len(gpus) * nnodes} or fewer, or device=cpu",
         )
 
+    for key, allowed in (("train.optimizer", OPTIMIZERS), ("train.schedule", SCHEDULES)):
+        if _get(cfg, key) not in allowed:
+            raise PlanError(key, _get(cfg, key), "unknown value", f"use one of {', '.join(allowed)}")
     precision = _get(cfg, "train.precision")
     if precision not in PRECISIONS:
         raise PlanError("train.precision", precision, "unknown precision", f"use one of {', '.join(PRECISIONS)}")

@@ -6,6 +6,7 @@ training engine. Only the driver creates directories.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -20,6 +21,9 @@ def main() -> int:
     rank = int(os.environ.get("RANK", "0"))
     worker_io.die_with_parent()
     console = worker_io.redirect_output(local_dir, rank)
+    # An error record left by an earlier attempt (elastic restart, resume) must not pass for this one's.
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(local_dir, layout.rank_error(rank)))
     try:
         from tasks.engine import run
 

@@ -210,6 +210,9 @@ class Trainer:
         task = importlib.import_module(f"tasks.{cfg.task.name}")
         self.parts: TaskParts = task.build(cfg, ctx.device)
         self.model = self.parts.model.to(ctx.device)
+        # Same weights everywhere, but each rank its own random stream from here on (dropout masks must
+        # differ across ranks that see different data). A resume restores every rank's saved stream.
+        torch.manual_seed(cfg.seed + ctx.rank)
         if ctx.world_size > 1:
             self.ddp: DDP | _SingleProcess = DDP(
                 self.model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None,
@@ -478,7 +481,11 @@ class Trainer:
         return summary
 
     def _validate(self, writer: Any, step: int) -> float:
-        loss = evaluate(self.model, self.parts.val_set, self.ctx, self.per_rank, self.cfg.train.precision)
+        data = self.parts.val_set
+        cap = self.cfg.train.get("val_samples")
+        if cap and cap < len(data):  # the same leading samples every time, each counted once
+            data = Subset(data, range(cap))
+        loss = evaluate(self.model, data, self.ctx, self.per_rank, self.cfg.train.precision)
         if writer is not None:
             writer.add_scalar("val/loss", loss, step)
         self._say(f"step {step} val/loss {loss:.4f}")

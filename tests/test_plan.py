@@ -16,7 +16,8 @@ def cfg(**over):
     base = {
         "world_size": 2, "batch": {"per_rank": 8, "accumulation": 1, "global": None},
         "device": "cpu", "backend": "auto", "task": {"name": "smoke"}, "launcher": {"nnodes": 1},
-        "train": {"precision": "fp32", "max_steps": None, "epochs": 2},
+        "train": {"precision": "fp32", "max_steps": None, "epochs": 2, "optimizer": "sgd",
+                  "schedule": "constant"},
     }
     for dotted, value in over.items():
         node = base
@@ -81,6 +82,8 @@ def test_auto_device_and_backend():
     ({"batch__global": -16}, [], "batch.global"),
     ({"device": "tpu"}, [], "device"),
     ({"train__precision": "fp8"}, [], "train.precision"),
+    ({"train__optimizer": "lamb"}, [], "train.optimizer"),
+    ({"train__schedule": "linear"}, [], "train.schedule"),
     ({"task__name": "nope"}, [], "task"),
 ])
 def test_refusals_name_key_value_and_fix(over, gpus, key):
