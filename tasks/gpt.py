@@ -24,6 +24,24 @@ def data_vocab(data_cfg: Config) -> int | None:
     return FORMAT_VOCAB[resolve_format(path, data_cfg.get("format", "auto"))]
 
 
+ATTENTION = ("auto", "flash", "cudnn", "efficient")
+
+
+def choose_attention(kind: str) -> None:
+    """Restrict SDPA to one CUDA attention kernel (``auto`` leaves PyTorch's own choice).
+
+    The flags are read when the attention call is traced or run, so this holds under torch.compile too.
+    """
+    if kind not in ATTENTION:
+        raise ValueError(f"task.model.attention={kind!r}: unknown kernel. Fix: use one of {', '.join(ATTENTION)}")
+    if kind == "auto":
+        return
+    torch.backends.cuda.enable_flash_sdp(kind == "flash")
+    torch.backends.cuda.enable_cudnn_sdp(kind == "cudnn")
+    torch.backends.cuda.enable_mem_efficient_sdp(kind == "efficient")
+    torch.backends.cuda.enable_math_sdp(False)
+
+
 def build(cfg: Config, device: torch.device) -> TaskParts:
     """Build the GPT model on ``device`` and its (train, val) text datasets.
 
@@ -38,6 +56,8 @@ def build(cfg: Config, device: torch.device) -> TaskParts:
             f"the data needs a vocabulary of {need} tokens but task.model.vocab={m.vocab}; "
             f"set task.model.vocab >= {need} (byte-level text needs >= 256)"
         )
+    if device.type == "cuda":
+        choose_attention(m.get("attention", "auto"))
     # Build straight on the device: a 124M model initialised on GPU does not wait on CPU RNG and a copy.
     with torch.device(device):
         model = GPT(
