@@ -409,8 +409,10 @@ _Key = tuple[Any, ...]
 
 
 def _snapshot(obj: Any, pool: dict[_Key, torch.Tensor], memo: dict[tuple, torch.Tensor], path: _Key,
-              cuda_devices: set[torch.device]) -> Any:
-    """Deep copy ``obj``; tensors go to CPU buffers reused from ``pool`` (keyed by tree path)."""
+              cuda_devices: set[torch.device], copy_data: bool = True) -> Any:
+    """Deep copy ``obj``; tensors go to CPU buffers reused from ``pool`` (keyed by tree path).
+
+    With ``copy_data=False`` only the buffers are allocated (see :meth:`AsyncSaver.reserve`)."""
     if isinstance(obj, torch.Tensor):
         t = obj.detach()
         # Tensors aliasing the same memory (tied weights) stay one tensor in the snapshot, as in torch.save.
@@ -422,7 +424,11 @@ def _snapshot(obj: Any, pool: dict[_Key, torch.Tensor], memo: dict[tuple, torch.
             # Pinned host memory lets the device-to-host copy run asynchronously at full bandwidth.
             buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=t.is_cuda)
             pool[path] = buf
-        if t.is_cuda:
+            if not copy_data and not t.is_cuda:
+                buf.zero_()  # fault its pages in now (pinned memory already is), not during the save
+        if not copy_data:
+            pass
+        elif t.is_cuda:
             buf.copy_(t, non_blocking=True)
             cuda_devices.add(t.device)
         else:
@@ -433,12 +439,12 @@ def _snapshot(obj: Any, pool: dict[_Key, torch.Tensor], memo: dict[tuple, torch.
     if isinstance(obj, dict):
         out = OrderedDict() if isinstance(obj, OrderedDict) else {}
         for k, v in obj.items():
-            out[k] = _snapshot(v, pool, memo, (*path, k), cuda_devices)
+            out[k] = _snapshot(v, pool, memo, (*path, k), cuda_devices, copy_data)
         return out
     if isinstance(obj, list):
-        return [_snapshot(v, pool, memo, (*path, i), cuda_devices) for i, v in enumerate(obj)]
+        return [_snapshot(v, pool, memo, (*path, i), cuda_devices, copy_data) for i, v in enumerate(obj)]
     if isinstance(obj, tuple) and type(obj) is tuple:
-        return tuple(_snapshot(v, pool, memo, (*path, i), cuda_devices) for i, v in enumerate(obj))
+        return tuple(_snapshot(v, pool, memo, (*path, i), cuda_devices, copy_data) for i, v in enumerate(obj))
     if obj is None or isinstance(obj, (bool, int, float, str, bytes, torch.dtype, torch.device)):
         return obj
     return copy.deepcopy(obj)
@@ -479,6 +485,25 @@ class AsyncSaver:
             ev.record(torch.cuda.current_stream(dev))
             events.append(ev)
         return snap, events
+
+    def reserve(self, state: dict) -> None:
+        """Allocate, in the background, the host buffers a save of ``state`` will need.
+
+        The first save of a run otherwise pays for them while training waits (about 0.9 s of pinned
+        allocation for GPT-2 small's 1.5 GB state). Only shapes and dtypes are read, so training may go on
+        updating the tensors meanwhile; the next :meth:`save` or :meth:`wait` joins this work.
+        """
+        self.wait()
+
+        def run() -> None:
+            try:
+                _snapshot(state, self._pool, {}, (), set(), copy_data=False)
+            except BaseException as e:  # noqa: BLE001 - stored and re-raised in the training thread
+                self._error = e
+                self._failed = "the reservation of host buffers"
+
+        self._thread = threading.Thread(target=run, name="ckpt-reserve", daemon=True)
+        self._thread.start()
 
     def save(self, ckpt_root: str, step: int, state: dict, keep_last: int,
              protect: frozenset[str] = frozenset()) -> str:

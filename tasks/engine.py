@@ -417,6 +417,8 @@ class Trainer:
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 first_step_s = time.time() - float(os.environ.get("DDP_RUNNER_T0", time.time()))
+                if self.saver is not None:  # optimizer state exists now: get the save's buffers ready
+                    self.saver.reserve({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()})
             if step % t.log_every == 0 or step == self.total_steps:
                 # One small all-reduce: the logged loss is the global mean over the whole global batch.
                 stats = torch.stack([loss_acc / acc / window["steps"], grad_norm.detach().float().to(device)])

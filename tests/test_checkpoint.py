@@ -317,3 +317,25 @@ def test_rng_state_round_trip(tmp_path: Path) -> None:
     assert _draws() != expected
     ck.set_rng_state(ck.load(url)["rng"])  # through a weights_only load
     assert _draws() == expected
+
+
+def test_reserve_allocates_the_buffers_the_first_save_uses(tmp_path: Path) -> None:
+    model = torch.nn.Linear(64, 32)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(4, 64)).sum().backward()
+    opt.step()
+    state = {"model": model.state_dict(), "optimizer": opt.state_dict()}
+    saver = ck.AsyncSaver()
+    saver.reserve(state)
+    saver.wait()
+    reserved = {k: v.data_ptr() for k, v in saver._pool.items()}
+    assert ("model", "weight") in reserved and ("optimizer", "state", 0, "exp_avg") in reserved
+    opt.step()  # training goes on after the reservation
+    url = saver.save(str(tmp_path / "ck"), 2, state, keep_last=1)
+    saver.wait()
+    # The save copied into the reserved buffers instead of allocating new ones, and saved current values.
+    assert {k: v.data_ptr() for k, v in saver._pool.items() if k in reserved} == reserved
+    loaded = ck.load(url)
+    assert torch.equal(loaded["model"]["weight"], model.weight.detach())
+    assert torch.equal(loaded["optimizer"]["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
+    saver.close()
