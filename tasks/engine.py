@@ -364,17 +364,10 @@ class Trainer:
         writer = self._writer() if self.writer_future is not None else None
         progress = Progress(ctx.console, self.total_steps, self.state.step) if ctx.is_main else None
         device, acc = ctx.device, self.accumulation
-        samples_per_step = self.per_rank * ctx.world_size * acc
-        tokens_per_sample = self.parts.tokens_per_sample
-        peak = metrics.peak_flops(ctx.device_name, t.precision)
+        meter = metrics.StepMeter(self.per_rank * ctx.world_size * acc, ctx.world_size,
+                                  self.parts.tokens_per_sample, self.parts.flops_per_sample,
+                                  metrics.peak_flops(ctx.device_name, t.precision))
         batches = self._micro_batches()
-        # A logging window: optimizer steps, data wait, start time, and time spent outside training steps
-        # (validation, checkpoint saves), which is subtracted so perf/step_time_s times training steps only.
-        window: dict[str, Any] = {"steps": 0, "wait": 0.0, "t0": time.perf_counter(), "paused": 0.0,
-                                  "first": True}
-        step_times: list[float] = []
-        tps_hist: list[float] = []
-        mfu_hist: list[float] = []
         loss_acc = torch.zeros((), device=device)
         first_step_s: float | None = None
         val_loss: float | None = None
@@ -382,7 +375,7 @@ class Trainer:
         while self.state.step < self.total_steps:
             for m in range(acc):
                 x, y, wait = next(batches)
-                window["wait"] += wait
+                meter.add_wait(wait)
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 # no_sync around forward *and* backward of every micro-step but the last.
                 sync = contextlib.nullcontext() if m == acc - 1 else self.ddp.no_sync()
@@ -393,23 +386,9 @@ class Trainer:
                     (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
                 loss_acc += loss.detach().float()
                 self.state.micro_in_epoch += 1
-            if self.scaler is not None:
-                self.scaler.unscale_(self.optimizer)
-            params = [p for p in self.model.parameters() if p.grad is not None]
-            if t.grad_clip:
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, t.grad_clip)
-            else:
-                grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-            lr = self.optimizer.param_groups[0]["lr"]
-            if self.scaler is not None:
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-            else:
-                self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            self.scheduler.step()
+            lr, grad_norm = self._optimizer_step()
             self.state.step += 1
-            window["steps"] += 1
+            meter.step_done()
             step = self.state.step
             inject_fault(ctx.rank, step)
 
@@ -421,45 +400,27 @@ class Trainer:
                     self.saver.reserve({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()})
             if step % t.log_every == 0 or step == self.total_steps:
                 # One small all-reduce: the logged loss is the global mean over the whole global batch.
-                stats = torch.stack([loss_acc / acc / window["steps"], grad_norm.detach().float().to(device)])
+                stats = torch.stack([loss_acc / acc / meter.steps, grad_norm.detach().float().to(device)])
                 dist.all_reduce(stats)
                 train_loss, gnorm = (stats / ctx.world_size).tolist()
                 loss_acc.zero_()
-                step_s = (time.perf_counter() - window["t0"] - window["paused"]) / window["steps"]
-                sps = samples_per_step / step_s
-                last = {"train/loss": train_loss, "lr": lr, "grad_norm": gnorm, "perf/step_time_s": step_s,
-                        "perf/data_wait_s": window["wait"] / window["steps"],
-                        "perf/samples_per_s": sps, "memory/peak_gb": _peak_memory_gb(device)}
-                if tokens_per_sample:
-                    last["perf/tokens_per_s"] = sps * tokens_per_sample
-                    last["perf/tokens_per_s_per_device"] = sps * tokens_per_sample / ctx.world_size
-                u = metrics.mfu(self.parts.flops_per_sample, sps / ctx.world_size, peak)
-                if u is not None:
-                    last["perf/mfu_pct"] = 100 * u
-                if not window["first"]:  # the first window holds start-up and compilation: not a median
-                    step_times.append(step_s)
-                    if tokens_per_sample:
-                        tps_hist.append(last["perf/tokens_per_s"])
-                    if u is not None:
-                        mfu_hist.append(100 * u)
+                last = {"train/loss": train_loss, "lr": lr, "grad_norm": gnorm, **meter.close_window(),
+                        "memory/peak_gb": _peak_memory_gb(device)}
                 self.state.losses.append(train_loss)
                 if writer is not None:
                     for k, v in last.items():
                         writer.add_scalar(k, v, step)
                 if progress is not None:
-                    progress.update(step, train_loss, last.get("perf/tokens_per_s") or sps)
-                window = {"steps": 0, "wait": 0.0, "t0": time.perf_counter(), "paused": 0.0, "first": False}
+                    progress.update(step, train_loss, last.get("perf/tokens_per_s") or last["perf/samples_per_s"])
 
             if self.parts.val_set is not None and t.val_every and step % t.val_every == 0 \
                     and step != self.total_steps:
-                t_pause = time.perf_counter()
-                val_loss = self._validate(writer, step)
-                window["paused"] += time.perf_counter() - t_pause
+                with meter.paused():
+                    val_loss = self._validate(writer, step)
             every = cfg.checkpoint.every_steps
             if every and step % every == 0 and step != self.total_steps:
-                t_pause = time.perf_counter()
-                self.save_checkpoint()
-                window["paused"] += time.perf_counter() - t_pause  # the save's blocking time is not a step
+                with meter.paused():  # the save's blocking time is not a training step
+                    self.save_checkpoint()
 
         if self.parts.val_set is not None:
             val_loss = self._validate(writer, self.state.step)
@@ -472,8 +433,7 @@ class Trainer:
             "steps": self.state.step, "epochs_started": self.state.epoch + (self.state.micro_in_epoch > 0),
             "final": {k: v for k, v in last.items()},
             "val_loss": val_loss,
-            "median": {"step_time_s": metrics.median(step_times), "tokens_per_s": metrics.median(tps_hist),
-                       "mfu_pct": metrics.median(mfu_hist)},
+            "median": meter.medians(),
             "time_to_first_step_s": first_step_s,
             "resumed_from": self.resumed_from,
             "losses": self.state.losses,
@@ -481,6 +441,26 @@ class Trainer:
         if writer is not None:
             writer.close()
         return summary
+
+    def _optimizer_step(self) -> tuple[float, torch.Tensor]:
+        """Unscale (fp16), clip, step, zero the grads, advance the LR; returns the LR used and the grad norm."""
+        t = self.cfg.train
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if t.grad_clip:
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, t.grad_clip)
+        else:
+            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        lr = self.optimizer.param_groups[0]["lr"]
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return lr, grad_norm
 
     def _validate(self, writer: Any, step: int) -> float:
         data = self.parts.val_set

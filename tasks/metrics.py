@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import statistics
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 
 # Dense peak FLOP/s by device name fragment and compute dtype (vendor datasheets, no sparsity).
 # A device or dtype not listed gets no MFU at all: never a guess.
@@ -40,3 +42,63 @@ def median(values: Sequence[float]) -> float | None:
 def scaling_efficiency(tokens_per_s_1: float, tokens_per_s_n: float, n: int) -> float:
     """Throughput on n devices over n × throughput on one."""
     return tokens_per_s_n / (n * tokens_per_s_1)
+
+
+class StepMeter:
+    """Times optimizer steps in logging windows and turns a window into the perf scalars.
+
+    Time spent outside training steps (validation, checkpoint saves) is excluded with :meth:`paused`. The first
+    window holds start-up and compilation, so it is reported but left out of the medians.
+    """
+
+    def __init__(self, samples_per_step: int, world_size: int, tokens_per_sample: int | None,
+                 flops_per_sample: float | None, peak: float | None) -> None:
+        self.samples_per_step, self.world_size = samples_per_step, world_size
+        self.tokens_per_sample, self.flops_per_sample, self.peak = tokens_per_sample, flops_per_sample, peak
+        self.history: dict[str, list[float]] = {"step_time_s": [], "tokens_per_s": [], "mfu_pct": []}
+        self.first = True
+        self._open()
+
+    def _open(self) -> None:
+        self.steps, self.wait, self.pause_s, self.t0 = 0, 0.0, 0.0, time.perf_counter()
+
+    def add_wait(self, seconds: float) -> None:
+        """Count time spent waiting for data."""
+        self.wait += seconds
+
+    def step_done(self) -> None:
+        """Count one optimizer step in the current window."""
+        self.steps += 1
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Leave the time spent inside this block out of the step time."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.pause_s += time.perf_counter() - t0
+
+    def close_window(self) -> dict[str, float]:
+        """Perf scalars of the window since the last call (step time, throughput, MFU), then a new window."""
+        step_s = (time.perf_counter() - self.t0 - self.pause_s) / self.steps
+        sps = self.samples_per_step / step_s
+        out = {"perf/step_time_s": step_s, "perf/data_wait_s": self.wait / self.steps, "perf/samples_per_s": sps}
+        if self.tokens_per_sample:
+            out["perf/tokens_per_s"] = sps * self.tokens_per_sample
+            out["perf/tokens_per_s_per_device"] = sps * self.tokens_per_sample / self.world_size
+        u = mfu(self.flops_per_sample, sps / self.world_size, self.peak)
+        if u is not None:
+            out["perf/mfu_pct"] = 100 * u
+        if not self.first:
+            self.history["step_time_s"].append(step_s)
+            for key in ("tokens_per_s", "mfu_pct"):
+                if f"perf/{key}" in out:
+                    self.history[key].append(out[f"perf/{key}"])
+        self.first = False
+        self._open()
+        return out
+
+    def medians(self) -> dict[str, float | None]:
+        """Medians over every window but the first."""
+        return {k: median(v) for k, v in self.history.items()}

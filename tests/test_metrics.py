@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -59,3 +61,30 @@ def test_gpt2_small_flops_per_token_is_about_855_mflop():
     with torch.device("meta"):
         padded = GPT(vocab=50304, context=1024, width=768, layers=12, heads=12)
     assert padded.flops_per_token() == pytest.approx(855e6, rel=0.001)
+
+
+def test_step_meter_windows_pauses_and_medians():
+    from tasks.metrics import StepMeter
+
+    meter = StepMeter(samples_per_step=64, world_size=2, tokens_per_sample=1024, flops_per_sample=1e9, peak=1e15)
+    meter.step_done()
+    first = meter.close_window()
+    assert meter.medians() == {"step_time_s": None, "tokens_per_s": None, "mfu_pct": None}  # first: not counted
+    meter.add_wait(0.25)
+    meter.step_done()
+    with meter.paused():
+        time.sleep(0.2)
+    meter.step_done()
+    out = meter.close_window()
+    assert out["perf/step_time_s"] < 0.1, "time inside paused() is not a training step"
+    assert out["perf/data_wait_s"] == pytest.approx(0.125)
+    assert out["perf/samples_per_s"] == pytest.approx(64 / out["perf/step_time_s"])
+    assert out["perf/tokens_per_s"] == pytest.approx(out["perf/samples_per_s"] * 1024)
+    assert out["perf/tokens_per_s_per_device"] == pytest.approx(out["perf/tokens_per_s"] / 2)
+    assert out["perf/mfu_pct"] == pytest.approx(100 * 1e9 * out["perf/samples_per_s"] / 2 / 1e15)
+    assert meter.medians()["step_time_s"] == pytest.approx(out["perf/step_time_s"])
+    assert set(first) == set(out)
+    no_peak = StepMeter(8, 1, None, 1e9, None)
+    no_peak.step_done()
+    out = no_peak.close_window()
+    assert "perf/mfu_pct" not in out and "perf/tokens_per_s" not in out  # unknown: left out, never guessed
