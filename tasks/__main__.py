@@ -6,6 +6,7 @@ training engine. Only the driver creates directories.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import sys
@@ -37,5 +38,20 @@ def main() -> int:
         return 1
 
 
+def fast_exit(code: int) -> None:
+    """Exit without the interpreter's module-by-module teardown of torch (~0.7 s per rank).
+
+    Only after a clean finish: the engine has waited for its checkpoint, closed TensorBoard, stopped the
+    DataLoader workers and destroyed the process group. Exit handlers still run and streams are flushed.
+    """
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if code == 0:
+        fast_exit(0)
+    sys.exit(code)

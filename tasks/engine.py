@@ -6,6 +6,7 @@ TensorBoard scalars, checkpoints and resume.
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import math
 import os
@@ -442,6 +443,13 @@ class Trainer:
             writer.close()
         return summary
 
+    def close(self) -> None:
+        """Finish the checkpoint in flight and stop DataLoader worker processes now, not at interpreter exit."""
+        if self.saver is not None:
+            self.saver.close()
+        self.loader = None  # persistent workers stop when their iterator is collected
+        gc.collect()  # the LR lambda's closure makes a cycle through the trainer
+
     def _optimizer_step(self) -> tuple[float, torch.Tensor]:
         """Unscale (fp16), clip, step, zero the grads, advance the LR; returns the LR used and the grad norm."""
         t = self.cfg.train
@@ -514,6 +522,7 @@ def run(run_dir: str, local_dir: str, console: IO[str] | None) -> None:
         trainer.maybe_resume()
         print(f"startup: task, model, DDP and data ready in {time.perf_counter() - t0:.1f} s", flush=True)
         summary = trainer.train()
+        trainer.close()
         if ctx.device.type == "cuda":
             torch.cuda.synchronize()
         dist.barrier()
