@@ -15,9 +15,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from runner import layout
+from runner.manifest import PROJECT_ROOT
 from runner.plan import Plan, PlanError, make_plan
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = PROJECT_ROOT / "conf"
 TASKS_DIR = PROJECT_ROOT / "tasks"
 

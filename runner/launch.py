@@ -19,6 +19,7 @@ from typing import Any
 import psutil
 
 from runner import layout
+from runner.manifest import PROJECT_ROOT
 from runner.plan import Plan
 
 # Every environment built for workers keeps NVLink multicast off (it can take shared GPUs out of service).
@@ -54,8 +55,7 @@ def worker_env(run_url: str, local_dir: str, t0: float, restarts: int = 0) -> di
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would pick, without its warning
     # Workers import `tasks` and `runner` from this checkout even when it is not installed.
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
     return env
 
 

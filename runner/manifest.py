@@ -15,7 +15,7 @@ from typing import Any
 from runner import layout
 from runner.plan import Plan
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parent.parent  # the checkout: conf/, tasks/ and runner/ live here
 COMPLETED_LINE = re.compile(r"^rank (\d+) device (\S+) completed$", re.M)
 
 
@@ -44,7 +44,6 @@ def initial_manifest(plan: Plan, command: list[str], task: str, started: datetim
         "status": layout.STATUS_RUNNING,
         "task": task,
         "plan": plan.to_manifest(),
-        "explanation": plan.explanation,
         "command": command,
         "versions": {"python": platform.python_version(), "torch": _version("torch"),
                      "hydra": _version("hydra-core"), "nccl": None},
