@@ -166,14 +166,14 @@ def _check_resume_source(resume: str, plan: Plan) -> None:
     try:
         fs, path = fsspec.core.url_to_fs(resume)
         path = path.rstrip("/")
-        if path.endswith("/state.pt"):
+        if path.endswith("/" + layout.CKPT_STATE):
             path = path.rsplit("/", 1)[0]
         if not fs.exists(path):
             raise PlanError("resume", resume, "no such run directory or checkpoint", fix)
-        # A checkpoint counts only once its meta.json (the commit marker) exists: tasks/checkpoint.py.
-        if fs.exists(layout.join(path, "meta.json")):
+        # A checkpoint counts only once its commit marker exists (see tasks/checkpoint.py).
+        if fs.exists(layout.join(path, layout.CKPT_MARKER)):
             run = path.rsplit("/", 2)[0]  # <run>/checkpoints/step_<N>
-        elif fs.glob(layout.join(path, "step_*", "meta.json")):
+        elif fs.glob(layout.join(path, "step_*", layout.CKPT_MARKER)):
             run = path.rsplit("/", 1)[0]  # <run>/checkpoints
         else:
             raise PlanError("resume", resume, "holds no complete checkpoint (no step_<N>/meta.json)", fix)

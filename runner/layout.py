@@ -14,6 +14,9 @@ SUMMARY = "summary.json"
 LOGS = "logs"
 TB = "tb"
 CHECKPOINTS = "checkpoints"
+# Inside checkpoints/: step_<N>/ holds CKPT_STATE, and CKPT_MARKER written last commits it (complete only then).
+CKPT_STATE = "state.pt"
+CKPT_MARKER = "meta.json"
 
 # Exit code of a refused plan: bad input, nothing started.
 EXIT_REFUSED = 2

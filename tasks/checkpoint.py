@@ -39,6 +39,8 @@ import fsspec
 import torch
 from fsspec.implementations.local import LocalFileSystem
 
+from runner import layout
+
 __all__ = [
     "AsyncSaver",
     "CheckpointError",
@@ -52,8 +54,8 @@ __all__ = [
     "set_rng_state",
 ]
 
-STATE_FILE = "state.pt"
-META_FILE = "meta.json"
+STATE_FILE = layout.CKPT_STATE
+META_FILE = layout.CKPT_MARKER
 FORMAT = "ddp-runner-checkpoint/1"
 TEST_PAUSE_ENV = "DDP_RUNNER_CKPT_TEST_PAUSE"
 

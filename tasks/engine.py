@@ -25,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from runner import layout
+from runner.plan import SCHEDULES
 from tasks import checkpoint as ckpt
 from tasks import metrics, worker_io
 from tasks.api import TaskParts
@@ -121,7 +122,7 @@ def lr_factor(step: int, total: int, schedule: str, warmup: int, min_ratio: floa
     """
     # Checked before the warmup branch: LambdaLR calls this at construction (step 0), so a bad schedule fails
     # at start-up instead of after the warmup.
-    if schedule not in ("constant", "cosine"):
+    if schedule not in SCHEDULES:
         raise ValueError(f"train.schedule={schedule!r}: unknown schedule. Fix: use constant or cosine")
     if warmup and step < warmup:
         return (step + 1) / warmup
@@ -393,7 +394,7 @@ class Trainer:
             step = self.state.step
             inject_fault(ctx.rank, step)
 
-            if step == 1:
+            if first_step_s is None:  # the first step of this launch (step 1, or the first after a resume)
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 first_step_s = time.time() - float(os.environ.get("DDP_RUNNER_T0", time.time()))
