@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tasks.profiling import format_summary  # noqa: E402
 
 
 def gpu_count() -> int:
@@ -29,7 +33,11 @@ def gpu_count() -> int:
     return torch.cuda.device_count()
 
 
-def run_ours(world: int, steps: int, root: str, extra: list[str]) -> dict:
+def run_ours(world: int, steps: int, root: str, extra: list[str], profile: bool = False,
+             trace_dir: str | None = None) -> dict:
+    who = " ".join(["ddp-run", *extra])
+    if profile:  # trace two steps near the end, after compilation and warm-up
+        extra = [*extra, "train.profile.steps=2", f"train.profile.start={max(0, steps - 4)}"]
     cmd = [sys.executable, "-m", "runner", "task=gpt2_small", f"world_size={world}", "batch.per_rank=16",
            "batch.global=64", f"train.max_steps={steps}", "train.log_every=5", "train.val_every=0",
            f"output.root={root}", *extra]
@@ -41,11 +49,21 @@ def run_ours(world: int, steps: int, root: str, extra: list[str]) -> dict:
     run_dir = Path(proc.stdout.strip().splitlines()[-1])
     s = json.loads((run_dir / "summary.json").read_text())
     med = s["median"]
-    return {"who": " ".join(["ddp-run", *extra]), "world": world, "tok_s": med["tokens_per_s"],
+    out = {"who": who, "world": world, "tok_s": med["tokens_per_s"],
             "mfu_pct": med["mfu_pct"],
             "step_s": med["step_time_s"], "first_step_s": s["time_to_first_step_s"], "wall_s": wall,
             "peak_mem_gb": s["final"].get("memory/peak_gb"), "final_loss": s["final"].get("train/loss"),
             "run_dir": str(run_dir)}
+    if profile:
+        out["profile"] = {}
+        for f in sorted((run_dir / "profile").glob("rank*.summary.json")):
+            out["profile"][f.name.split(".")[0]] = json.loads(f.read_text())
+        if trace_dir:
+            Path(trace_dir).mkdir(parents=True, exist_ok=True)
+            src = run_dir / "profile" / "rank0.trace.json.gz"
+            tag = "".join(c if c.isalnum() else "_" for c in out["who"])[:60]
+            shutil.copy(src, Path(trace_dir) / f"w{world}_{tag}.trace.json.gz")
+    return out
 
 
 def run_reference(world: int, path: str, steps: int) -> dict:
@@ -69,6 +87,8 @@ def main() -> None:
     ap.add_argument("--worlds", default="1,2", help="world sizes to run (those above the GPU count are skipped)")
     ap.add_argument("--set", action="append", default=[], help="extra ddp-run override, e.g. train.ddp_bucket_mb=100")
     ap.add_argument("--no-ours", action="store_true", help="run only the reference")
+    ap.add_argument("--profile", action="store_true", help="trace two steps with torch.profiler; print the summary")
+    ap.add_argument("--trace-dir", default=None, help="with --profile: copy rank 0's trace here")
     ap.add_argument("--label", default=None, help="name of this variant in the table (default: its overrides)")
     a = ap.parse_args()
     root = tempfile.mkdtemp(prefix="gpt-bench-")
@@ -79,7 +99,7 @@ def main() -> None:
     rows = []
     for w in worlds:
         if not a.no_ours:
-            rows.append(run_ours(w, a.steps, root, a.set))
+            rows.append(run_ours(w, a.steps, root, a.set, a.profile, a.trace_dir))
             if a.label:
                 rows[-1]["who"] = a.label
         if a.reference:
@@ -98,6 +118,9 @@ def main() -> None:
         print(f"| {r['who']} | {r['world']} | {r['tok_s']:,.0f} | {r['tok_s'] / r['world']:,.0f} |"
               f" {r['mfu_pct']:.1f} | {r['step_s']:.4f} | {'' if eff is None else f'{100 * eff:.1f}%'} |"
               f" {r['first_step_s']:.1f} | {r['wall_s']:.1f} |")
+    for r in rows:
+        for rank, prof in (r.get("profile") or {}).items():
+            print(f"\n{r['who']} (GPUs: {r['world']}) {rank}\n{format_summary(prof)}")
     print(json.dumps(rows))
     if a.out:
         Path(a.out).write_text(json.dumps(rows, indent=2))

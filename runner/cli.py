@@ -30,6 +30,13 @@ def known_tasks() -> list[str]:
     return sorted(p.stem for p in TASKS_DIR.glob("*.py") if "\ndef build(" in p.read_text())
 
 
+def inductor_settings() -> dict[str, Any]:
+    """torch._inductor's settings and their defaults (imported only when ``train.inductor`` sets something)."""
+    import torch._inductor.config as inductor_config
+
+    return inductor_config.get_config_copy()
+
+
 def refuse(err: PlanError) -> int:
     """Print a refusal the user can act on; return the refusal exit code."""
     print(f"ddp-run: refused: {err.key}={err.value!r}: {err.problem}.\n"
@@ -63,7 +70,8 @@ def _plan(cfg: dict[str, Any]) -> Plan:
 
     gpus = visible_gpus() if cfg["device"] != "cpu" else []
     train_samples = data_prep.prepare(cfg["data"], cfg["task"])
-    plan = make_plan(cfg, gpus, train_samples=train_samples, known_tasks=known_tasks())
+    plan = make_plan(cfg, gpus, train_samples=train_samples, known_tasks=known_tasks(),
+                     inductor_settings=inductor_settings() if cfg.get("train", {}).get("inductor") else None)
     # The resolved config holds what the plan decided: workers run exactly this.
     cfg["batch"]["accumulation"] = plan.accumulation
     cfg["device"], cfg["backend"], cfg["world_size"] = plan.device, plan.backend, plan.world_size

@@ -14,6 +14,7 @@ SUMMARY = "summary.json"
 LOGS = "logs"
 TB = "tb"
 CHECKPOINTS = "checkpoints"
+PROFILE = "profile"  # torch.profiler traces and their summaries (train.profile.steps > 0)
 # Inside checkpoints/: step_<N>/ holds CKPT_STATE, and CKPT_MARKER written last commits it (complete only then).
 CKPT_STATE = "state.pt"
 CKPT_MARKER = "meta.json"

@@ -14,6 +14,7 @@ DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "nccl", "gloo")
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("sgd", "adamw")
+DDP_COMM = ("fp32", "bf16")
 SCHEDULES = ("constant", "cosine")
 
 
@@ -80,6 +81,31 @@ def _get(cfg: Mapping[str, Any], dotted: str) -> Any:
     return node
 
 
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"triton": {"cudagraphs": True}}`` -> ``{"triton.cudagraphs": True}``."""
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        if isinstance(v, Mapping):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _check_inductor(wanted: Mapping[str, Any], known: Mapping[str, Any] | None) -> None:
+    """Each ``train.inductor`` key must be a torch._inductor.config setting, with a value of its default's type."""
+    if not wanted or known is None:
+        return
+    for key, value in wanted.items():
+        if key not in known:
+            raise PlanError(f"train.inductor.{key}", value, "not a torch._inductor.config setting",
+                            "check the name in torch/_inductor/config.py (nested settings as triton.cudagraphs)")
+        default = known[key]
+        if isinstance(default, bool) and not isinstance(value, bool):
+            raise PlanError(f"train.inductor.{key}", value, "this setting is a boolean",
+                            f"use +train.inductor.{key}=true or false")
+
+
 def derive_accumulation(global_batch: int, per_rank: int, world_size: int) -> int:
     """Accumulation steps that make ``global_batch`` exactly; refuses indivisible values."""
     step = per_rank * world_size
@@ -100,10 +126,13 @@ def make_plan(
     gpus: Sequence[Gpu],
     train_samples: int | None = None,
     known_tasks: Sequence[str] | None = None,
+    inductor_settings: Mapping[str, Any] | None = None,
 ) -> Plan:
     """Turn a composed config and the visible GPUs into a :class:`Plan`, or raise :class:`PlanError`.
 
-    ``train_samples`` is the training set's size when known; ``known_tasks`` the task modules that exist.
+    ``train_samples`` is the training set's size when known; ``known_tasks`` the task modules that exist;
+    ``inductor_settings`` torch._inductor's settings and their defaults (checked only when ``train.inductor``
+    sets any).
     """
     task = _get(cfg, "task.name")
     if known_tasks is not None and task not in known_tasks:
@@ -173,6 +202,20 @@ def make_plan(
         _positive_int(cfg, "train.max_steps", "set train.max_steps to a positive number of optimizer steps, or null")
     else:
         _positive_int(cfg, "train.epochs", "set train.epochs to 1 or more (or set train.max_steps)")
+
+    if _get(cfg, "train.ddp_comm") not in (None, *DDP_COMM):
+        raise PlanError("train.ddp_comm", _get(cfg, "train.ddp_comm"), "unknown gradient all-reduce precision",
+                        f"use one of {', '.join(DDP_COMM)}")
+    if _get(cfg, "train.ddp_comm") == "bf16" and backend != "nccl":
+        raise PlanError("train.ddp_comm", "bf16", f"bf16 gradient all-reduce needs NCCL; this run uses {backend}",
+                        "use train.ddp_comm=fp32 (or run on GPUs with backend=nccl)")
+    for key in ("train.profile.steps", "train.profile.start"):
+        value = _get(cfg, key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise PlanError(key, value, "must be a whole number >= 0",
+                            "e.g. train.profile.steps=3 train.profile.start=10 (steps=0 turns tracing off)")
+
+    _check_inductor(flatten(_get(cfg, "train.inductor") or {}), inductor_settings)
 
     if train_samples is not None and train_samples < world_size * per_rank:
         raise PlanError(

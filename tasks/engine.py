@@ -25,15 +25,16 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from runner import layout
-from runner.plan import SCHEDULES
+from runner.plan import SCHEDULES, flatten
 from tasks import checkpoint as ckpt
-from tasks import metrics, worker_io
+from tasks import metrics, profiling, worker_io
 from tasks.api import TaskParts
 from tasks.config import Config, load_config
 from tasks.progress import Progress
 from tasks.sampler import ResumableDistributedSampler
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes that capture CUDA graphs
 
 
 @dataclass
@@ -133,6 +134,14 @@ def lr_factor(step: int, total: int, schedule: str, warmup: int, min_ratio: floa
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def apply_inductor_settings(settings: dict[str, Any]) -> None:
+    """Set ``train.inductor`` (nested or dotted names) on torch._inductor.config; the driver checked the names."""
+    import torch._inductor.config as inductor_config
+
+    for key, value in flatten(settings).items():
+        setattr(inductor_config, key, value)
+
+
 def inject_fault(rank: int, step: int) -> None:
     """Fault injection for tests: ``DDP_RUNNER_FAULT=<kind>@<rank>:<step>`` with kind raise|kill|hang.
 
@@ -220,11 +229,26 @@ class Trainer:
                 self.model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None,
                 gradient_as_bucket_view=True, bucket_cap_mb=t.get("ddp_bucket_mb", 25),
             )
+            if t.get("ddp_comm", "fp32") == "bf16":
+                # Opt-in: gradients travel as bf16 (half the bytes), are averaged, and land back in fp32.
+                from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+                self.ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
         else:  # one rank: nothing to synchronise, and compile sees one graph instead of DDP's bucketed ones
             self.ddp = _SingleProcess(self.model)
         compile_kwargs = {"mode": t.compile_mode} if t.get("compile_mode") else {}
+        if t.compile and t.get("inductor"):
+            apply_inductor_settings(t.inductor)
         self.forward = torch.compile(self.ddp, **compile_kwargs) if t.compile else self.ddp
+        # These modes replay each micro-step as CUDA graphs: no per-kernel launch cost, so the GPU never waits
+        # for the host. Graph outputs are reused by the next replay, so gradients must not *be* those outputs:
+        # they live in their own zeroed buffers and the backward adds into them (pytorch/pytorch#169545).
+        self.cudagraphs = bool(t.compile) and ctx.device.type == "cuda" and t.get("compile_mode") in CUDAGRAPH_MODES
         self.optimizer = _optimizer(cfg, self.model, ctx.device)
+        if self.cudagraphs:
+            for p in self.model.parameters():
+                if p.requires_grad:
+                    p.grad = torch.zeros_like(p)
         self.scaler = torch.amp.GradScaler(ctx.device.type) if t.precision == "fp16" else None
         self.per_rank, self.accumulation = cfg.batch.per_rank, cfg.batch.accumulation
         self.sampler = ResumableDistributedSampler(
@@ -371,16 +395,25 @@ class Trainer:
                                   metrics.peak_flops(ctx.device_name, t.precision))
         batches = self._micro_batches()
         loss_acc = torch.zeros((), device=device)
+        prof_cfg = t.get("profile") or {}
+        profiler = profiling.StepProfiler(
+            os.path.join(ctx.local_dir, layout.PROFILE), ctx.rank, self.state.step + int(prof_cfg.get("start", 0)),
+            int(prof_cfg.get("steps", 0)), device,
+        )
         first_step_s: float | None = None
         val_loss: float | None = None
         last: dict[str, float] = {}
         while self.state.step < self.total_steps:
+            with meter.paused():
+                profiler.before_step(self.state.step + 1)
             for m in range(acc):
                 x, y, wait = next(batches)
                 meter.add_wait(wait)
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 # no_sync around forward *and* backward of every micro-step but the last.
                 sync = contextlib.nullcontext() if m == acc - 1 else self.ddp.no_sync()
+                if self.cudagraphs:  # a new micro-step: the previous replay's outputs may be reused
+                    torch.compiler.cudagraph_mark_step_begin()
                 with sync:
                     with _autocast(device, t.precision):
                         loss = self.forward(x, y)
@@ -393,6 +426,10 @@ class Trainer:
             meter.step_done()
             step = self.state.step
             inject_fault(ctx.rank, step)
+            with meter.paused():  # writing the trace is not a training step
+                traced = profiler.after_step(step)
+            if traced is not None and ctx.is_main:
+                self._say(profiling.format_summary(traced))
 
             if first_step_s is None:  # the first step of this launch (step 1, or the first after a resume)
                 if device.type == "cuda":
@@ -467,7 +504,7 @@ class Trainer:
             self.scaler.update()
         else:
             self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=not self.cudagraphs)
         self.scheduler.step()
         return lr, grad_norm
 

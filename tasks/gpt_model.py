@@ -112,4 +112,16 @@ class GPT(nn.Module):
         logits = self.head(self.ln(x))
         if targets is None:
             return logits
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        return lm_loss(logits, targets)
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy, computed in float32 from (possibly bf16) ``logits``.
+
+    Equal to ``F.cross_entropy(logits.float(), targets)``, written as ``mean(logsumexp) + nll`` so that under
+    torch.compile the backward keeps only the logits and one float per row: the softmax is recomputed from
+    the logits in the same kernel that writes their gradient. (``cross_entropy`` saves its float32
+    log-softmax, twice the bytes of bf16 logits, and reads it back.)
+    """
+    flat = logits.reshape(-1, logits.size(-1)).float()
+    return torch.logsumexp(flat, dim=-1).mean() + F.nll_loss(flat, targets.reshape(-1))
