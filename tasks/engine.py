@@ -461,6 +461,9 @@ class Trainer:
                 with meter.paused():  # the save's blocking time is not a training step
                     self.save_checkpoint()
 
+        traced = profiler.finish(self.state.step)  # when training ended inside the traced steps
+        if traced is not None and ctx.is_main:
+            self._say(profiling.format_summary(traced))
         if self.parts.val_set is not None:
             val_loss = self._validate(writer, self.state.step)
         self.save_checkpoint()

@@ -143,6 +143,12 @@ class StepProfiler:
         """Call after optimizer step ``step``; after the last traced one, writes the files and returns the summary."""
         if self.prof is None or step < self.last:
             return None
+        return self.finish(step)
+
+    def finish(self, step: int) -> dict[str, Any] | None:
+        """Stop tracing at step ``step`` (training may end before the last planned one) and write the files."""
+        if self.prof is None:
+            return None
         self._sync()
         wall = time.perf_counter() - self.t0
         self.prof.__exit__(None, None, None)
@@ -155,7 +161,7 @@ class StepProfiler:
         with open(raw, "rb") as f, gzip.open(raw + ".gz", "wb") as g:
             g.write(f.read())
         os.remove(raw)
-        summary = summarize(events, self.last - self.first + 1, wall)
+        summary = summarize(events, step - self.first + 1, wall)
         with open(os.path.join(self.out_dir, f"rank{self.rank}.summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
         return summary

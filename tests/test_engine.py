@@ -16,7 +16,7 @@ from conftest import ddp_run, load_json, run_dirs
 from torch.utils.data import Dataset
 
 from tasks import checkpoint as ckpt
-from tasks.engine import Context, evaluate, lr_factor
+from tasks.engine import Context, apply_inductor_settings, evaluate, lr_factor
 from tasks.gpt_model import GPT
 from tasks.sampler import ResumableDistributedSampler
 from tasks.smoke import Regression, synthetic_dataset
@@ -208,3 +208,16 @@ def test_fixed_global_batch_world_one_vs_two_smoke_adamw(tmp_path):
         [run] = run_dirs(root)
         assert ckpt.load(str(run / "checkpoints" / "step_6"))["plan"]["accumulation"] == acc
     _assert_same_params(_final_params(tmp_path / "w1", 6), _final_params(tmp_path / "w2", 6))
+
+
+def test_inductor_settings_reach_torch_inductor_config():
+    import torch._inductor.config as ic
+
+    before = ic.get_config_copy()
+    try:
+        apply_inductor_settings({"combo_kernels": not before["combo_kernels"],
+                                 "triton": {"cudagraphs": not before["triton.cudagraphs"]}})
+        assert ic.combo_kernels is (not before["combo_kernels"])
+        assert ic.triton.cudagraphs is (not before["triton.cudagraphs"])
+    finally:
+        ic.combo_kernels, ic.triton.cudagraphs = before["combo_kernels"], before["triton.cudagraphs"]

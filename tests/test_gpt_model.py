@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 
-from tasks.gpt_model import GPT
+from tasks.gpt_model import GPT, lm_loss
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
@@ -132,6 +133,7 @@ def test_gpt2_small_preset_composes() -> None:
     assert cfg.train.lr == 6e-4 and cfg.train.weight_decay == 0.1 and list(cfg.train.betas) == [0.9, 0.95]
     assert cfg.train.precision == "bf16" and cfg.train.compile is True and cfg.train.grad_clip == 1.0
     assert cfg.batch.per_rank == 16 and cfg.data.name == "text"
+    assert cfg.train.compile_mode == "reduce-overhead" and cfg.train.inductor.combo_kernels is True
 
 
 def test_build_tiny_preset(tmp_path: Path) -> None:
@@ -161,3 +163,18 @@ def test_build_refuses_data_vocab_larger_than_model(tmp_path: Path) -> None:
     cfg = _compose("task=gpt", "data=synthetic")
     with pytest.raises(ValueError, match="data=text"):
         gpt.build(cfg, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lm_loss_equals_float32_cross_entropy_in_value_and_gradient(dtype):
+    g = torch.Generator().manual_seed(3)
+    logits = (4 * torch.randn(3, 7, 301, generator=g)).to(dtype).requires_grad_()
+    targets = torch.randint(0, 301, (3, 7), generator=g)
+    ours = lm_loss(logits, targets)
+    (ours_grad,) = torch.autograd.grad(ours, logits)
+    ref = F.cross_entropy(logits.float().view(-1, 301), targets.view(-1))
+    (ref_grad,) = torch.autograd.grad(ref, logits)
+    assert ours.dtype == torch.float32
+    torch.testing.assert_close(ours, ref, rtol=1e-6, atol=1e-6)
+    assert ours_grad.dtype == dtype
+    torch.testing.assert_close(ours_grad.float(), ref_grad.float(), rtol=1e-5, atol=1e-7)

@@ -109,3 +109,30 @@ def test_local_rank_indexes_visible_devices():
     assert [g.physical_index for g in select_visible(gpus, "1,9,2")] == [1]  # CUDA stops at an invalid id
     plan = make_plan(cfg(device="cuda"), select_visible(gpus, "3,1"))
     assert [g.physical_index for g in plan.gpus] == [3, 1]
+
+
+def test_inductor_settings_are_checked_against_the_known_ones():
+    known = {"combo_kernels": False, "triton.cudagraphs": False, "max_autotune_gemm_backends": "ATEN,TRITON"}
+    ok = cfg(train__inductor={"combo_kernels": True, "triton": {"cudagraphs": True},
+                              "max_autotune_gemm_backends": "ATEN"})
+    assert make_plan(ok, [], inductor_settings=known).world_size == 2
+    with pytest.raises(PlanError) as e:
+        make_plan(cfg(train__inductor={"triton": {"nope": 1}}), [], inductor_settings=known)
+    assert e.value.key == "train.inductor.triton.nope"
+    with pytest.raises(PlanError) as e:
+        make_plan(cfg(train__inductor={"combo_kernels": "yes"}), [], inductor_settings=known)
+    assert e.value.key == "train.inductor.combo_kernels" and "true or false" in e.value.fix
+
+
+def test_bf16_gradient_all_reduce_needs_nccl():
+    assert make_plan(cfg(device="cuda", train__ddp_comm="bf16"), GPUS).backend == "nccl"
+    with pytest.raises(PlanError) as e:
+        make_plan(cfg(train__ddp_comm="bf16"), [])
+    assert e.value.key == "train.ddp_comm" and "fp32" in e.value.fix
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True, "3"])
+def test_profile_steps_must_be_a_whole_number(value):
+    with pytest.raises(PlanError) as e:
+        make_plan(cfg(train__profile={"steps": value, "start": 0}), [])
+    assert e.value.key == "train.profile.steps"
