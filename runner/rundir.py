@@ -66,16 +66,22 @@ def _unwritable(root: str, exc: Exception) -> PlanError:
                      "point output.root at a writable directory or bucket, e.g. output.root=outputs")
 
 
+def _staging(path: str) -> str:
+    """A fresh local staging directory for a remote run (logs and TensorBoard are written here, then mirrored)."""
+    local = tempfile.mkdtemp(prefix=f"ddp-run-{path.rsplit('/', 1)[-1]}-")
+    for sub in (layout.LOGS, layout.TB):
+        os.makedirs(os.path.join(local, sub), exist_ok=True)
+    return local
+
+
 def open_run_dir(url: str) -> RunDir:
-    """An existing run directory (for ``resume=<run dir>``); for a remote one, with a fresh staging dir."""
+    """An existing run directory (for ``resume=<run dir>``). A remote one gets its local staging directory only
+    in :func:`prepare_continue`, once the plan is accepted: a refusal or a dry run leaves nothing behind."""
     fs, path = fsspec.core.url_to_fs(url)
     path = path.rstrip("/")
     if isinstance(fs, LocalFileSystem):
         return RunDir(url=path, local=path, fs=fs, path=path)
-    local = tempfile.mkdtemp(prefix=f"ddp-run-{path.rsplit('/', 1)[-1]}-")
-    for sub in (layout.LOGS, layout.TB):
-        os.makedirs(os.path.join(local, sub), exist_ok=True)
-    return RunDir(url=fs.unstrip_protocol(path), local=local, fs=fs, path=path)
+    return RunDir(url=fs.unstrip_protocol(path), local="", fs=fs, path=path)
 
 
 def prepare_continue(rd: RunDir) -> None:
@@ -87,6 +93,7 @@ def prepare_continue(rd: RunDir) -> None:
     """
     logs = layout.join(rd.path, layout.LOGS)
     if rd.is_remote:
+        rd.local = rd.local or _staging(rd.path)
         rd.fs.invalidate_cache(logs)
         for remote in rd.fs.find(logs):
             rel = remote[len(logs):].lstrip("/")
@@ -158,7 +165,4 @@ def create_run_dir(root: str, task: str, world_size: int, now: datetime, parent:
         raise _unwritable(root, exc) from exc
     if local_fs:
         return RunDir(url=path, local=path, fs=fs, path=path)
-    local = tempfile.mkdtemp(prefix=f"ddp-run-{path.rsplit('/', 1)[-1]}-")
-    for sub in (layout.LOGS, layout.TB):
-        os.makedirs(os.path.join(local, sub), exist_ok=True)
-    return RunDir(url=fs.unstrip_protocol(path), local=local, fs=fs, path=path)
+    return RunDir(url=fs.unstrip_protocol(path), local=_staging(path), fs=fs, path=path)

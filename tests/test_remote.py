@@ -118,3 +118,14 @@ def test_s3_run_killed_then_resumed_in_place(s3_url, local_run, tmp_path):  # no
     assert log_after.startswith(log_before) and "resumed from" in log_after[len(log_before):]
     assert not [f for f in files(crashed) if f.endswith(".error.json")]
     assert any(f.startswith("tb/events.out.tfevents.") for f in files(crashed))
+
+
+def test_dry_run_of_a_remote_continue_leaves_no_local_staging(s3_url, tmp_path):  # noqa: F811 - fixture
+    root = f"{s3_url}/staging"
+    assert ddp_run([*SMOKE, "train.max_steps=2"], root).returncode == 0
+    run = only_remote_run(root)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    r = ddp_run([f"resume={run}", "dry_run=true"], tmp_path / "unused", env={"TMPDIR": str(tmp)})
+    assert r.returncode == 0 and "dry run, nothing launched" in r.stdout, r.stdout + r.stderr
+    assert not [p for p in tmp.iterdir() if p.name.startswith("ddp-run-")]
