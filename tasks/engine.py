@@ -314,6 +314,11 @@ class Trainer:
         # The data position is counted in micro-batches of the checkpoint's per-rank batch.
         samples = p["micro_in_epoch"] * state.get("plan", {}).get("per_rank_batch", self.per_rank)
         self.state = TrainState(p["step"], p["epoch"], samples // self.per_rank, list(p.get("losses", [])))
+        if not self.cfg.train.max_steps:
+            # Epoch-based: finish the epochs asked for. Counting steps from zero would be wrong when this run's
+            # steps are a different size from the checkpoint's (another per-rank batch or accumulation).
+            left = (self.cfg.train.epochs - self.state.epoch) * self.steps_per_epoch * self.accumulation
+            self.total_steps = self.state.step + max(0, left - self.state.micro_in_epoch) // self.accumulation
         ckpt.set_rng_state(state["rng"][self.ctx.rank])
         self.resumed_from = src
         self._say(f"resumed from {src} at step {self.state.step}")

@@ -196,3 +196,13 @@ def test_resume_never_and_missing_source(tmp_path, smoke_baseline):
         assert r.returncode == 2, r.stdout + r.stderr
         assert problem in r.stderr and "Nothing was started" in r.stderr
         assert not (tmp_path / "out").exists()
+
+
+def test_epoch_based_resume_with_another_batch_finishes_the_same_epochs(tmp_path, smoke_baseline):
+    # step_6 of the baseline: epoch 1 with 2 of its 4 micro-batches of 8 done, i.e. 16 of each rank's 32 samples.
+    # At batch.per_rank=4 the rest of epoch 1 is 4 steps: the run ends at step 10, not at 2 epochs × 8 = 16.
+    source = smoke_baseline / "checkpoints/step_6"
+    r = ddp_run(["task=smoke", "device=cpu", f"resume={source}", "batch.per_rank=4", "train.epochs=2"], tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary = load_json(only_run(tmp_path) / "summary.json")
+    assert summary["steps"] == 10 and summary["epochs_started"] == 2
