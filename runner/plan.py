@@ -215,7 +215,12 @@ def make_plan(
             raise PlanError(key, value, "must be a whole number >= 0",
                             "e.g. train.profile.steps=3 train.profile.start=10 (steps=0 turns tracing off)")
 
-    _check_inductor(flatten(_get(cfg, "train.inductor") or {}), inductor_settings)
+    inductor = flatten(_get(cfg, "train.inductor") or {})
+    if inductor and not _get(cfg, "train.compile"):
+        key = next(iter(inductor))
+        raise PlanError(f"train.inductor.{key}", inductor[key], "has no effect: train.compile is false",
+                        "set train.compile=true, or leave train.inductor out")
+    _check_inductor(inductor, inductor_settings)
 
     if train_samples is not None and train_samples < world_size * per_rank:
         raise PlanError(

@@ -240,9 +240,10 @@ class Trainer:
         if t.compile and t.get("inductor"):
             apply_inductor_settings(t.inductor)
         self.forward = torch.compile(self.ddp, **compile_kwargs) if t.compile else self.ddp
-        # These modes replay each micro-step as CUDA graphs: no per-kernel launch cost, so the GPU never waits
-        # for the host. Graph outputs are reused by the next replay, so gradients must not *be* those outputs:
-        # they live in their own zeroed buffers and the backward adds into them (pytorch/pytorch#169545).
+        # These modes replay each micro-step as CUDA graphs: no per-kernel launch cost, so the GPU does not wait
+        # for the host to launch kernels. Graph outputs are reused by the next replay, so gradients must not *be*
+        # those outputs: they live in their own zeroed buffers and the backward adds into them
+        # (pytorch/pytorch#169545).
         self.cudagraphs = bool(t.compile) and ctx.device.type == "cuda" and t.get("compile_mode") in CUDAGRAPH_MODES
         self.optimizer = _optimizer(cfg, self.model, ctx.device)
         if self.cudagraphs:

@@ -113,15 +113,18 @@ def test_local_rank_indexes_visible_devices():
 
 def test_inductor_settings_are_checked_against_the_known_ones():
     known = {"combo_kernels": False, "triton.cudagraphs": False, "max_autotune_gemm_backends": "ATEN,TRITON"}
-    ok = cfg(train__inductor={"combo_kernels": True, "triton": {"cudagraphs": True},
-                              "max_autotune_gemm_backends": "ATEN"})
+    ok = cfg(train__compile=True, train__inductor={"combo_kernels": True, "triton": {"cudagraphs": True},
+                                                   "max_autotune_gemm_backends": "ATEN"})
     assert make_plan(ok, [], inductor_settings=known).world_size == 2
     with pytest.raises(PlanError) as e:
-        make_plan(cfg(train__inductor={"triton": {"nope": 1}}), [], inductor_settings=known)
+        make_plan(cfg(train__compile=True, train__inductor={"triton": {"nope": 1}}), [], inductor_settings=known)
     assert e.value.key == "train.inductor.triton.nope"
     with pytest.raises(PlanError) as e:
-        make_plan(cfg(train__inductor={"combo_kernels": "yes"}), [], inductor_settings=known)
+        make_plan(cfg(train__compile=True, train__inductor={"combo_kernels": "yes"}), [], inductor_settings=known)
     assert e.value.key == "train.inductor.combo_kernels" and "true or false" in e.value.fix
+    with pytest.raises(PlanError) as e:  # without compile the settings would silently do nothing
+        make_plan(cfg(train__inductor={"combo_kernels": True}), [], inductor_settings=known)
+    assert "train.compile" in e.value.fix
 
 
 def test_bf16_gradient_all_reduce_needs_nccl():
