@@ -268,17 +268,29 @@ class Trainer:
                 f" {self.sampler.num_samples // self.per_rank} micro-batches, fewer than one optimizer step."
                 " Fix: lower batch.accumulation, batch.per_rank or world_size, or use more data"
             )
-        self.total_steps = t.max_steps or t.epochs * self.steps_per_epoch
+        self.state = TrainState()
+        self.total_steps = self._total_steps()
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
             lambda s: lr_factor(s, self.total_steps, t.schedule, t.warmup_steps, t.min_lr_ratio),
         )
-        self.state = TrainState()
         self.resumed_from: str | None = None
         self.saver = ckpt.AsyncSaver() if (ctx.is_main and cfg.checkpoint.async_save) else None
         self.ckpt_root = layout.join(ctx.run_dir, layout.CHECKPOINTS)
 
     # -- checkpoints -----------------------------------------------------------------------------------
+
+    def _total_steps(self) -> int:
+        """``train.max_steps``, or the steps done plus what is left of ``train.epochs`` from where training stands.
+
+        Counted from the current position, not as epochs × steps per epoch: a run resumed from a checkpoint whose
+        steps had another size (another per-rank batch or accumulation) still finishes exactly the epochs asked for.
+        """
+        t, s = self.cfg.train, self.state
+        if t.max_steps:
+            return t.max_steps
+        left = (t.epochs - s.epoch) * self.steps_per_epoch * self.accumulation - s.micro_in_epoch
+        return s.step + max(0, left) // self.accumulation
 
     def _resume_source(self) -> str | None:
         """Newest complete checkpoint of this run (elastic restart / continue in place), else ``resume``.
@@ -315,11 +327,7 @@ class Trainer:
         # The data position is counted in micro-batches of the checkpoint's per-rank batch.
         samples = p["micro_in_epoch"] * state.get("plan", {}).get("per_rank_batch", self.per_rank)
         self.state = TrainState(p["step"], p["epoch"], samples // self.per_rank, list(p.get("losses", [])))
-        if not self.cfg.train.max_steps:
-            # Epoch-based: finish the epochs asked for. Counting steps from zero would be wrong when this run's
-            # steps are a different size from the checkpoint's (another per-rank batch or accumulation).
-            left = (self.cfg.train.epochs - self.state.epoch) * self.steps_per_epoch * self.accumulation
-            self.total_steps = self.state.step + max(0, left - self.state.micro_in_epoch) // self.accumulation
+        self.total_steps = self._total_steps()
         ckpt.set_rng_state(state["rng"][self.ctx.rank])
         self.resumed_from = src
         self._say(f"resumed from {src} at step {self.state.step}")
@@ -404,7 +412,7 @@ class Trainer:
         prof_cfg = t.get("profile") or {}
         profiler = profiling.StepProfiler(
             os.path.join(ctx.local_dir, layout.PROFILE), ctx.rank, self.state.step + int(prof_cfg.get("start", 0)),
-            int(prof_cfg.get("steps", 0)), device,
+            int(prof_cfg.get("steps", 0)), device, say=self._say if ctx.is_main else None,
         )
         first_step_s: float | None = None
         val_loss: float | None = None
@@ -433,9 +441,7 @@ class Trainer:
             step = self.state.step
             inject_fault(ctx.rank, step)
             with meter.paused():  # writing the trace is not a training step
-                traced = profiler.after_step(step)
-            if traced is not None and ctx.is_main:
-                self._say(profiling.format_summary(traced))
+                profiler.after_step(step)
 
             if first_step_s is None:  # the first step of this launch (step 1, or the first after a resume)
                 if device.type == "cuda":
@@ -467,9 +473,7 @@ class Trainer:
                 with meter.paused():  # the save's blocking time is not a training step
                     self.save_checkpoint()
 
-        traced = profiler.finish(self.state.step)  # when training ended inside the traced steps
-        if traced is not None and ctx.is_main:
-            self._say(profiling.format_summary(traced))
+        profiler.finish(self.state.step)  # when training ended inside the traced steps
         if self.parts.val_set is not None:
             val_loss = self._validate(writer, self.state.step)
         self.save_checkpoint()

@@ -13,7 +13,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -38,31 +38,25 @@ def categorize(name: str) -> str:
     return "other"
 
 
-def _union_length(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(intervals):
-        if b <= end:
-            continue
-        total += b - max(a, end)
-        end = b
-    return total
-
-
-def _overlap(intervals: list[tuple[float, float]], cover: list[tuple[float, float]]) -> float:
-    """Length of the union of ``intervals`` that lies inside the union of ``cover``."""
+def _merge(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Sorted, non-overlapping intervals covering the same time as ``intervals``."""
     merged: list[list[float]] = []
-    for a, b in sorted(cover):
+    for a, b in sorted(intervals):
         if merged and a <= merged[-1][1]:
             merged[-1][1] = max(merged[-1][1], b)
         else:
             merged.append([a, b])
-    inside = []
-    for a, b in intervals:
-        for c, d in merged:
-            lo, hi = max(a, c), min(b, d)
-            if lo < hi:
-                inside.append((lo, hi))
-    return _union_length(inside)
+    return [(a, b) for a, b in merged]
+
+
+def _union_length(intervals: Iterable[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in _merge(intervals))
+
+
+def _overlap(intervals: list[tuple[float, float]], cover: list[tuple[float, float]]) -> float:
+    """Length of the union of ``intervals`` that lies inside the union of ``cover``."""
+    cover = _merge(cover)
+    return _union_length((max(a, c), min(b, d)) for a, b in intervals for c, d in cover if max(a, c) < min(b, d))
 
 
 def summarize(events: Iterable[Mapping[str, Any]], steps: int, wall_s: float) -> dict[str, Any]:
@@ -116,9 +110,10 @@ def format_summary(s: Mapping[str, Any]) -> str:
 class StepProfiler:
     """Traces optimizer steps ``start+1 … start+steps`` of this launch's run (``train.profile``)."""
 
-    def __init__(self, out_dir: str, rank: int, start: int, steps: int, device: torch.device) -> None:
+    def __init__(self, out_dir: str, rank: int, start: int, steps: int, device: torch.device,
+                 say: Callable[[str], None] | None = None) -> None:
         self.out_dir, self.rank, self.first, self.last = out_dir, rank, start + 1, start + steps
-        self.device = device
+        self.device, self.say = device, say
         self.prof: torch.profiler.profile | None = None
         self.t0 = 0.0
         self.enabled = steps > 0
@@ -146,7 +141,8 @@ class StepProfiler:
         return self.finish(step)
 
     def finish(self, step: int) -> dict[str, Any] | None:
-        """Stop tracing at step ``step`` (training may end before the last planned one) and write the files."""
+        """Stop tracing at step ``step`` (training may end before the last planned one), write the files and
+        report the summary through ``say``."""
         if self.prof is None:
             return None
         self._sync()
@@ -157,11 +153,14 @@ class StepProfiler:
         raw = os.path.join(self.out_dir, f"rank{self.rank}.trace.json")
         prof.export_chrome_trace(raw)
         with open(raw, "rb") as f:
-            events = json.load(f).get("traceEvents", [])
-        with open(raw, "rb") as f, gzip.open(raw + ".gz", "wb") as g:
-            g.write(f.read())
+            data = f.read()
+        with gzip.open(raw + ".gz", "wb") as g:
+            g.write(data)
         os.remove(raw)
+        events = json.loads(data).get("traceEvents", [])
         summary = summarize(events, step - self.first + 1, wall)
         with open(os.path.join(self.out_dir, f"rank{self.rank}.summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
+        if self.say is not None:
+            self.say(format_summary(summary))
         return summary

@@ -63,12 +63,18 @@ def test_cpu_trace_without_device_kernels_says_so():
     assert s["by_category_ms"] == {} and "no device kernels" in format_summary(s)
 
 
+def _traced_run(root, max_steps: int, steps: int, start: int):
+    """A tiny 2-rank gpt run on CPU with ``train.profile``; returns its run directory."""
+    r = ddp_run(["task=gpt", "world_size=2", "device=cpu", f"train.max_steps={max_steps}",
+                 f"train.profile.steps={steps}", f"train.profile.start={start}", "data.val_fraction=0.002"], root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    [run] = run_dirs(root)
+    return run
+
+
 @pytest.mark.slow
 def test_traced_steps_write_a_trace_and_a_summary_per_rank(tmp_path):
-    r = ddp_run(["task=gpt", "world_size=2", "device=cpu", "train.max_steps=6", "train.profile.steps=2",
-                 "train.profile.start=2", "data.val_fraction=0.002"], tmp_path)
-    assert r.returncode == 0, r.stdout + r.stderr
-    [run] = run_dirs(tmp_path)
+    run = _traced_run(tmp_path, max_steps=6, steps=2, start=2)
     for rank in (0, 1):
         trace = json.loads(gzip.open(run / "profile" / f"rank{rank}.trace.json.gz").read())
         names = {e.get("name") for e in trace["traceEvents"]}
@@ -81,8 +87,5 @@ def test_traced_steps_write_a_trace_and_a_summary_per_rank(tmp_path):
 
 @pytest.mark.slow
 def test_training_that_ends_inside_the_traced_steps_still_writes_them(tmp_path):
-    r = ddp_run(["task=gpt", "world_size=2", "device=cpu", "train.max_steps=3", "train.profile.steps=5",
-                 "train.profile.start=1", "data.val_fraction=0.002"], tmp_path)
-    assert r.returncode == 0, r.stdout + r.stderr
-    [run] = run_dirs(tmp_path)
+    run = _traced_run(tmp_path, max_steps=3, steps=5, start=1)
     assert load_json(run / "profile" / "rank0.summary.json")["steps"] == 2  # steps 2 and 3 were traced
