@@ -16,6 +16,8 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("sgd", "adamw")
 DDP_COMM = ("fp32", "bf16")
 SCHEDULES = ("constant", "cosine")
+GPT_ATTENTION = ("auto", "flash", "cudnn", "efficient")  # task=gpt: SDPA kernel on CUDA
+GPT_LOSSES = ("fused", "plain")  # task=gpt: LM head + loss as one op, or logits then loss
 
 
 class PlanError(ValueError):
@@ -104,6 +106,17 @@ def _check_inductor(wanted: Mapping[str, Any], known: Mapping[str, Any] | None) 
         if isinstance(default, bool) and not isinstance(value, bool):
             raise PlanError(f"train.inductor.{key}", value, "this setting is a boolean",
                             f"use +train.inductor.{key}=true or false")
+
+
+def _check_gpt_model(cfg: Mapping[str, Any]) -> None:
+    """task=gpt's choices of kernel, refused here rather than in every worker after start-up."""
+    for key, allowed in (("task.model.attention", GPT_ATTENTION), ("task.model.loss", GPT_LOSSES)):
+        value = _get(cfg, key)
+        if value is not None and value not in allowed:
+            raise PlanError(key, value, "unknown value", f"use one of {', '.join(allowed)}")
+    if _get(cfg, "task.model.loss_chunk_rows") is not None:
+        _positive_int(cfg, "task.model.loss_chunk_rows",
+                      "set task.model.loss_chunk_rows to a positive number of rows, e.g. 256")
 
 
 def derive_accumulation(global_batch: int, per_rank: int, world_size: int) -> int:
@@ -214,6 +227,9 @@ def make_plan(
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
             raise PlanError(key, value, "must be a whole number >= 0",
                             "e.g. train.profile.steps=3 train.profile.start=10 (steps=0 turns tracing off)")
+
+    if task == "gpt":
+        _check_gpt_model(cfg)
 
     inductor = flatten(_get(cfg, "train.inductor") or {})
     if inductor and not _get(cfg, "train.compile"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from runner.corpus import FORMAT_VOCAB, resolve_format
+from runner.plan import GPT_ATTENTION as ATTENTION
 from tasks.api import TaskParts
 from tasks.config import Config
 from tasks.gpt_model import GPT
@@ -22,9 +23,6 @@ def data_vocab(data_cfg: Config) -> int | None:
         return int(data_cfg.vocab)
     path = data_cfg.get("path") or "corpus.txt"  # null path = the default corpus, which is raw text
     return FORMAT_VOCAB[resolve_format(path, data_cfg.get("format", "auto"))]
-
-
-ATTENTION = ("auto", "flash", "cudnn", "efficient")
 
 
 def choose_attention(kind: str) -> None:
@@ -67,6 +65,8 @@ def build(cfg: Config, device: torch.device) -> TaskParts:
             layers=int(m.layers),
             heads=int(m.heads),
             dropout=float(m.get("dropout", 0.0)),
+            loss=str(m.get("loss", "fused")),
+            loss_chunk_rows=int(m.get("loss_chunk_rows", 1024)),
         )
     # uint16 streams carry no vocabulary of their own: every sample checks its ids against the model's.
     train, val = make_datasets(cfg.data, int(m.context), max_token=int(m.vocab))

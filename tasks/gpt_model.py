@@ -15,6 +15,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from runner.plan import GPT_LOSSES as LOSSES
+from tasks.fused_ce import linear_cross_entropy
+
 
 def _dropout(p: float) -> nn.Module:
     return nn.Dropout(p) if p > 0 else nn.Identity()
@@ -54,8 +57,15 @@ class GPT(nn.Module):
         layers: int = 12,
         heads: int = 12,
         dropout: float = 0.0,
+        loss: str = "fused",
+        loss_chunk_rows: int = 1024,
     ) -> None:
         super().__init__()
+        if loss not in LOSSES:
+            raise ValueError(f"loss must be one of {LOSSES}; got {loss!r}")
+        if loss_chunk_rows < 1:
+            raise ValueError(f"loss_chunk_rows must be >= 1; got {loss_chunk_rows}")
+        self.loss, self.loss_chunk_rows = loss, loss_chunk_rows
         if width % heads:
             raise ValueError(f"width {width} must be divisible by heads {heads}")
         if min(vocab, context, width, layers, heads) < 1:
@@ -101,7 +111,9 @@ class GPT(nn.Module):
         """Mean cross-entropy of ``targets`` given ``idx`` (both ``(B, T)`` int64, ``T <= context``).
 
         Logits are upcast to float32 before the loss, so bf16 autocast does not degrade the softmax. With
-        ``targets=None`` returns the ``(B, T, vocab)`` logits instead.
+        ``targets=None`` returns the ``(B, T, vocab)`` logits instead. With ``loss="fused"`` and gradients on,
+        the LM head and the loss are one op that never keeps the logits (``tasks.fused_ce``); the value and
+        the gradients are the same.
         """
         t = idx.shape[1]
         if t > self.context:
@@ -109,7 +121,10 @@ class GPT(nn.Module):
         x = self.drop(self.tok(idx) + self.pos(torch.arange(t, device=idx.device)))
         for blk in self.blocks:
             x = blk(x)
-        logits = self.head(self.ln(x))
+        h = self.ln(x)
+        if targets is not None and self.loss == "fused" and torch.is_grad_enabled():
+            return linear_cross_entropy(h, self.head.weight, targets, self.loss_chunk_rows)
+        logits = self.head(h)
         if targets is None:
             return logits
         return lm_loss(logits, targets)

@@ -1,0 +1,141 @@
+"""LM head and cross-entropy in one op: the loss *and* the gradient of the logits come out of the forward.
+
+The unfused path writes the (tokens × vocab) logits, reads them for the loss, reads them again in the
+backward and writes their gradient: for GPT-2 small at micro-batch 16 that is 1.65 GB of bf16 logits
+crossing HBM four times per micro-step. Here the logits are produced ``chunk_rows`` rows at a time into one
+buffer, and a kernel turns each chunk in place into ``softmax - onehot`` while it is still in L2, writing
+each row's loss beside it. The backward is then just two matmuls on that buffer:
+``d hidden = G @ W`` and ``d W = Gᵀ @ hidden``, scaled by the incoming gradient / rows.
+
+The value and both gradients equal ``F.cross_entropy(hidden @ W.T, targets)`` (float32 softmax; the logits
+and their gradient are held in ``hidden``'s dtype, as in the unfused bf16 path). Every target must be a valid
+class index (no ``ignore_index``).
+
+It is a ``torch.library`` custom op, so torch.compile keeps it whole (one opaque call inside the compiled
+graph) and CUDA graphs capture it. On CUDA with Triton the in-place kernel is a Triton kernel; elsewhere the
+same arithmetic runs as PyTorch ops, chunk by chunk.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+_TRITON = importlib.util.find_spec("triton") is not None
+_kernel = None  # the Triton kernel, compiled on first CUDA use
+
+
+def _triton_kernel():
+    """Define the Triton kernel on first use (importing triton costs time and needs a GPU build)."""
+    global _kernel
+    if _kernel is not None:
+        return _kernel
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def ce_rows_inplace(logits_ptr, targets_ptr, losses_ptr, row_stride, n_cols, BLOCK: tl.constexpr):
+        # One program per row. Pass 1: running max and sum of exp over the row (one exp per element).
+        # Pass 2: overwrite the row with softmax - onehot. The row (100 KB at vocab 50304) is still in L2.
+        row = tl.program_id(0).to(tl.int64)
+        ptr = logits_ptr + row * row_stride
+        cols = tl.arange(0, BLOCK)
+        m = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), axis=0)  # fp32 scalars, typed for the loop
+        s = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
+        for start in range(0, n_cols, BLOCK):
+            idx = start + cols
+            x = tl.load(ptr + idx, mask=idx < n_cols, other=float("-inf")).to(tl.float32)
+            m_new = tl.maximum(m, tl.max(x, axis=0))
+            s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
+            m = m_new
+        lse = m + tl.log(s)
+        t = tl.load(targets_ptr + row)
+        x_t = tl.load(ptr + t).to(tl.float32)  # read before pass 2 overwrites it
+        tl.store(losses_ptr + row, lse - x_t)
+        for start in range(0, n_cols, BLOCK):
+            idx = start + cols
+            mask = idx < n_cols
+            x = tl.load(ptr + idx, mask=mask, other=0.0).to(tl.float32)
+            p = tl.exp(x - lse)
+            p = tl.where(idx == t, p - 1.0, p)
+            tl.store(ptr + idx, p.to(ptr.dtype.element_ty), mask=mask)
+
+    _kernel = ce_rows_inplace
+    return _kernel
+
+
+def _ce_inplace_torch(logits: torch.Tensor, targets: torch.Tensor, losses: torch.Tensor) -> None:
+    """The kernel's arithmetic in PyTorch ops (CPU, or CUDA without Triton)."""
+    x = logits.float()
+    lse = torch.logsumexp(x, dim=-1)
+    losses.copy_(lse - x.gather(1, targets[:, None]).squeeze(1))
+    p = torch.exp(x - lse[:, None])
+    p.scatter_add_(1, targets[:, None], torch.full_like(lse[:, None], -1.0))
+    logits.copy_(p)
+
+
+@torch.library.custom_op("ddp_runner::linear_ce", mutates_args=())
+def _linear_ce(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+               chunk_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    rows, vocab = hidden.shape[0], weight.shape[0]
+    grad_logits = torch.empty(rows, vocab, dtype=hidden.dtype, device=hidden.device)
+    losses = torch.empty(rows, dtype=torch.float32, device=hidden.device)
+    w_t = weight.t()
+    use_triton = _TRITON and hidden.is_cuda
+    for lo in range(0, rows, chunk_rows):
+        hi = min(rows, lo + chunk_rows)
+        chunk = grad_logits[lo:hi]
+        torch.mm(hidden[lo:hi], w_t, out=chunk)
+        if use_triton:
+            _triton_kernel()[(hi - lo,)](chunk, targets[lo:hi], losses[lo:hi], chunk.stride(0), vocab,
+                                         BLOCK=4096, num_warps=16)
+        else:
+            _ce_inplace_torch(chunk, targets[lo:hi], losses[lo:hi])
+    return losses.mean(), grad_logits
+
+
+@_linear_ce.register_fake
+def _(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+      chunk_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return (hidden.new_empty((), dtype=torch.float32),
+            hidden.new_empty((hidden.shape[0], weight.shape[0])))
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    hidden, weight, _, _ = inputs
+    _, grad_logits = output
+    ctx.save_for_backward(hidden, weight, grad_logits)
+    ctx.mark_non_differentiable(grad_logits)
+
+
+def _backward(ctx, grad_loss: torch.Tensor, _unused: torch.Tensor | None):
+    hidden, weight, grad_logits = ctx.saved_tensors
+    scale = grad_loss / grad_logits.shape[0]  # d mean / d row loss
+    grad_hidden = (grad_logits @ weight) * scale.to(hidden.dtype)
+    grad_weight = (grad_logits.t() @ hidden) * scale.to(weight.dtype)
+    return grad_hidden, grad_weight, None, None
+
+
+_linear_ce.register_autograd(_backward, setup_context=_setup_context)
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                         chunk_rows: int = 1024) -> torch.Tensor:
+    """Mean cross-entropy of ``targets`` under logits ``hidden @ weight.T``, without keeping the logits.
+
+    ``hidden`` is ``(..., d)``, ``weight`` ``(vocab, d)``, ``targets`` ``(...)`` of class indices. Under
+    autocast both operands are cast to the autocast dtype first, as ``F.linear`` would be.
+    """
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be >= 1; got {chunk_rows}")
+    dev = hidden.device.type
+    if torch.is_autocast_enabled(dev):
+        dtype = torch.get_autocast_dtype(dev)
+        hidden, weight = hidden.to(dtype), weight.to(dtype)
+    else:
+        weight = weight.to(hidden.dtype)
+    flat = hidden.reshape(-1, hidden.shape[-1]).contiguous()
+    with torch.autocast(dev, enabled=False):
+        loss, _ = torch.ops.ddp_runner.linear_ce(flat, weight, targets.reshape(-1), chunk_rows)
+    return loss

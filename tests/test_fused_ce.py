@@ -1,0 +1,107 @@
+"""The fused LM head + cross-entropy op: same value and gradients as the unfused path, eager and compiled,
+and its Triton kernel (run by Triton's interpreter on the CPU) computes what the PyTorch fallback does."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tasks.fused_ce import linear_cross_entropy
+from tasks.gpt_model import GPT, lm_loss
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 7, 24, 1000])
+def test_value_and_gradients_equal_cross_entropy(chunk_rows: int) -> None:
+    torch.manual_seed(0)
+    h = torch.randn(4, 6, 16, requires_grad=True)  # 24 rows: chunks that divide it and ones that do not
+    w = torch.randn(50, 16, requires_grad=True)
+    t = torch.randint(0, 50, (4, 6))
+    ref = F.cross_entropy((h @ w.t()).reshape(-1, 50), t.reshape(-1))
+    ref_h, ref_w = torch.autograd.grad(ref * 0.25, (h, w))  # a non-unit incoming gradient, as with accumulation
+    out = linear_cross_entropy(h, w, t, chunk_rows)
+    got_h, got_w = torch.autograd.grad(out * 0.25, (h, w))
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(got_h, ref_h)
+    torch.testing.assert_close(got_w, ref_w)
+
+
+def test_compiled_under_bf16_autocast_matches_the_plain_path() -> None:
+    torch.manual_seed(0)
+    h0, w0 = torch.randn(64, 32), 0.1 * torch.randn(100, 32)
+    t = torch.randint(0, 100, (64,))
+    results = []
+    for fn in (lambda h, w: lm_loss(F.linear(h, w), t), lambda h, w: linear_cross_entropy(h, w, t, 16)):
+        h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = torch.compile(fn)(h, w)
+        loss.backward()
+        assert loss.dtype == torch.float32 and h.grad.dtype == w.grad.dtype == torch.float32
+        results.append((loss.detach(), h.grad, w.grad))
+    (l0, h0g, w0g), (l1, h1g, w1g) = results
+    torch.testing.assert_close(l1, l0, rtol=1e-4, atol=1e-4)  # same bf16 logits, float32 softmax
+    torch.testing.assert_close(h1g, h0g, rtol=2e-2, atol=1e-4)  # bf16 gradients of the logits either way
+    torch.testing.assert_close(w1g, w0g, rtol=2e-2, atol=1e-4)
+
+
+def test_gpt_fused_and_plain_losses_train_the_same() -> None:
+    idx, tgt = torch.randint(0, 64, (3, 16)), torch.randint(0, 64, (3, 16))
+    grads = []
+    for loss in ("fused", "plain"):
+        torch.manual_seed(0)
+        model = GPT(vocab=64, context=16, width=32, layers=2, heads=4, loss=loss, loss_chunk_rows=5)
+        value = model(idx, tgt)
+        value.backward()
+        grads.append((value.detach(), {n: p.grad for n, p in model.named_parameters()}))
+        with torch.no_grad():  # evaluation takes the plain path: no gradient work
+            torch.testing.assert_close(model(idx, tgt), value.detach())
+    (v0, g0), (v1, g1) = grads
+    torch.testing.assert_close(v0, v1)
+    assert g0.keys() == g1.keys()
+    for name in g0:
+        torch.testing.assert_close(g0[name], g1[name], msg=name)
+
+
+def test_bad_chunk_is_refused() -> None:
+    with pytest.raises(ValueError, match="chunk_rows"):
+        linear_cross_entropy(torch.randn(2, 4), torch.randn(8, 4), torch.zeros(2, dtype=torch.long), 0)
+    with pytest.raises(ValueError, match="loss"):
+        GPT(vocab=8, context=4, width=8, layers=1, heads=1, loss="chunky")
+
+
+TRITON_CHECK = textwrap.dedent("""
+    import torch
+    from tasks import fused_ce
+    kernel = fused_ce._triton_kernel()
+    torch.manual_seed(0)
+    # Rows shorter than one block, several blocks with a ragged tail, and GPT-2's padded vocabulary.
+    for rows, vocab, dtype in ((4, 17, torch.bfloat16), (5, 300, torch.float32), (2, 50304, torch.bfloat16)):
+        x = (3 * torch.randn(rows, vocab)).to(dtype)
+        t = torch.randint(0, vocab, (rows,))
+        got, got_loss = x.clone(), torch.empty(rows)
+        want, want_loss = x.clone(), torch.empty(rows)
+        kernel[(rows,)](got, t, got_loss, got.stride(0), vocab, BLOCK=128)
+        fused_ce._ce_inplace_torch(want, t, want_loss)
+        torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-5)
+        # softmax - onehot in [-1, 1]: one bf16 rounding step apart at most
+        tol = 1e-6 if dtype == torch.float32 else 4e-3
+        torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=tol)
+        assert (got.float().sum(1).abs() < 0.05).all()  # each row of softmax - onehot sums to 0
+    print("triton kernel ok")
+""")
+
+
+@pytest.mark.slow
+def test_triton_kernel_matches_the_fallback_in_the_interpreter() -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", TRITON_CHECK], capture_output=True, text=True, env=env,
+                       cwd=ROOT, timeout=280)
+    assert r.returncode == 0 and "triton kernel ok" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
