@@ -5,7 +5,10 @@
 from float32 hidden states and weights as in the model, checked against float32 ``F.cross_entropy`` on the
 same bf16 logits, and timed with CUDA events (median of --iters after warm-up).
 
-Usage: python bench/loss_bench.py [--rows 16384] [--chunks 128,256,512,1024,2048,16384] [--out FILE]
+``--kernels BLOCKxWARPS,...`` also times the fused op's Triton kernel at other launch shapes (at
+``--kernel-chunk`` rows per chunk).
+
+Usage: python bench/loss_bench.py [--rows 16384] [--chunks 256,1024,16384] [--kernels 4096x16,8192x32] [--out FILE]
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tasks import fused_ce  # noqa: E402
 from tasks.fused_ce import linear_cross_entropy  # noqa: E402
 from tasks.gpt_model import lm_loss  # noqa: E402
 
@@ -46,7 +50,9 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=16 * 1024)
     ap.add_argument("--width", type=int, default=768)
     ap.add_argument("--vocab", type=int, default=50304)
-    ap.add_argument("--chunks", default="128,256,512,1024,2048,16384")
+    ap.add_argument("--chunks", default="256,1024,4096,16384")
+    ap.add_argument("--kernels", default="", help="extra Triton launch shapes BLOCKxWARPS, e.g. 4096x16,8192x32")
+    ap.add_argument("--kernel-chunk", type=int, default=1024)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--out")
     a = ap.parse_args()
@@ -61,17 +67,24 @@ def main() -> None:
     ref_loss = F.cross_entropy((hb @ wb.t()).bfloat16().float(), t)
     ref_gh, ref_gw = torch.autograd.grad(ref_loss, (hb, wb))
 
-    variants = {"plain": torch.compile(lambda h, w, t: lm_loss(F.linear(h, w), t))}
+    default = (fused_ce.BLOCK, fused_ce.NUM_WARPS)
+    variants = [("plain", torch.compile(lambda h, w, t: lm_loss(F.linear(h, w), t)), default)]
     for c in (int(x) for x in a.chunks.split(",")):
-        variants[f"fused chunk_rows={c}"] = torch.compile(
-            lambda h, w, t, c=c: linear_cross_entropy(h, w, t, c))
+        variants.append((f"fused chunk_rows={c}", torch.compile(lambda h, w, t, c=c: linear_cross_entropy(h, w, t, c)),
+                         default))
+    for shape in filter(None, a.kernels.split(",")):
+        block, warps = map(int, shape.split("x"))
+        c = a.kernel_chunk
+        variants.append((f"fused chunk_rows={c} BLOCK={block} warps={warps}",
+                         torch.compile(lambda h, w, t, c=c: linear_cross_entropy(h, w, t, c)), (block, warps)))
     rows = []
-    for name, fn in variants.items():
+    for name, fn, (fused_ce.BLOCK, fused_ce.NUM_WARPS) in variants:
         ms, (loss, gh, gw) = time_fwd_bwd(fn, h, w, t, a.iters)
         row = {"variant": name, "ms": round(ms, 3), "loss": loss.item(),
                "loss_err": abs(loss.item() - ref_loss.item()),
                "dh_rel_err": ((gh - ref_gh).norm() / ref_gh.norm()).item(),
                "dw_rel_err": ((gw - ref_gw).norm() / ref_gw.norm()).item()}
+        row["kernel"] = f"{fused_ce.BLOCK}x{fused_ce.NUM_WARPS}"
         rows.append(row)
         print(json.dumps(row), flush=True)
     print("\n| variant | fwd+bwd ms | loss error | d hidden rel. error | d weight rel. error |\n|---|---|---|---|---|")

@@ -24,6 +24,8 @@ import torch
 
 _TRITON = importlib.util.find_spec("triton") is not None
 _kernel = None  # the Triton kernel, compiled on first CUDA use
+# Launch shape: one row per program, BLOCK columns per iteration over NUM_WARPS warps (bench/loss_bench.py).
+BLOCK, NUM_WARPS = 8192, 32
 
 
 def _triton_kernel():
@@ -36,20 +38,26 @@ def _triton_kernel():
 
     @triton.jit
     def ce_rows_inplace(logits_ptr, targets_ptr, losses_ptr, row_stride, n_cols, BLOCK: tl.constexpr):
-        # One program per row. Pass 1: running max and sum of exp over the row (one exp per element).
-        # Pass 2: overwrite the row with softmax - onehot. The row (100 KB at vocab 50304) is still in L2.
+        # One program per row. Pass 1: each lane keeps its own running max m and sum s of exp(x - m), with one
+        # exp per element (exp(-|x - m|) serves both branches) and no cross-lane reduction until the end.
+        # Pass 2: overwrite the row with softmax - onehot. Few, wide programs keep the rows in flight small
+        # enough that pass 2 finds its row still in L2.
         row = tl.program_id(0).to(tl.int64)
         ptr = logits_ptr + row * row_stride
         cols = tl.arange(0, BLOCK)
-        m = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), axis=0)  # fp32 scalars, typed for the loop
-        s = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
+        m = tl.full([BLOCK], float("-inf"), tl.float32)
+        s = tl.zeros([BLOCK], tl.float32)
         for start in range(0, n_cols, BLOCK):
             idx = start + cols
             x = tl.load(ptr + idx, mask=idx < n_cols, other=float("-inf")).to(tl.float32)
-            m_new = tl.maximum(m, tl.max(x, axis=0))
-            s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
-            m = m_new
-        lse = m + tl.log(s)
+            bigger = x > m
+            d = tl.exp(tl.where(bigger, m - x, x - m))  # exp(-inf) = 0 covers the first element and padding
+            d = tl.where(x == float("-inf"), 0.0, d)  # padding: -inf - (-inf) is nan
+            s = tl.where(bigger, s * d + 1.0, s + d)
+            m = tl.maximum(m, x)
+        m_row = tl.max(m, axis=0)
+        s_row = tl.sum(tl.where(m == float("-inf"), 0.0, s * tl.exp(m - m_row)), axis=0)
+        lse = m_row + tl.log(s_row)
         t = tl.load(targets_ptr + row)
         x_t = tl.load(ptr + t).to(tl.float32)  # read before pass 2 overwrites it
         tl.store(losses_ptr + row, lse - x_t)
@@ -89,7 +97,7 @@ def _linear_ce(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
         torch.mm(hidden[lo:hi], w_t, out=chunk)
         if use_triton:
             _triton_kernel()[(hi - lo,)](chunk, targets[lo:hi], losses[lo:hi], chunk.stride(0), vocab,
-                                         BLOCK=4096, num_warps=16)
+                                         BLOCK=BLOCK, num_warps=NUM_WARPS)
         else:
             _ce_inplace_torch(chunk, targets[lo:hi], losses[lo:hi])
     return losses.mean(), grad_logits
