@@ -133,7 +133,8 @@ def test_gpt2_small_preset_composes() -> None:
     assert cfg.train.lr == 6e-4 and cfg.train.weight_decay == 0.1 and list(cfg.train.betas) == [0.9, 0.95]
     assert cfg.train.precision == "bf16" and cfg.train.compile is True and cfg.train.grad_clip == 1.0
     assert cfg.batch.per_rank == 16 and cfg.data.name == "text"
-    assert cfg.train.compile_mode == "reduce-overhead" and cfg.train.inductor.combo_kernels is True
+    assert cfg.train.compile_mode == "reduce-overhead"
+    assert cfg.train.inductor.triton.mix_order_reduction is False and cfg.task.model.loss == "fused"
 
 
 def test_build_tiny_preset(tmp_path: Path) -> None:
