@@ -1,14 +1,12 @@
 """LM head + cross-entropy, forward and backward, at GPT-2 small's shape on one GPU: plain vs fused.
 
 ``plain`` is the unfused path of ``tasks.gpt_model`` (logits, then ``lm_loss``); ``fused`` is
-``tasks.fused_ce.linear_cross_entropy`` at several ``chunk_rows``. Each is compiled, run under bf16 autocast
-from float32 hidden states and weights as in the model, checked against float32 ``F.cross_entropy`` on the
-same bf16 logits, and timed with CUDA events (median of --iters after warm-up).
+``tasks.fused_ce.linear_cross_entropy``, at its default Triton launch shape and at each ``--kernels``
+BLOCKxWARPS. Each is compiled, run under bf16 autocast from float32 hidden states and weights as in the model,
+checked against float32 ``F.cross_entropy`` on the same bf16 logits, and timed with CUDA events (median of
+--iters after warm-up).
 
-``--kernels BLOCKxWARPS,...`` also times the fused op's Triton kernel at other launch shapes (at
-``--kernel-chunk`` rows per chunk).
-
-Usage: python bench/loss_bench.py [--rows 16384] [--chunks 256,1024,16384] [--kernels 4096x16,8192x32] [--out FILE]
+Usage: python bench/loss_bench.py [--rows 16384] [--kernels 4096x16,8192x32] [--out FILE]
 """
 
 from __future__ import annotations
@@ -50,9 +48,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=16 * 1024)
     ap.add_argument("--width", type=int, default=768)
     ap.add_argument("--vocab", type=int, default=50304)
-    ap.add_argument("--chunks", default="256,1024,4096,16384")
     ap.add_argument("--kernels", default="", help="extra Triton launch shapes BLOCKxWARPS, e.g. 4096x16,8192x32")
-    ap.add_argument("--kernel-chunk", type=int, default=1024)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--out")
     a = ap.parse_args()
@@ -68,15 +64,12 @@ def main() -> None:
     ref_gh, ref_gw = torch.autograd.grad(ref_loss, (hb, wb))
 
     default = (fused_ce.BLOCK, fused_ce.NUM_WARPS)
-    variants = [("plain", torch.compile(lambda h, w, t: lm_loss(F.linear(h, w), t)), default)]
-    for c in (int(x) for x in a.chunks.split(",")):
-        variants.append((f"fused chunk_rows={c}", torch.compile(lambda h, w, t, c=c: linear_cross_entropy(h, w, t, c)),
-                         default))
+    fused = torch.compile(linear_cross_entropy)
+    variants = [("plain", torch.compile(lambda h, w, t: lm_loss(F.linear(h, w), t)), default),
+                ("fused", fused, default)]
     for shape in filter(None, a.kernels.split(",")):
         block, warps = map(int, shape.split("x"))
-        c = a.kernel_chunk
-        variants.append((f"fused chunk_rows={c} BLOCK={block} warps={warps}",
-                         torch.compile(lambda h, w, t, c=c: linear_cross_entropy(h, w, t, c)), (block, warps)))
+        variants.append((f"fused BLOCK={block} warps={warps}", fused, (block, warps)))
     rows = []
     for name, fn, (fused_ce.BLOCK, fused_ce.NUM_WARPS) in variants:
         ms, (loss, gh, gw) = time_fwd_bwd(fn, h, w, t, a.iters)

@@ -114,9 +114,6 @@ def _check_gpt_model(cfg: Mapping[str, Any]) -> None:
         value = _get(cfg, key)
         if value is not None and value not in allowed:
             raise PlanError(key, value, "unknown value", f"use one of {', '.join(allowed)}")
-    if _get(cfg, "task.model.loss_chunk_rows") is not None:
-        _positive_int(cfg, "task.model.loss_chunk_rows",
-                      "set task.model.loss_chunk_rows to a positive number of rows, e.g. 256")
 
 
 def derive_accumulation(global_batch: int, per_rank: int, world_size: int) -> int:

@@ -1,11 +1,12 @@
 """LM head and cross-entropy in one op: the loss *and* the gradient of the logits come out of the forward.
 
-The unfused path writes the (tokens × vocab) logits, reads them for the loss, reads them again in the
-backward and writes their gradient: for GPT-2 small at micro-batch 16 that is 1.65 GB of bf16 logits
-crossing HBM four times per micro-step. Here the logits are produced ``chunk_rows`` rows at a time into one
-buffer, and a kernel turns each chunk in place into ``softmax - onehot`` while it is still in L2, writing
-each row's loss beside it. The backward is then just two matmuls on that buffer:
-``d hidden = G @ W`` and ``d W = Gᵀ @ hidden``, scaled by the incoming gradient / rows.
+The unfused path writes the (tokens × vocab) logits, reads them in one kernel for the loss, and in the
+backward reads them again in another kernel that writes their gradient; for GPT-2 small at micro-batch 16 the
+bf16 logits are 1.65 GB. Here one matmul writes the logits and one kernel, still in the forward, reads each
+row, writes its loss and overwrites the row in place with ``softmax - onehot`` (the gradient of the row's
+loss). The backward is then just the two matmuls on that buffer, ``d hidden = G @ W`` and
+``d W = Gᵀ @ hidden``, scaled by the incoming gradient / rows. (Making the logits in chunks of rows, small
+enough to stay in L2 for the kernel, measured slower on an H200: BENCHMARKS.md.)
 
 The value and both gradients equal ``F.cross_entropy(hidden @ W.T, targets)`` (float32 softmax; the logits
 and their gradient are held in ``hidden``'s dtype, as in the unfused bf16 path). Every target must be a valid
@@ -13,7 +14,7 @@ class index (no ``ignore_index``).
 
 It is a ``torch.library`` custom op, so torch.compile keeps it whole (one opaque call inside the compiled
 graph) and CUDA graphs capture it. On CUDA with Triton the in-place kernel is a Triton kernel; elsewhere the
-same arithmetic runs as PyTorch ops, chunk by chunk.
+same arithmetic runs as PyTorch ops.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ def _triton_kernel():
     def ce_rows_inplace(logits_ptr, targets_ptr, losses_ptr, row_stride, n_cols, BLOCK: tl.constexpr):
         # One program per row. Pass 1: each lane keeps its own running max m and sum s of exp(x - m), with one
         # exp per element (exp(-|x - m|) serves both branches) and no cross-lane reduction until the end.
-        # Pass 2: overwrite the row with softmax - onehot. Few, wide programs keep the rows in flight small
-        # enough that pass 2 finds its row still in L2.
+        # Pass 2: overwrite the row with softmax - onehot. Wide programs (few rows in flight) give pass 2 a
+        # chance to find its row still in L2.
         row = tl.program_id(0).to(tl.int64)
         ptr = logits_ptr + row * row_stride
         cols = tl.arange(0, BLOCK)
@@ -84,34 +85,27 @@ def _ce_inplace_torch(logits: torch.Tensor, targets: torch.Tensor, losses: torch
 
 
 @torch.library.custom_op("ddp_runner::linear_ce", mutates_args=())
-def _linear_ce(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-               chunk_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _linear_ce(hidden: torch.Tensor, weight: torch.Tensor,
+               targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     rows, vocab = hidden.shape[0], weight.shape[0]
-    grad_logits = torch.empty(rows, vocab, dtype=hidden.dtype, device=hidden.device)
+    grad_logits = torch.mm(hidden, weight.t())  # the logits, about to become their own gradient
     losses = torch.empty(rows, dtype=torch.float32, device=hidden.device)
-    w_t = weight.t()
-    use_triton = _TRITON and hidden.is_cuda
-    for lo in range(0, rows, chunk_rows):
-        hi = min(rows, lo + chunk_rows)
-        chunk = grad_logits[lo:hi]
-        torch.mm(hidden[lo:hi], w_t, out=chunk)
-        if use_triton:
-            _triton_kernel()[(hi - lo,)](chunk, targets[lo:hi], losses[lo:hi], chunk.stride(0), vocab,
-                                         BLOCK=BLOCK, num_warps=NUM_WARPS)
-        else:
-            _ce_inplace_torch(chunk, targets[lo:hi], losses[lo:hi])
+    if _TRITON and hidden.is_cuda:
+        _triton_kernel()[(rows,)](grad_logits, targets, losses, grad_logits.stride(0), vocab,
+                                  BLOCK=BLOCK, num_warps=NUM_WARPS)
+    else:
+        _ce_inplace_torch(grad_logits, targets, losses)
     return losses.mean(), grad_logits
 
 
 @_linear_ce.register_fake
-def _(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-      chunk_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (hidden.new_empty((), dtype=torch.float32),
             hidden.new_empty((hidden.shape[0], weight.shape[0])))
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    hidden, weight, _, _ = inputs
+    hidden, weight, _ = inputs
     _, grad_logits = output
     ctx.save_for_backward(hidden, weight, grad_logits)
     ctx.mark_non_differentiable(grad_logits)
@@ -119,24 +113,21 @@ def _setup_context(ctx, inputs, output) -> None:
 
 def _backward(ctx, grad_loss: torch.Tensor, _unused: torch.Tensor | None):
     hidden, weight, grad_logits = ctx.saved_tensors
-    scale = grad_loss / grad_logits.shape[0]  # d mean / d row loss
-    grad_hidden = (grad_logits @ weight) * scale.to(hidden.dtype)
-    grad_weight = (grad_logits.t() @ hidden) * scale.to(weight.dtype)
-    return grad_hidden, grad_weight, None, None
+    scale = grad_loss.float() / grad_logits.shape[0]  # d mean / d row loss, kept in float32 (1/3 is not a bf16)
+    grad_hidden = ((grad_logits @ weight).float() * scale).to(hidden.dtype)
+    grad_weight = ((grad_logits.t() @ hidden).float() * scale).to(weight.dtype)
+    return grad_hidden, grad_weight, None
 
 
 _linear_ce.register_autograd(_backward, setup_context=_setup_context)
 
 
-def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                         chunk_rows: int = 1024) -> torch.Tensor:
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy of ``targets`` under logits ``hidden @ weight.T``, without keeping the logits.
 
     ``hidden`` is ``(..., d)``, ``weight`` ``(vocab, d)``, ``targets`` ``(...)`` of class indices. Under
     autocast both operands are cast to the autocast dtype first, as ``F.linear`` would be.
     """
-    if chunk_rows < 1:
-        raise ValueError(f"chunk_rows must be >= 1; got {chunk_rows}")
     dev = hidden.device.type
     if torch.is_autocast_enabled(dev):
         dtype = torch.get_autocast_dtype(dev)
@@ -145,5 +136,5 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
         weight = weight.to(hidden.dtype)
     flat = hidden.reshape(-1, hidden.shape[-1]).contiguous()
     with torch.autocast(dev, enabled=False):
-        loss, _ = torch.ops.ddp_runner.linear_ce(flat, weight, targets.reshape(-1), chunk_rows)
+        loss, _ = torch.ops.ddp_runner.linear_ce(flat, weight, targets.reshape(-1))
     return loss

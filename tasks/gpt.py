@@ -66,7 +66,6 @@ def build(cfg: Config, device: torch.device) -> TaskParts:
             heads=int(m.heads),
             dropout=float(m.get("dropout", 0.0)),
             loss=str(m.get("loss", "fused")),
-            loss_chunk_rows=int(m.get("loss_chunk_rows", 1024)),
         )
     # uint16 streams carry no vocabulary of their own: every sample checks its ids against the model's.
     train, val = make_datasets(cfg.data, int(m.context), max_token=int(m.vocab))

@@ -58,14 +58,11 @@ class GPT(nn.Module):
         heads: int = 12,
         dropout: float = 0.0,
         loss: str = "fused",
-        loss_chunk_rows: int = 1024,
     ) -> None:
         super().__init__()
         if loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}; got {loss!r}")
-        if loss_chunk_rows < 1:
-            raise ValueError(f"loss_chunk_rows must be >= 1; got {loss_chunk_rows}")
-        self.loss, self.loss_chunk_rows = loss, loss_chunk_rows
+        self.loss = loss
         if width % heads:
             raise ValueError(f"width {width} must be divisible by heads {heads}")
         if min(vocab, context, width, layers, heads) < 1:
@@ -123,7 +120,7 @@ class GPT(nn.Module):
             x = blk(x)
         h = self.ln(x)
         if targets is not None and self.loss == "fused" and torch.is_grad_enabled():
-            return linear_cross_entropy(h, self.head.weight, targets, self.loss_chunk_rows)
+            return linear_cross_entropy(h, self.head.weight, targets)
         logits = self.head(h)
         if targets is None:
             return logits

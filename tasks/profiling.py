@@ -23,7 +23,9 @@ CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("communication", re.compile(r"nccl|allreduce|all_reduce|reduce_scatter|allgather", re.I)),
     ("attention", re.compile(r"flash|fmha|attention|sdpa|cudnn", re.I)),
     ("matmul", re.compile(r"gemm|cutlass|xmma|nvjet|wgmma|cublas|triton_tem|_mm_|splitk|s\d+_\w*gemm", re.I)),
-    ("optimizer", re.compile(r"multi_tensor|adam|foreach|fused_sgd", re.I)),
+    # Multi-tensor kernels: the optimizer step, clipping's norm and scale, and gradient accumulation's add.
+    ("multi-tensor (optimizer, clip, accumulate)", re.compile(r"multi_tensor|adam|foreach|fused_sgd", re.I)),
+    ("loss (fused cross-entropy)", re.compile(r"^ce_rows_inplace")),  # tasks/fused_ce.py's Triton kernel
     ("fused elementwise", re.compile(r"^triton_", re.I)),
     ("memory copy", re.compile(r"memcpy|memset|copy", re.I)),
 )
@@ -103,7 +105,8 @@ def format_summary(s: Mapping[str, Any]) -> str:
     lines = [f"profile: {s['steps']} step(s), {s['step_wall_ms']:.2f} ms/step wall; device computing "
              f"{s['compute_busy_ms']:.2f} ms ({s['compute_busy_pct']:.1f}%); communication {s['communication_ms']:.2f}"
              f" ms, exposed {s['communication_exposed_ms']:.2f} ms"]
-    lines += [f"  {cat:<18} {ms:8.2f} ms/step" for cat, ms in s["by_category_ms"].items()]
+    width = max(map(len, s["by_category_ms"]))
+    lines += [f"  {cat:<{width}} {ms:8.2f} ms/step" for cat, ms in s["by_category_ms"].items()]
     return "\n".join(lines)
 
 

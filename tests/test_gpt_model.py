@@ -121,7 +121,7 @@ def test_tiny_preset_composes() -> None:
     assert cfg.task.name == "gpt"
     assert cfg.data.name == "text" and cfg.data.path is None and cfg.data.format == "auto"
     assert dict(cfg.task.model) == dict(layers=2, heads=2, width=64, context=64, vocab=256, dropout=0.0,
-                                       attention="auto", loss="fused", loss_chunk_rows=1024)
+                                       attention="auto", loss="fused")
     assert cfg.train.optimizer == "adamw" and cfg.train.schedule == "cosine" and cfg.train.max_steps == 50
 
 

@@ -141,11 +141,10 @@ def test_profile_steps_must_be_a_whole_number(value):
     assert e.value.key == "train.profile.steps"
 
 
-@pytest.mark.parametrize("key,value", [("attention", "fast"), ("loss", "chunked"), ("loss_chunk_rows", 0),
-                                       ("loss_chunk_rows", "many")])
+@pytest.mark.parametrize("key,value", [("attention", "fast"), ("loss", "chunked"), ("loss", 1)])
 def test_gpt_kernel_choices_are_checked_before_launch(key, value):
     with pytest.raises(PlanError) as e:
         make_plan(cfg(task={"name": "gpt", "model": {key: value}}), [])
     assert e.value.key == f"task.model.{key}" and e.value.value == value
-    ok = {"name": "gpt", "model": {"attention": "cudnn", "loss": "plain", "loss_chunk_rows": 256}}
+    ok = {"name": "gpt", "model": {"attention": "cudnn", "loss": "plain"}}
     assert make_plan(cfg(task=ok), []).world_size == 2

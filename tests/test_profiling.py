@@ -22,7 +22,9 @@ def _k(name: str, ts: float, dur: float, cat: str = "kernel") -> dict:
     ("void pytorch_flash::flash_fwd_kernel<...>", "attention"),
     ("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "communication"),
     ("triton_per_fused__to_copy_add_native_layer_norm_backward_view_9", "fused elementwise"),
-    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>", "optimizer"),
+    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>",
+     "multi-tensor (optimizer, clip, accumulate)"),
+    ("ce_rows_inplace", "loss (fused cross-entropy)"),
     ("Memcpy HtoD (Pinned -> Device)", "memory copy"),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>", "other"),
 ])
