@@ -593,6 +593,9 @@ def run(run_dir: str, local_dir: str, console: IO[str] | None) -> None:
         print(line, flush=True)
         worker_io.write_json(local_dir, layout.rank_facts(ctx.rank),
                              _facts(ctx, completed=True, exit_code=0, summary=summary if ctx.is_main else None))
+    except BaseException as exc:  # noqa: B036 - the time of any failure, before the teardown below
+        worker_io.mark_failure_time(exc)
+        raise
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

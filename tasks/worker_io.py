@@ -52,13 +52,31 @@ def write_json(local_dir: str, rel: str, obj: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+_FAILED_AT = "_ddp_runner_failed_at"
+
+
+def mark_failure_time(exc: BaseException) -> None:
+    """Note when ``exc`` reached the engine, before clean-up (tearing down the process group) runs.
+
+    The driver names the rank whose error came first as the root cause. Stamped only at writing time, the
+    failing rank's record could come *after* a peer's, whose collective fails as soon as the process group is
+    torn down.
+    """
+    if not hasattr(exc, _FAILED_AT):
+        try:
+            setattr(exc, _FAILED_AT, time.time())
+        except (AttributeError, TypeError):  # an exception type that takes no attributes: stamped when written
+            pass
+
+
 def record_error(local_dir: str, rank: int, exc: BaseException) -> None:
-    """Leave ``logs/rank<R>.error.json``: when, what type, and the last traceback lines."""
+    """Leave ``logs/rank<R>.error.json``: when (see :func:`mark_failure_time`), what type, and the last
+    traceback lines."""
     lines = traceback.format_exception(exc)
     tail = "".join(lines).rstrip().splitlines()[-12:]
     write_json(local_dir, layout.rank_error(rank), {
         "rank": rank,
-        "time": time.time(),
+        "time": getattr(exc, _FAILED_AT, time.time()),
         "type": type(exc).__name__,
         "message": str(exc)[:2000],
         "traceback": tail,

@@ -131,3 +131,19 @@ def test_signal_to_driver_leaves_no_process(out_root, sig):
     assert _procs_mentioning(str(run)) == []
     assert load_json(run / "run.json")["status"] == "failed"
     assert os.path.exists(run / "summary.json")
+
+
+def test_error_record_keeps_the_time_of_failure_not_of_writing(tmp_path):
+    # A failing rank tears its process group down before its error is written; a peer's collective fails at
+    # once, so the failing rank's record must carry the earlier time or the wrong rank is named.
+    from tasks import worker_io
+
+    (tmp_path / "logs").mkdir()
+    exc = RuntimeError("boom")
+    worker_io.mark_failure_time(exc)
+    failed_at = time.time()
+    time.sleep(0.05)
+    worker_io.mark_failure_time(exc)  # a second stamp (an outer handler) keeps the first
+    worker_io.record_error(str(tmp_path), 1, exc)
+    record = load_json(tmp_path / "logs" / "rank1.error.json")
+    assert record["time"] <= failed_at and record["type"] == "RuntimeError"
