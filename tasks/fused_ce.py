@@ -123,7 +123,7 @@ _linear_ce.register_autograd(_backward, setup_context=_setup_context)
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of ``targets`` under logits ``hidden @ weight.T``, without keeping the logits.
+    """Mean cross-entropy of ``targets`` under logits ``hidden @ weight.T``; the backward needs no logits.
 
     ``hidden`` is ``(..., d)``, ``weight`` ``(vocab, d)``, ``targets`` ``(...)`` of class indices. Under
     autocast both operands are cast to the autocast dtype first, as ``F.linear`` would be.

@@ -109,8 +109,8 @@ class GPT(nn.Module):
 
         Logits are upcast to float32 before the loss, so bf16 autocast does not degrade the softmax. With
         ``targets=None`` returns the ``(B, T, vocab)`` logits instead. With ``loss="fused"`` and gradients on,
-        the LM head and the loss are one op that never keeps the logits (``tasks.fused_ce``); the value and
-        the gradients are the same.
+        the LM head and the loss are one op that turns the logits into their gradient during the forward
+        (``tasks.fused_ce``); the value and the gradients are the same.
         """
         t = idx.shape[1]
         if t > self.context:
