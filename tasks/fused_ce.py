@@ -136,5 +136,5 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
         weight = weight.to(hidden.dtype)
     flat = hidden.reshape(-1, hidden.shape[-1]).contiguous()
     with torch.autocast(dev, enabled=False):
-        loss, _ = torch.ops.ddp_runner.linear_ce(flat, weight, targets.reshape(-1))
+        loss, _ = torch.ops.ddp_runner.linear_ce(flat, weight, targets.reshape(-1).contiguous())
     return loss
