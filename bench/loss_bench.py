@@ -52,6 +52,9 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--out")
     a = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("loss_bench: no CUDA device visible; this benchmark needs a GPU (skipped)")
+        return
     torch.manual_seed(0)
     dev = "cuda"
     h = torch.randn(a.rows, a.width, device=dev, requires_grad=True)
