@@ -425,7 +425,8 @@ class Trainer:
                 meter.add_wait(wait)
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 # no_sync around forward *and* backward of every micro-step but the last.
-                sync = contextlib.nullcontext() if m == acc - 1 else self.ddp.no_sync()
+                last_micro = m == acc - 1
+                sync = contextlib.nullcontext() if last_micro else self.ddp.no_sync()
                 if self.cudagraphs:  # a new micro-step: the previous replay's outputs may be reused
                     torch.compiler.cudagraph_mark_step_begin()
                 with sync:
@@ -433,7 +434,7 @@ class Trainer:
                         loss = self.forward(x, y)
                     scaled = loss / acc
                     scaled = self.scaler.scale(scaled) if self.scaler is not None else scaled
-                    if m == acc - 1 and ctx.world_size > 1:
+                    if last_micro and ctx.world_size > 1:
                         scaled.backward()  # DDP's hooks all-reduce p.grad (the sum so far) during this backward
                     else:
                         self._accumulate(scaled)
@@ -518,11 +519,10 @@ class Trainer:
         t = self.cfg.train
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        if t.grad_clip:
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, t.grad_clip)
+        if t.grad_clip:  # every trained parameter has its gradient buffer (see __init__)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, t.grad_clip)
         else:
-            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in self.params])
         lr = self.optimizer.param_groups[0]["lr"]
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
