@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import os
 import sys
 
@@ -54,4 +55,8 @@ if __name__ == "__main__":
     code = main()
     if code == 0:
         fast_exit(0)
+    # After a failure the trainer is garbage in a reference cycle. Collect it now, while the interpreter is whole:
+    # at finalization, the destructor of DDP's Python comm hook would need the GIL and abort the process
+    # (SIGABRT instead of exit code 1).
+    gc.collect()
     sys.exit(code)

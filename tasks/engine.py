@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from runner import layout
 from runner.plan import SCHEDULES, flatten
 from tasks import checkpoint as ckpt
-from tasks import metrics, profiling, worker_io
+from tasks import grad_sync, metrics, profiling, worker_io
 from tasks.api import TaskParts
 from tasks.config import Config, load_config
 from tasks.progress import Progress
@@ -112,7 +112,9 @@ def _optimizer(cfg: Config, model: torch.nn.Module, device: torch.device) -> tor
         decay = [p for p in params if p.dim() >= 2]
         no_decay = [p for p in params if p.dim() < 2]
         groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        return torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), fused=device.type == "cuda")
+        # Fused on every device (PyTorch has CPU and CUDA kernels): one kernel per step, and the clip factor folds
+        # into it (grad_sync.clipped_step), so CPU runs take the same path as GPU runs.
+        return torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), fused=True)
     raise ValueError(f"train.optimizer={t.optimizer!r}: unknown optimizer. Fix: use sgd or adamw")
 
 
@@ -234,6 +236,8 @@ class Trainer:
                 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
                 self.ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+            else:  # averaging inside the all-reduce instead of one division kernel per parameter
+                self.ddp.register_comm_hook(None, grad_sync.mean_allreduce_hook)
         else:  # one rank: nothing to synchronise, and compile sees one graph instead of DDP's bucketed ones
             self.ddp = _SingleProcess(self.model)
         compile_kwargs = {"mode": t.compile_mode} if t.get("compile_mode") else {}
@@ -244,9 +248,9 @@ class Trainer:
         # for the host to launch kernels.
         self.cudagraphs = bool(t.compile) and ctx.device.type == "cuda" and t.get("compile_mode") in CUDAGRAPH_MODES
         self.optimizer = _optimizer(cfg, self.model, ctx.device)
-        # Gradients live in their own buffers for the whole run, zeroed after each optimizer step, and every
-        # micro-step adds into them (see _accumulate). Under CUDA graphs they must not *be* graph outputs, which
-        # the next replay overwrites (pytorch/pytorch#169545).
+        # Gradients live in their own buffers for the whole run: the first micro-step of an optimizer step copies
+        # into them and later ones add (see _accumulate), so they need no zeroing pass. Under CUDA graphs they
+        # must not *be* graph outputs, which the next replay overwrites (pytorch/pytorch#169545).
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         for p in self.params:
             p.grad = torch.zeros_like(p)
@@ -437,7 +441,7 @@ class Trainer:
                     if last_micro and ctx.world_size > 1:
                         scaled.backward()  # DDP's hooks all-reduce p.grad (the sum so far) during this backward
                     else:
-                        self._accumulate(scaled)
+                        self._accumulate(scaled, first=m == 0)
                 loss_acc += loss.detach().float()
                 self.state.micro_in_epoch += 1
             lr, grad_norm = self._optimizer_step()
@@ -506,30 +510,36 @@ class Trainer:
         self.loader = None  # persistent workers stop when their iterator is collected
         gc.collect()  # the LR lambda's closure makes a cycle through the trainer
 
-    def _accumulate(self, loss: torch.Tensor) -> None:
-        """Backward of a micro-step that does not synchronise: its gradients are added to ``p.grad`` in one
-        foreach add instead of one add per parameter (148 launches for GPT-2 small, which leave the GPU idle
-        between them when the rest of the step is CUDA graphs)."""
+    def _accumulate(self, loss: torch.Tensor, first: bool) -> None:
+        """Backward of a micro-step that does not synchronise: its gradients go into ``p.grad`` in one foreach
+        op instead of one op per parameter (148 launches for GPT-2 small, which leave the GPU idle between them
+        when the rest of the step is CUDA graphs). The first micro-step of a step copies, later ones add."""
         grads = torch.autograd.grad(loss, self.params, allow_unused=True)
         used = [(p.grad, g) for p, g in zip(self.params, grads, strict=True) if g is not None]
-        torch._foreach_add_([acc for acc, _ in used], [g for _, g in used])
+        if first:
+            torch._foreach_copy_([acc for acc, _ in used], [g for _, g in used])
+            unused = [p.grad for p, g in zip(self.params, grads, strict=True) if g is None]
+            if unused:  # a parameter this micro-batch did not reach: its gradient is zero, not last step's
+                torch._foreach_zero_(unused)
+        else:
+            torch._foreach_add_([acc for acc, _ in used], [g for _, g in used])
 
     def _optimizer_step(self) -> tuple[float, torch.Tensor]:
         """Unscale (fp16), clip, step, zero the grads, advance the LR; returns the LR used and the grad norm."""
         t = self.cfg.train
-        if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)
-        if t.grad_clip:  # every trained parameter has its gradient buffer (see __init__)
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, t.grad_clip)
-        else:
-            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in self.params])
         lr = self.optimizer.param_groups[0]["lr"]
         if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+            grad_norm = (torch.nn.utils.clip_grad_norm_(self.params, t.grad_clip) if t.grad_clip
+                         else torch.nn.utils.get_total_norm([p.grad for p in self.params]))
             self.scaler.step(self.optimizer)
             self.scaler.update()
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=False)  # the buffers stay: the next step adds into them
+        else:  # every trained parameter has its gradient buffer (see __init__)
+            grad_norm = grad_sync.clipped_step(self.optimizer, self.params, t.grad_clip)
+        if self.accumulation == 1 and self.ctx.world_size > 1:
+            # The next step's only micro-step is a DDP backward, which adds into the buffers: they must be zero.
+            # (Otherwise the first micro-step copies into them; see _accumulate.)
+            self.optimizer.zero_grad(set_to_none=False)
         self.scheduler.step()
         return lr, grad_norm
 
