@@ -53,16 +53,16 @@ def run_ours(world: int, steps: int, root: str, extra: list[str], profile: bool 
             "mfu_pct": med["mfu_pct"],
             "step_s": med["step_time_s"], "first_step_s": s["time_to_first_step_s"], "wall_s": wall,
             "peak_mem_gb": s["final"].get("memory/peak_gb"), "final_loss": s["final"].get("train/loss"),
-            "run_dir": str(run_dir)}
+            "window_step_s": s.get("perf_windows", {}).get("step_time_s"), "run_dir": str(run_dir)}
     if profile:
         out["profile"] = {}
         for f in sorted((run_dir / "profile").glob("rank*.summary.json")):
             out["profile"][f.name.split(".")[0]] = json.loads(f.read_text())
         if trace_dir:
             Path(trace_dir).mkdir(parents=True, exist_ok=True)
-            src = run_dir / "profile" / "rank0.trace.json.gz"
             tag = "".join(c if c.isalnum() else "_" for c in out["who"])[:60]
-            shutil.copy(src, Path(trace_dir) / f"w{world}_{tag}.trace.json.gz")
+            for src in sorted((run_dir / "profile").glob("rank*.trace.json.gz")):
+                shutil.copy(src, Path(trace_dir) / f"w{world}_{tag}_{src.name}")
     return out
 
 

@@ -212,6 +212,38 @@ class _SingleProcess(torch.nn.Module):
         return contextlib.nullcontext()
 
 
+@dataclass
+class _PendingLog:
+    """A log step's loss and grad norm, all-reduced and on their way to the host without a sync."""
+
+    step: int
+    host: torch.Tensor            # [loss sum over ranks, grad norm sum over ranks], valid once ``ready`` is done
+    ready: torch.cuda.Event | None
+    lr: float
+    window_steps: int             # optimizer steps of the perf window that ends with this step
+
+    @classmethod
+    def start(cls, step: int, mean_loss: torch.Tensor, grad_norm: torch.Tensor, lr: float,
+              window_steps: int) -> _PendingLog:
+        # One small all-reduce: the logged loss is the global mean over the whole global batch.
+        stats = torch.stack([mean_loss, grad_norm.detach().float().to(mean_loss.device)])
+        dist.all_reduce(stats)
+        if stats.device.type != "cuda":
+            return cls(step, stats, None, lr, window_steps)
+        host = torch.empty(2, pin_memory=True)
+        host.copy_(stats, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return cls(step, host, ready, lr, window_steps)
+
+    def values(self, world_size: int) -> tuple[float, float]:
+        """Mean loss and grad norm over the ranks (waits for the copy)."""
+        if self.ready is not None:
+            self.ready.synchronize()
+        loss, gnorm = (self.host / world_size).tolist()
+        return loss, gnorm
+
+
 class Trainer:
     """One run of the training loop on this rank."""
 
@@ -421,6 +453,8 @@ class Trainer:
         first_step_s: float | None = None
         val_loss: float | None = None
         last: dict[str, float] = {}
+        pending: _PendingLog | None = None
+        logged_step = self.state.step
         while self.state.step < self.total_steps:
             with meter.paused():
                 profiler.before_step(self.state.step + 1)
@@ -449,6 +483,11 @@ class Trainer:
             meter.step_done()
             step = self.state.step
             inject_fault(ctx.rank, step)
+            if pending is not None:
+                # The previous log step's values. Waiting for them here, with this step already queued, keeps the
+                # GPU busy while the host logs; a sync right at the log step would drain its queue.
+                last = self._finish_log(pending, meter, writer, progress)
+                pending = None
             with meter.paused():  # writing the trace is not a training step
                 profiler.after_step(step)
 
@@ -459,26 +498,21 @@ class Trainer:
                 if self.saver is not None:  # optimizer state exists now: get the save's buffers ready
                     self.saver.reserve({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()})
             if step % t.log_every == 0 or step == self.total_steps:
-                # One small all-reduce: the logged loss is the global mean over the whole global batch.
-                stats = torch.stack([loss_acc / acc / meter.steps, grad_norm.detach().float().to(device)])
-                dist.all_reduce(stats)
-                train_loss, gnorm = (stats / ctx.world_size).tolist()
+                pending = _PendingLog.start(step, loss_acc / acc / (step - logged_step), grad_norm, lr, meter.steps)
+                logged_step = step
                 loss_acc.zero_()
-                last = {"train/loss": train_loss, "lr": lr, "grad_norm": gnorm, **meter.close_window(),
-                        "memory/peak_gb": _peak_memory_gb(device)}
-                self.state.losses.append(train_loss)
-                if writer is not None:
-                    for k, v in last.items():
-                        writer.add_scalar(k, v, step)
-                if progress is not None:
-                    progress.update(step, train_loss, last.get("perf/tokens_per_s") or last["perf/samples_per_s"])
 
-            if self.parts.val_set is not None and t.val_every and step % t.val_every == 0 \
-                    and step != self.total_steps:
+            val_due = self.parts.val_set is not None and t.val_every and step % t.val_every == 0 \
+                and step != self.total_steps
+            every = cfg.checkpoint.every_steps
+            ckpt_due = every and step % every == 0 and step != self.total_steps
+            if pending is not None and (val_due or ckpt_due or step == self.total_steps):
+                last = self._finish_log(pending, meter, writer, progress)  # the checkpoint holds the losses
+                pending = None
+            if val_due:
                 with meter.paused():
                     val_loss = self._validate(writer, step)
-            every = cfg.checkpoint.every_steps
-            if every and step % every == 0 and step != self.total_steps:
+            if ckpt_due:
                 with meter.paused():  # the save's blocking time is not a training step
                     self.save_checkpoint()
 
@@ -495,6 +529,7 @@ class Trainer:
             "final": {k: v for k, v in last.items()},
             "val_loss": val_loss,
             "median": meter.medians(),
+            "perf_windows": meter.history,  # every logging window's figures but the first (start-up, compile)
             "time_to_first_step_s": first_step_s,
             "resumed_from": self.resumed_from,
             "losses": self.state.losses,
@@ -502,6 +537,20 @@ class Trainer:
         if writer is not None:
             writer.close()
         return summary
+
+    def _finish_log(self, pending: _PendingLog, meter: metrics.StepMeter, writer: Any,
+                    progress: Progress | None) -> dict[str, float]:
+        """Wait for a log step's reduced values, then write its scalars and progress; return them."""
+        train_loss, gnorm = pending.values(self.ctx.world_size)
+        last = {"train/loss": train_loss, "lr": pending.lr, "grad_norm": gnorm,
+                **meter.close_window(pending.window_steps), "memory/peak_gb": _peak_memory_gb(self.ctx.device)}
+        self.state.losses.append(train_loss)
+        if writer is not None:
+            for k, v in last.items():
+                writer.add_scalar(k, v, pending.step)
+        if progress is not None:
+            progress.update(pending.step, train_loss, last.get("perf/tokens_per_s") or last["perf/samples_per_s"])
+        return last
 
     def close(self) -> None:
         """Finish the checkpoint in flight and stop DataLoader worker processes now, not at interpreter exit."""

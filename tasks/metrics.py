@@ -79,11 +79,18 @@ class StepMeter:
         finally:
             self.pause_s += time.perf_counter() - t0
 
-    def close_window(self) -> dict[str, float]:
-        """Perf scalars of the window since the last call (step time, throughput, MFU), then a new window."""
-        step_s = (time.perf_counter() - self.t0 - self.pause_s) / self.steps
+    def close_window(self, steps: int | None = None) -> dict[str, float]:
+        """Perf scalars of the window since the last call (step time, throughput, MFU), then a new window.
+
+        ``steps``: how many of the steps counted so far the window holds (default: all). The engine closes a
+        window only once the GPU has finished its last step, by which time the host has already queued the
+        next one; that step is carried into the new window.
+        """
+        steps = self.steps if steps is None else steps
+        now = time.perf_counter()
+        step_s = (now - self.t0 - self.pause_s) / steps
         sps = self.samples_per_step / step_s
-        out = {"perf/step_time_s": step_s, "perf/data_wait_s": self.wait / self.steps, "perf/samples_per_s": sps}
+        out = {"perf/step_time_s": step_s, "perf/data_wait_s": self.wait / steps, "perf/samples_per_s": sps}
         if self.tokens_per_sample:
             out["perf/tokens_per_s"] = sps * self.tokens_per_sample
             out["perf/tokens_per_s_per_device"] = sps * self.tokens_per_sample / self.world_size
@@ -96,7 +103,9 @@ class StepMeter:
                 if f"perf/{key}" in out:
                     self.history[key].append(out[f"perf/{key}"])
         self.first = False
+        carried = self.steps - steps
         self._open()
+        self.steps, self.t0 = carried, now
         return out
 
     def medians(self) -> dict[str, float | None]:

@@ -88,3 +88,24 @@ def test_step_meter_windows_pauses_and_medians():
     no_peak.step_done()
     out = no_peak.close_window()
     assert "perf/mfu_pct" not in out and "perf/tokens_per_s" not in out  # unknown: left out, never guessed
+
+
+def test_a_window_closed_late_carries_the_steps_queued_after_it():
+    # The engine closes step k's window only after queueing step k+1 (so the GPU never drains): the window holds
+    # k's steps, and k+1 starts the next one.
+    from tasks.metrics import StepMeter
+
+    meter = StepMeter(samples_per_step=8, world_size=1, tokens_per_sample=None, flops_per_sample=None, peak=None)
+    meter.step_done()
+    meter.close_window()  # the first window (start-up)
+    for _ in range(4):
+        meter.step_done()
+    time.sleep(0.4)
+    meter.step_done()  # queued before the window of the first four closes
+    out = meter.close_window(steps=4)
+    assert out["perf/step_time_s"] == pytest.approx(0.1, abs=0.015)  # 0.4 s over 4 steps (over 5: 0.08)
+    assert meter.steps == 1
+    meter.step_done()
+    meter.close_window()
+    assert meter.steps == 0
+    assert len(meter.history["step_time_s"]) == 2
