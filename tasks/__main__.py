@@ -58,5 +58,6 @@ if __name__ == "__main__":
     # After a failure the trainer is garbage in a reference cycle. Collect it now, while the interpreter is whole:
     # at finalization, the destructor of DDP's Python comm hook would need the GIL and abort the process
     # (SIGABRT instead of exit code 1).
+    gc.unfreeze()  # the engine froze the heap after the first step (tasks/engine.py)
     gc.collect()
     sys.exit(code)

@@ -497,6 +497,12 @@ class Trainer:
                 first_step_s = time.time() - float(os.environ.get("DDP_RUNNER_T0", time.time()))
                 if self.saver is not None:  # optimizer state exists now: get the save's buffers ready
                     self.saver.reserve({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()})
+                # Compilation left millions of long-lived Python objects. Every full collection would walk them all
+                # and stall this rank's host for tens of ms at steps set by allocation counts; with DDP a stall on
+                # any rank stalls all. Frozen, they are never walked again (torchtitan and Megatron manage the GC
+                # for the same reason).
+                gc.collect()
+                gc.freeze()
             if step % t.log_every == 0 or step == self.total_steps:
                 pending = _PendingLog.start(step, loss_acc / acc / (step - logged_step), grad_norm, lr, meter.steps)
                 logged_step = step
