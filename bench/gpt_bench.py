@@ -15,16 +15,82 @@ Usage: python bench/gpt_bench.py [--steps 40] [--reference PATH] [--out results.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tasks.profiling import format_summary  # noqa: E402
+
+GPU_QUERY = "index,clocks.sm,power.draw,temperature.gpu"
+
+
+def parse_gpu_samples(csv_text: str) -> dict[str, dict[str, float]]:
+    """Median SM clock (MHz), power (W) and temperature (C) per GPU from ``nvidia-smi --query-gpu=GPU_QUERY
+    --format=csv,noheader,nounits`` lines; lines that do not parse (a "[N/A]" field) are skipped."""
+    per_gpu: dict[str, list[tuple[float, float, float]]] = {}
+    for line in csv_text.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) != 4:
+            continue
+        try:
+            sample = (float(fields[1]), float(fields[2]), float(fields[3]))
+        except ValueError:
+            continue
+        per_gpu.setdefault(fields[0], []).append(sample)
+    return {gpu: {"sm_clock_mhz": statistics.median(s[0] for s in samples),
+                  "power_w": statistics.median(s[1] for s in samples),
+                  "temperature_c": statistics.median(s[2] for s in samples), "samples": len(samples)}
+            for gpu, samples in per_gpu.items()}
+
+
+@contextlib.contextmanager
+def gpu_sampler() -> Iterator[list[tuple[float, str]]]:
+    """Sample every GPU's SM clock, power and temperature twice a second while the block runs; yields the list
+    the (arrival time, CSV line) samples land in. Throughput on these GPUs follows their clocks, which power and
+    heat can pull down, so two runs compare fairly only with these beside them. Samples nothing without
+    ``nvidia-smi``."""
+    samples: list[tuple[float, str]] = []
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        yield samples
+        return
+    proc = subprocess.Popen([exe, f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits", "-lms", "500"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+    def read() -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            samples.append((time.time(), line))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        yield samples
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        reader.join(timeout=10)
+
+
+def training_gpu_stats(samples: list[tuple[float, str]], since: float) -> dict[str, dict[str, float]]:
+    """``parse_gpu_samples`` of the samples taken from ``since`` on (after the first step: not compilation)."""
+    return parse_gpu_samples("\n".join(line for t, line in samples if t >= since))
+
+
+def gpu_cell(gpus: dict[str, dict[str, float]]) -> str:
+    """'1980/612 1965/598' for GPUs 0 and 1: median SM clock / power of each GPU that was sampled."""
+    return " ".join(f"{g['sm_clock_mhz']:.0f}/{g['power_w']:.0f}" for _, g in sorted(gpus.items())) or "—"
 
 
 def gpu_count() -> int:
@@ -42,7 +108,8 @@ def run_ours(world: int, steps: int, root: str, extra: list[str], profile: bool 
            "batch.global=64", f"train.max_steps={steps}", "train.log_every=5", "train.val_every=0",
            f"output.root={root}", *extra]
     t0 = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    with gpu_sampler() as samples:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.time() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"ddp-run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -53,7 +120,8 @@ def run_ours(world: int, steps: int, root: str, extra: list[str], profile: bool 
             "mfu_pct": med["mfu_pct"],
             "step_s": med["step_time_s"], "first_step_s": s["time_to_first_step_s"], "wall_s": wall,
             "peak_mem_gb": s["final"].get("memory/peak_gb"), "final_loss": s["final"].get("train/loss"),
-            "window_step_s": s.get("perf_windows", {}).get("step_time_s"), "run_dir": str(run_dir)}
+            "window_step_s": s.get("perf_windows", {}).get("step_time_s"), "run_dir": str(run_dir),
+            "gpus": training_gpu_stats(samples, t0 + s["time_to_first_step_s"])}
     if profile:
         out["profile"] = {}
         for f in sorted((run_dir / "profile").glob("rank*.summary.json")):
@@ -70,13 +138,14 @@ def run_reference(world: int, path: str, steps: int) -> dict:
     cmd = ["torchrun", "--standalone", f"--nproc-per-node={world}", path, "--compile", "--global-seqs", "64",
            "--micro", "16", "--steps", str(steps)]
     t0 = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**__import__("os").environ, "T0": repr(t0)})
+    with gpu_sampler() as samples:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env={**__import__("os").environ, "T0": repr(t0)})
     if proc.returncode != 0:
         raise RuntimeError(f"reference failed:\n{proc.stderr[-3000:]}")
     r = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
     return {"who": "reference", "world": world, "tok_s": r["tok_s"], "mfu_pct": 100 * r["mfu_vs_989"],
             "step_s": r["step_s"], "first_step_s": r["launch_to_first_step_s"], "wall_s": time.time() - t0,
-            "peak_mem_gb": r["mem_gb"]}
+            "peak_mem_gb": r["mem_gb"], "gpus": training_gpu_stats(samples, t0 + r["launch_to_first_step_s"])}
 
 
 def main() -> None:
@@ -108,8 +177,9 @@ def main() -> None:
     if a.out and Path(a.out).exists():  # earlier invocations' rows give the 1-GPU baselines
         rows = json.loads(Path(a.out).read_text()) + rows
         base = {**{r["who"]: r["tok_s"] for r in rows if r["world"] == 1}, **base}
-    print("| runner | GPUs | tokens/s | tokens/s/GPU | MFU % | step s | scaling eff. | first step s | wall s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| runner | GPUs | tokens/s | tokens/s/GPU | MFU % | step s | scaling eff. | first step s | wall s |"
+          " SM MHz / W while training |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         # Against the same variant's 1-GPU figure, else plain ddp-run's.
         one = base.get(r["who"]) or (base.get("ddp-run") if r["who"].startswith("ddp-run") else None)
@@ -117,7 +187,7 @@ def main() -> None:
         r["scaling_efficiency"] = eff
         print(f"| {r['who']} | {r['world']} | {r['tok_s']:,.0f} | {r['tok_s'] / r['world']:,.0f} |"
               f" {r['mfu_pct']:.1f} | {r['step_s']:.4f} | {'' if eff is None else f'{100 * eff:.1f}%'} |"
-              f" {r['first_step_s']:.1f} | {r['wall_s']:.1f} |")
+              f" {r['first_step_s']:.1f} | {r['wall_s']:.1f} | {gpu_cell(r.get('gpus') or {})} |")
     for r in rows:
         for rank, prof in (r.get("profile") or {}).items():
             print(f"\n{r['who']} (GPUs: {r['world']}) {rank}\n{format_summary(prof)}")
