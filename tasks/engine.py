@@ -580,7 +580,7 @@ class Trainer:
             torch._foreach_add_([acc for acc, _ in used], [g for _, g in used])
 
     def _optimizer_step(self) -> tuple[float, torch.Tensor]:
-        """Unscale (fp16), clip, step, zero the grads, advance the LR; returns the LR used and the grad norm."""
+        """Unscale (fp16), clip, step, advance the LR; returns the LR used and the grad norm (on the device)."""
         t = self.cfg.train
         lr = self.optimizer.param_groups[0]["lr"]
         if self.scaler is not None:

@@ -84,7 +84,7 @@ class StepMeter:
 
         ``steps``: how many of the steps counted so far the window holds (default: all). The engine closes a
         window only once the GPU has finished its last step, by which time the host has already queued the
-        next one; that step is carried into the new window.
+        next one; that step is carried into the new window (its data wait, already counted, stays in this one).
         """
         steps = self.steps if steps is None else steps
         now = time.perf_counter()
