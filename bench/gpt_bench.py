@@ -9,7 +9,7 @@ and reads tokens/s, MFU, step time and time to first step from its summary.json.
 runs the reference loop (`torchrun --standalone --nproc-per-node=W <ref> --compile`) right after, on the
 same machine. Prints a markdown table and one JSON line.
 
-Usage: python bench/gpt_bench.py [--steps 40] [--reference PATH] [--out results.json]
+Usage: python bench/gpt_bench.py [--steps 50] [--reference PATH] [--out results.json]
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def run_reference(world: int, path: str, steps: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--reference", default=None, help="path of gpt_ddp_reference.py to run beside ours")
     ap.add_argument("--out", default=None)
     ap.add_argument("--worlds", default="1,2", help="world sizes to run (those above the GPU count are skipped)")
