@@ -7,7 +7,9 @@ For each world size (1 and, when there are two GPUs, 2) at a fixed global batch 
 
 and reads tokens/s, MFU, step time and time to first step from its summary.json. With --reference it then
 runs the reference loop (`torchrun --standalone --nproc-per-node=W <ref> --compile`) right after, on the
-same machine. Prints a markdown table and one JSON line.
+same machine. Beside each run, nvidia-smi samples every GPU's SM clock, power and temperature; the table
+shows their medians over the training steps (clocks pulled down by power or heat explain differences that the
+code does not). Prints a markdown table and one JSON line.
 
 Usage: python bench/gpt_bench.py [--steps 50] [--reference PATH] [--out results.json]
 """
