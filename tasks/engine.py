@@ -501,8 +501,9 @@ class Trainer:
                 # and stall this rank's host for tens of ms at steps set by allocation counts; with DDP a stall on
                 # any rank stalls all. Frozen, they are never walked again (torchtitan and Megatron manage the GC
                 # for the same reason).
-                gc.collect()
-                gc.freeze()
+                with meter.paused():
+                    gc.collect()
+                    gc.freeze()
             if step % t.log_every == 0 or step == self.total_steps:
                 pending = _PendingLog.start(step, loss_acc / acc / (step - logged_step), grad_norm, lr, meter.steps)
                 logged_step = step
@@ -512,7 +513,9 @@ class Trainer:
                 and step != self.total_steps
             every = cfg.checkpoint.every_steps
             ckpt_due = every and step % every == 0 and step != self.total_steps
-            if pending is not None and (val_due or ckpt_due or step == self.total_steps):
+            # Finished right away when nothing is in flight to keep busy (a CPU run: the step is already done, and a
+            # late close would time the next step instead), and before anything that reads the losses or syncs.
+            if pending is not None and (pending.ready is None or val_due or ckpt_due or step == self.total_steps):
                 last = self._finish_log(pending, meter, writer, progress)  # the checkpoint holds the losses
                 pending = None
             if val_due:
