@@ -38,16 +38,14 @@ def clipped_step(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], m
     it already applies to every gradient for AMP (``grad_scale``), so the gradients are not rewritten in a
     separate pass; the norm stays on the device either way (no host sync).
     """
-    grads = [p.grad for p in params if p.grad is not None]
-    if not max_norm:
-        norm = torch.nn.utils.get_total_norm(grads)
-        optimizer.step()
-        return norm
-    if not folds_clipping(optimizer):
+    if max_norm and not folds_clipping(optimizer):
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         optimizer.step()
         return norm
-    norm = torch.nn.utils.get_total_norm(grads)
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    if not max_norm:
+        optimizer.step()
+        return norm
     # clip_grad_norm_ multiplies by min(1, max_norm / (norm + 1e-6)); this divides by the reciprocal.
     optimizer.grad_scale = torch.clamp((norm + 1e-6) / max_norm, min=1.0)  # type: ignore[attr-defined]
     try:
