@@ -90,6 +90,11 @@ def training_gpu_stats(samples: list[tuple[float, str]], since: float) -> dict[s
     return parse_gpu_samples("\n".join(line for t, line in samples if t >= since))
 
 
+def sample_series(samples: list[tuple[float, str]], t0: float) -> list[list]:
+    """Every sample as ``[seconds since t0, CSV line]``, kept in the results to set clocks beside step times."""
+    return [[round(t - t0, 2), line.strip()] for t, line in samples]
+
+
 def gpu_cell(gpus: dict[str, dict[str, float]]) -> str:
     """'1980/612 1965/598' for GPUs 0 and 1: median SM clock / power of each GPU that was sampled."""
     return " ".join(f"{g['sm_clock_mhz']:.0f}/{g['power_w']:.0f}" for _, g in sorted(gpus.items())) or "—"
@@ -123,7 +128,8 @@ def run_ours(world: int, steps: int, root: str, extra: list[str], profile: bool 
             "step_s": med["step_time_s"], "first_step_s": s["time_to_first_step_s"], "wall_s": wall,
             "peak_mem_gb": s["final"].get("memory/peak_gb"), "final_loss": s["final"].get("train/loss"),
             "window_step_s": s.get("perf_windows", {}).get("step_time_s"), "run_dir": str(run_dir),
-            "gpus": training_gpu_stats(samples, t0 + s["time_to_first_step_s"])}
+            "gpus": training_gpu_stats(samples, t0 + s["time_to_first_step_s"]),
+            "gpu_samples": sample_series(samples, t0)}
     if profile:
         out["profile"] = {}
         for f in sorted((run_dir / "profile").glob("rank*.summary.json")):
@@ -147,7 +153,8 @@ def run_reference(world: int, path: str, steps: int) -> dict:
     r = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
     return {"who": "reference", "world": world, "tok_s": r["tok_s"], "mfu_pct": 100 * r["mfu_vs_989"],
             "step_s": r["step_s"], "first_step_s": r["launch_to_first_step_s"], "wall_s": time.time() - t0,
-            "peak_mem_gb": r["mem_gb"], "gpus": training_gpu_stats(samples, t0 + r["launch_to_first_step_s"])}
+            "peak_mem_gb": r["mem_gb"], "gpus": training_gpu_stats(samples, t0 + r["launch_to_first_step_s"]),
+            "gpu_samples": sample_series(samples, t0)}
 
 
 def main() -> None:
