@@ -85,9 +85,10 @@ def gpu_sampler() -> Iterator[list[tuple[float, str]]]:
         reader.join(timeout=10)
 
 
-def training_gpu_stats(samples: list[tuple[float, str]], since: float) -> dict[str, dict[str, float]]:
-    """``parse_gpu_samples`` of the samples taken from ``since`` on (after the first step: not compilation)."""
-    return parse_gpu_samples("\n".join(line for t, line in samples if t >= since))
+def training_gpu_stats(samples: list[tuple[float, str]], since: float, until: float) -> dict[str, dict[str, float]]:
+    """``parse_gpu_samples`` of the samples taken between ``since`` (the first step done: not compilation) and
+    ``until`` (the last step done: not the exit, when the GPUs idle)."""
+    return parse_gpu_samples("\n".join(line for t, line in samples if since <= t <= until))
 
 
 def sample_series(samples: list[tuple[float, str]], t0: float) -> list[list]:
@@ -128,7 +129,8 @@ def run_ours(world: int, steps: int, root: str, extra: list[str], profile: bool 
             "step_s": med["step_time_s"], "first_step_s": s["time_to_first_step_s"], "wall_s": wall,
             "peak_mem_gb": s["final"].get("memory/peak_gb"), "final_loss": s["final"].get("train/loss"),
             "window_step_s": s.get("perf_windows", {}).get("step_time_s"), "run_dir": str(run_dir),
-            "gpus": training_gpu_stats(samples, t0 + s["time_to_first_step_s"]),
+            "gpus": training_gpu_stats(samples, t0 + s["time_to_first_step_s"],
+                                       t0 + s["time_to_first_step_s"] + (steps - 1) * med["step_time_s"]),
             "gpu_samples": sample_series(samples, t0)}
     if profile:
         out["profile"] = {}
@@ -153,7 +155,9 @@ def run_reference(world: int, path: str, steps: int) -> dict:
     r = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
     return {"who": "reference", "world": world, "tok_s": r["tok_s"], "mfu_pct": 100 * r["mfu_vs_989"],
             "step_s": r["step_s"], "first_step_s": r["launch_to_first_step_s"], "wall_s": time.time() - t0,
-            "peak_mem_gb": r["mem_gb"], "gpus": training_gpu_stats(samples, t0 + r["launch_to_first_step_s"]),
+            "peak_mem_gb": r["mem_gb"],
+            "gpus": training_gpu_stats(samples, t0 + r["launch_to_first_step_s"],
+                                       t0 + r["launch_to_first_step_s"] + (steps - 1) * r["step_s"]),
             "gpu_samples": sample_series(samples, t0)}
 
 

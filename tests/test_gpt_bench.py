@@ -30,9 +30,11 @@ def test_gpu_samples_give_medians_per_gpu_and_skip_unparsable_lines():
     assert gpt_bench.gpu_cell({}) == "—"
 
 
-def test_only_samples_after_the_first_step_count():
-    samples = [(10.0, "0, 990, 100, 40"), (20.0, "0, 1980, 600, 50"), (21.0, "0, 1970, 610, 51")]
-    assert gpt_bench.training_gpu_stats(samples, since=15.0)["0"]["sm_clock_mhz"] == 1975.0
+def test_only_samples_taken_while_steps_run_count():
+    samples = [(10.0, "0, 990, 100, 40"), (20.0, "0, 1700, 690, 50"), (21.0, "0, 1600, 695, 51"),
+               (30.0, "0, 1980, 120, 45")]  # compiling, two training samples, the exit
+    stats = gpt_bench.training_gpu_stats(samples, since=15.0, until=25.0)["0"]
+    assert stats["sm_clock_mhz"] == 1650.0 and stats["power_w"] == 692.5 and stats["samples"] == 2
 
 
 def test_sampler_collects_lines_and_stops_its_process(tmp_path, monkeypatch):
