@@ -1,13 +1,12 @@
 """LM head + cross-entropy, forward and backward, at GPT-2 small's shape on one GPU: plain vs fused.
 
 ``plain`` is the unfused path of ``tasks.gpt_model`` (logits, then ``lm_loss``); ``fused`` is
-``tasks.fused_ce.linear_cross_entropy``, at its default Triton kernel and at each ``--kernels`` entry:
-``two:BLOCKxWARPS`` (the row read twice, BLOCK columns at a time) or ``one:WARPS`` (the row read once).
-Each is compiled, run under bf16 autocast from float32 hidden states and weights as in the model, checked
-against float32 ``F.cross_entropy`` on the same bf16 logits, and timed with CUDA events (median of --iters
-after warm-up).
+``tasks.fused_ce.linear_cross_entropy``, at its default Triton launch shape and at each ``--kernels``
+BLOCKxWARPS. Each is compiled, run under bf16 autocast from float32 hidden states and weights as in the model,
+checked against float32 ``F.cross_entropy`` on the same bf16 logits, and timed with CUDA events (median of
+--iters after warm-up).
 
-Usage: python bench/loss_bench.py [--rows 16384] [--kernels two:8192x32,one:16] [--out FILE]
+Usage: python bench/loss_bench.py [--rows 16384] [--kernels 4096x16,8192x32] [--out FILE]
 """
 
 from __future__ import annotations
@@ -49,7 +48,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=16 * 1024)
     ap.add_argument("--width", type=int, default=768)
     ap.add_argument("--vocab", type=int, default=50304)
-    ap.add_argument("--kernels", default="", help="extra Triton kernels, e.g. two:8192x32,one:16")
+    ap.add_argument("--kernels", default="", help="extra Triton launch shapes BLOCKxWARPS, e.g. 4096x16,8192x32")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--out")
     a = ap.parse_args()
@@ -67,27 +66,21 @@ def main() -> None:
     ref_loss = F.cross_entropy((hb @ wb.t()).bfloat16().float(), t)
     ref_gh, ref_gw = torch.autograd.grad(ref_loss, (hb, wb))
 
-    default = (fused_ce.ONE_PASS_MAX_BLOCK, fused_ce.ONE_PASS_WARPS, fused_ce.BLOCK, fused_ce.NUM_WARPS)
+    default = (fused_ce.BLOCK, fused_ce.NUM_WARPS)
     fused = torch.compile(linear_cross_entropy)
     variants = [("plain", torch.compile(lambda h, w, t: lm_loss(F.linear(h, w), t)), default),
                 ("fused", fused, default)]
-    for spec in filter(None, a.kernels.split(",")):
-        kind, shape = spec.split(":")
-        if kind == "one":
-            variants.append((f"fused one pass, warps={shape}", fused, (1 << 30, int(shape), *default[2:])))
-        else:
-            block, warps = map(int, shape.split("x"))
-            variants.append((f"fused two passes, BLOCK={block} warps={warps}", fused, (0, 0, block, warps)))
+    for shape in filter(None, a.kernels.split(",")):
+        block, warps = map(int, shape.split("x"))
+        variants.append((f"fused BLOCK={block} warps={warps}", fused, (block, warps)))
     rows = []
-    for name, fn, shape in variants:
-        fused_ce.ONE_PASS_MAX_BLOCK, fused_ce.ONE_PASS_WARPS, fused_ce.BLOCK, fused_ce.NUM_WARPS = shape
+    for name, fn, (fused_ce.BLOCK, fused_ce.NUM_WARPS) in variants:
         ms, (loss, gh, gw) = time_fwd_bwd(fn, h, w, t, a.iters)
         row = {"variant": name, "ms": round(ms, 3), "loss": loss.item(),
                "loss_err": abs(loss.item() - ref_loss.item()),
                "dh_rel_err": ((gh - ref_gh).norm() / ref_gh.norm()).item(),
                "dw_rel_err": ((gw - ref_gw).norm() / ref_gw.norm()).item()}
-        one = fused_ce.triton_block(a.vocab) <= fused_ce.ONE_PASS_MAX_BLOCK
-        row["kernel"] = f"one:{fused_ce.ONE_PASS_WARPS}" if one else f"two:{fused_ce.BLOCK}x{fused_ce.NUM_WARPS}"
+        row["kernel"] = f"{fused_ce.BLOCK}x{fused_ce.NUM_WARPS}"
         rows.append(row)
         print(json.dumps(row), flush=True)
     print("\n| variant | fwd+bwd ms | loss error | d hidden rel. error | d weight rel. error |\n|---|---|---|---|---|")

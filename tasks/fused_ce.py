@@ -24,45 +24,25 @@ import importlib.util
 import torch
 
 _TRITON = importlib.util.find_spec("triton") is not None
-_kernels: dict[str, object] = {}  # the Triton kernels, defined on first CUDA use
-# Launch shapes (bench/loss_bench.py). A row of up to ONE_PASS_MAX_BLOCK columns is read once, held in
-# registers by one program of ONE_PASS_WARPS warps, and written back; a longer row is read twice, BLOCK columns
-# per iteration over NUM_WARPS warps.
+_kernel = None  # the Triton kernel, compiled on first CUDA use
+# Launch shape: one row per program, BLOCK columns per iteration over NUM_WARPS warps (bench/loss_bench.py).
 BLOCK, NUM_WARPS = 8192, 32
-ONE_PASS_MAX_BLOCK, ONE_PASS_WARPS = 65536, 32
 
 
-def _triton_kernels() -> dict[str, object]:
-    """Define the Triton kernels on first use (importing triton costs time and needs a GPU build)."""
-    if _kernels:
-        return _kernels
+def _triton_kernel():
+    """Define the Triton kernel on first use (importing triton costs time and needs a GPU build)."""
+    global _kernel
+    if _kernel is not None:
+        return _kernel
     import triton
     import triton.language as tl
 
     @triton.jit
-    def ce_rows_one_pass(logits_ptr, targets_ptr, losses_ptr, row_stride, n_cols, BLOCK: tl.constexpr):
-        # One program per row, the whole row in registers: one read and one write of the logits. The row stays
-        # in its own dtype between the passes over registers (half the registers of float32).
-        row = tl.program_id(0).to(tl.int64)
-        ptr = logits_ptr + row * row_stride
-        cols = tl.arange(0, BLOCK)
-        mask = cols < n_cols
-        x = tl.load(ptr + cols, mask=mask, other=float("-inf"))
-        m = tl.max(x, axis=0).to(tl.float32)
-        lse = m + tl.log(tl.sum(tl.exp(x.to(tl.float32) - m), axis=0))  # padding: exp(-inf) = 0
-        t = tl.load(targets_ptr + row)
-        x_t = tl.load(ptr + t).to(tl.float32)  # read before the row is overwritten
-        tl.store(losses_ptr + row, lse - x_t)
-        p = tl.exp(x.to(tl.float32) - lse)
-        p = tl.where(cols == t, p - 1.0, p)
-        tl.store(ptr + cols, p.to(ptr.dtype.element_ty), mask=mask)
-
-    @triton.jit
-    def ce_rows_two_pass(logits_ptr, targets_ptr, losses_ptr, row_stride, n_cols, BLOCK: tl.constexpr):
+    def ce_rows_inplace(logits_ptr, targets_ptr, losses_ptr, row_stride, n_cols, BLOCK: tl.constexpr):
         # One program per row. Pass 1: each lane keeps its own running max m and sum s of exp(x - m), with one
         # exp per element (exp(-|x - m|) serves both branches) and no cross-lane reduction until the end.
-        # Pass 2: overwrite the row with softmax - onehot, last block first: the blocks pass 1 read last are
-        # the likeliest to be still in L2.
+        # Pass 2: overwrite the row with softmax - onehot. Wide programs (few rows in flight) give pass 2 a
+        # chance to find its row still in L2.
         row = tl.program_id(0).to(tl.int64)
         ptr = logits_ptr + row * row_stride
         cols = tl.arange(0, BLOCK)
@@ -82,35 +62,16 @@ def _triton_kernels() -> dict[str, object]:
         t = tl.load(targets_ptr + row)
         x_t = tl.load(ptr + t).to(tl.float32)  # read before pass 2 overwrites it
         tl.store(losses_ptr + row, lse - x_t)
-        n_blocks = tl.cdiv(n_cols, BLOCK)
-        for i in range(0, n_blocks):
-            idx = (n_blocks - 1 - i) * BLOCK + cols
+        for start in range(0, n_cols, BLOCK):
+            idx = start + cols
             mask = idx < n_cols
             x = tl.load(ptr + idx, mask=mask, other=0.0).to(tl.float32)
             p = tl.exp(x - lse)
             p = tl.where(idx == t, p - 1.0, p)
             tl.store(ptr + idx, p.to(ptr.dtype.element_ty), mask=mask)
 
-    _kernels.update(one_pass=ce_rows_one_pass, two_pass=ce_rows_two_pass)
-    return _kernels
-
-
-def _ce_inplace_triton(logits: torch.Tensor, targets: torch.Tensor, losses: torch.Tensor) -> None:
-    """Launch the Triton kernel that fits the row length: one pass when a row fits one program's registers."""
-    rows, vocab = logits.shape
-    kernels = _triton_kernels()
-    block = triton_block(vocab)
-    if block <= ONE_PASS_MAX_BLOCK:
-        kernels["one_pass"][(rows,)](logits, targets, losses, logits.stride(0), vocab, BLOCK=block,
-                                     num_warps=ONE_PASS_WARPS)
-    else:
-        kernels["two_pass"][(rows,)](logits, targets, losses, logits.stride(0), vocab, BLOCK=BLOCK,
-                                     num_warps=NUM_WARPS)
-
-
-def triton_block(n_cols: int) -> int:
-    """The smallest power of two that holds a row of ``n_cols`` (Triton blocks are powers of two)."""
-    return 1 << max(0, n_cols - 1).bit_length()
+    _kernel = ce_rows_inplace
+    return _kernel
 
 
 def _ce_inplace_torch(logits: torch.Tensor, targets: torch.Tensor, losses: torch.Tensor) -> None:
@@ -126,11 +87,12 @@ def _ce_inplace_torch(logits: torch.Tensor, targets: torch.Tensor, losses: torch
 @torch.library.custom_op("ddp_runner::linear_ce", mutates_args=())
 def _linear_ce(hidden: torch.Tensor, weight: torch.Tensor,
                targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    rows = hidden.shape[0]
+    rows, vocab = hidden.shape[0], weight.shape[0]
     grad_logits = torch.mm(hidden, weight.t())  # the logits, about to become their own gradient
     losses = torch.empty(rows, dtype=torch.float32, device=hidden.device)
     if _TRITON and hidden.is_cuda:
-        _ce_inplace_triton(grad_logits, targets, losses)
+        _triton_kernel()[(rows,)](grad_logits, targets, losses, grad_logits.stride(0), vocab,
+                                  BLOCK=BLOCK, num_warps=NUM_WARPS)
     else:
         _ce_inplace_torch(grad_logits, targets, losses)
     return losses.mean(), grad_logits

@@ -1,5 +1,5 @@
 """The fused LM head + cross-entropy op: same value and gradients as the unfused path, eager and compiled,
-and its Triton kernels (run by Triton's interpreter on the CPU) compute what the PyTorch fallback does."""
+and its Triton kernel (run by Triton's interpreter on the CPU) computes what the PyTorch fallback does."""
 
 from __future__ import annotations
 
@@ -79,33 +79,31 @@ def test_unknown_loss_is_refused() -> None:
 TRITON_CHECK = textwrap.dedent("""
     import torch
     from tasks import fused_ce
+    kernel = fused_ce._triton_kernel()
     torch.manual_seed(0)
-    # Rows shorter than one block, several blocks with a ragged tail, and GPT-2's padded vocabulary; each through
-    # the one-pass kernel (whole row in one block) and the two-pass one (128-column blocks).
-    for one_pass_max in (1 << 16, 0):
-        fused_ce.ONE_PASS_MAX_BLOCK, fused_ce.BLOCK = one_pass_max, 128
-        for rows, vocab, dtype in ((4, 17, torch.bfloat16), (5, 300, torch.float32), (2, 50304, torch.bfloat16)):
-            x = (3 * torch.randn(rows, vocab)).to(dtype)
-            t = torch.randint(0, vocab, (rows,))
-            got, got_loss = x.clone(), torch.empty(rows)
-            want, want_loss = x.clone(), torch.empty(rows)
-            fused_ce._ce_inplace_triton(got, t, got_loss)
-            fused_ce._ce_inplace_torch(want, t, want_loss)
-            torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-5)
-            # softmax - onehot in [-1, 1]: one bf16 rounding step apart at most
-            tol = 1e-6 if dtype == torch.float32 else 4e-3
-            torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=tol)
-            assert (got.float().sum(1).abs() < 0.05).all()  # each row of softmax - onehot sums to 0
-    print("triton kernels ok")
+    # Rows shorter than one block, several blocks with a ragged tail, and GPT-2's padded vocabulary.
+    for rows, vocab, dtype in ((4, 17, torch.bfloat16), (5, 300, torch.float32), (2, 50304, torch.bfloat16)):
+        x = (3 * torch.randn(rows, vocab)).to(dtype)
+        t = torch.randint(0, vocab, (rows,))
+        got, got_loss = x.clone(), torch.empty(rows)
+        want, want_loss = x.clone(), torch.empty(rows)
+        kernel[(rows,)](got, t, got_loss, got.stride(0), vocab, BLOCK=128)
+        fused_ce._ce_inplace_torch(want, t, want_loss)
+        torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-5)
+        # softmax - onehot in [-1, 1]: one bf16 rounding step apart at most
+        tol = 1e-6 if dtype == torch.float32 else 4e-3
+        torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=tol)
+        assert (got.float().sum(1).abs() < 0.05).all()  # each row of softmax - onehot sums to 0
+    print("triton kernel ok")
 """)
 
 
 @pytest.mark.slow
-def test_triton_kernels_match_the_fallback_in_the_interpreter() -> None:
+def test_triton_kernel_matches_the_fallback_in_the_interpreter() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     r = subprocess.run([sys.executable, "-c", TRITON_CHECK], capture_output=True, text=True, env=env,
                        cwd=ROOT, timeout=280)
-    assert r.returncode == 0 and "triton kernels ok" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
+    assert r.returncode == 0 and "triton kernel ok" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
 
 
 def test_bf16_gradients_carry_no_scale_rounding() -> None:
