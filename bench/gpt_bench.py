@@ -7,9 +7,11 @@ For each world size (1 and, when there are two GPUs, 2) at a fixed global batch 
 
 and reads tokens/s, MFU, step time and time to first step from its summary.json. With --reference it then
 runs the reference loop (`torchrun --standalone --nproc-per-node=W <ref> --compile`) right after, on the
-same machine. Beside each run, nvidia-smi samples every GPU's SM clock, power and temperature; the table
-shows their medians over the training steps (clocks pulled down by power or heat explain differences that the
-code does not). Prints a markdown table and one JSON line.
+same machine. Beside each run, nvidia-smi samples every GPU's SM clock, power, temperature and whether the
+power cap is holding the clocks down; the table shows the medians over the training steps and the capped share
+(an H200 training GPT-2 small runs at its 700 W cap, below its top clock, so machines and runs differ with
+the chips' power efficiency and temperature, not only with the code). Prints a markdown table and one JSON
+line.
 
 Usage: python bench/gpt_bench.py [--steps 50] [--reference PATH] [--out results.json]
 """
@@ -32,26 +34,45 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tasks.profiling import format_summary  # noqa: E402
 
-GPU_QUERY = "index,clocks.sm,power.draw,temperature.gpu"
+# clocks_event_reasons.active is a bit mask; 0x4 is "SW power cap": the driver lowered the clocks to hold the
+# board's power limit. Drivers without the field get BASIC_QUERY.
+GPU_QUERY = "index,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active"
+BASIC_QUERY = "index,clocks.sm,power.draw,temperature.gpu"
+POWER_CAP_BIT = 0x4
 
 
 def parse_gpu_samples(csv_text: str) -> dict[str, dict[str, float]]:
-    """Median SM clock (MHz), power (W) and temperature (C) per GPU from ``nvidia-smi --query-gpu=GPU_QUERY
-    --format=csv,noheader,nounits`` lines; lines that do not parse (a "[N/A]" field) are skipped."""
-    per_gpu: dict[str, list[tuple[float, float, float]]] = {}
+    """Per GPU, from ``nvidia-smi --query-gpu=GPU_QUERY --format=csv,noheader,nounits`` lines: median SM clock
+    (MHz), power (W) and temperature (C), and the share of samples taken while the power cap held the clocks
+    down (``power_capped_pct``; absent with BASIC_QUERY lines). Lines that do not parse ("[N/A]") are skipped."""
+    per_gpu: dict[str, list[tuple[float, ...]]] = {}
     for line in csv_text.splitlines():
         fields = [f.strip() for f in line.split(",")]
-        if len(fields) != 4:
+        if len(fields) not in (4, 5):
             continue
         try:
-            sample = (float(fields[1]), float(fields[2]), float(fields[3]))
+            sample = tuple(float(f) for f in fields[1:4])
+            if len(fields) == 5:
+                sample += (float(bool(int(fields[4], 16) & POWER_CAP_BIT)),)
         except ValueError:
             continue
         per_gpu.setdefault(fields[0], []).append(sample)
-    return {gpu: {"sm_clock_mhz": statistics.median(s[0] for s in samples),
-                  "power_w": statistics.median(s[1] for s in samples),
-                  "temperature_c": statistics.median(s[2] for s in samples), "samples": len(samples)}
-            for gpu, samples in per_gpu.items()}
+    stats: dict[str, dict[str, float]] = {}
+    for gpu, samples in per_gpu.items():
+        stats[gpu] = {"sm_clock_mhz": statistics.median(s[0] for s in samples),
+                      "power_w": statistics.median(s[1] for s in samples),
+                      "temperature_c": statistics.median(s[2] for s in samples), "samples": len(samples)}
+        capped = [s[3] for s in samples if len(s) == 4]
+        if capped:
+            stats[gpu]["power_capped_pct"] = 100 * sum(capped) / len(capped)
+    return stats
+
+
+def _query_fields(exe: str) -> str:
+    """GPU_QUERY where this driver knows every field, else BASIC_QUERY."""
+    probe = subprocess.run([exe, f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True)
+    return GPU_QUERY if probe.returncode == 0 else BASIC_QUERY
 
 
 @contextlib.contextmanager
@@ -65,7 +86,7 @@ def gpu_sampler() -> Iterator[list[tuple[float, str]]]:
     if exe is None:
         yield samples
         return
-    proc = subprocess.Popen([exe, f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits", "-lms", "500"],
+    proc = subprocess.Popen([exe, f"--query-gpu={_query_fields(exe)}", "--format=csv,noheader,nounits", "-lms", "500"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
     def read() -> None:
@@ -97,8 +118,13 @@ def sample_series(samples: list[tuple[float, str]], t0: float) -> list[list]:
 
 
 def gpu_cell(gpus: dict[str, dict[str, float]]) -> str:
-    """'1980/612 1965/598' for GPUs 0 and 1: median SM clock / power of each GPU that was sampled."""
-    return " ".join(f"{g['sm_clock_mhz']:.0f}/{g['power_w']:.0f}" for _, g in sorted(gpus.items())) or "—"
+    """'1695/693 cap 96% · 1740/692 cap 100%' for GPUs 0 and 1: median SM clock / power of each GPU that was
+    sampled, and the share of its samples held down by the power cap."""
+    cells = []
+    for _, g in sorted(gpus.items()):
+        cap = f" cap {g['power_capped_pct']:.0f}%" if "power_capped_pct" in g else ""
+        cells.append(f"{g['sm_clock_mhz']:.0f}/{g['power_w']:.0f}{cap}")
+    return " · ".join(cells) or "—"
 
 
 def gpu_count() -> int:
@@ -191,7 +217,7 @@ def main() -> None:
         rows = json.loads(Path(a.out).read_text()) + rows
         base = {**{r["who"]: r["tok_s"] for r in rows if r["world"] == 1}, **base}
     print("| runner | GPUs | tokens/s | tokens/s/GPU | MFU % | step s | scaling eff. | first step s | wall s |"
-          " SM MHz / W while training |")
+          " SM MHz / W (power-capped share) while training |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         # Against the same variant's 1-GPU figure, else plain ddp-run's.

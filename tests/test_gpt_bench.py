@@ -12,35 +12,46 @@ _spec = importlib.util.spec_from_file_location("gpt_bench", Path(__file__).paren
 gpt_bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gpt_bench)  # type: ignore[union-attr]
 
-# `nvidia-smi --query-gpu=index,clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits` lines.
-CSV = """0, 1980, 612.40, 51
-1, 1755, 598.10, 49
-0, 1965, 620.00, 52
-1, [N/A], 600.00, 49
-0, 1410, 640.80, 53
+# `nvidia-smi --query-gpu=GPU_QUERY --format=csv,noheader,nounits` lines (the last field: clock event reasons).
+CSV = """0, 1980, 612.40, 51, 0x0000000000000000
+1, 1755, 598.10, 49, 0x0000000000000004
+0, 1965, 620.00, 52, 0x0000000000000004
+1, [N/A], 600.00, 49, 0x0000000000000004
+0, 1410, 640.80, 53, 0x0000000000000044
 garbage
 """
 
 
-def test_gpu_samples_give_medians_per_gpu_and_skip_unparsable_lines():
+def test_gpu_samples_give_medians_and_power_capped_share_per_gpu():
     stats = gpt_bench.parse_gpu_samples(CSV)
-    assert stats["0"] == {"sm_clock_mhz": 1965.0, "power_w": 620.0, "temperature_c": 52.0, "samples": 3}
+    assert stats["0"] == {"sm_clock_mhz": 1965.0, "power_w": 620.0, "temperature_c": 52.0, "samples": 3,
+                          "power_capped_pct": 200 / 3}  # 0x4 and 0x44 have the power-cap bit, 0x0 not
     assert stats["1"]["samples"] == 1 and stats["1"]["sm_clock_mhz"] == 1755.0
-    assert gpt_bench.gpu_cell(stats) == "1965/620 1755/598"
+    assert stats["1"]["power_capped_pct"] == 100.0
+    assert gpt_bench.gpu_cell(stats) == "1965/620 cap 67% · 1755/598 cap 100%"
     assert gpt_bench.gpu_cell({}) == "—"
 
 
+def test_drivers_without_the_reasons_field_still_give_clocks():
+    stats = gpt_bench.parse_gpu_samples("0, 1980, 612.40, 51\n0, 1960, 600.00, 50\n")
+    assert stats["0"]["sm_clock_mhz"] == 1970.0 and "power_capped_pct" not in stats["0"]
+    assert gpt_bench.gpu_cell(stats) == "1970/606"
+
+
 def test_only_samples_taken_while_steps_run_count():
-    samples = [(10.0, "0, 990, 100, 40"), (20.0, "0, 1700, 690, 50"), (21.0, "0, 1600, 695, 51"),
-               (30.0, "0, 1980, 120, 45")]  # compiling, two training samples, the exit
+    samples = [(10.0, "0, 990, 100, 40, 0x1"), (20.0, "0, 1700, 690, 50, 0x4"), (21.0, "0, 1600, 695, 51, 0x4"),
+               (30.0, "0, 1980, 120, 45, 0x0")]  # compiling, two training samples, the exit
     stats = gpt_bench.training_gpu_stats(samples, since=15.0, until=25.0)["0"]
     assert stats["sm_clock_mhz"] == 1650.0 and stats["power_w"] == 692.5 and stats["samples"] == 2
+    assert stats["power_capped_pct"] == 100.0
 
 
 def test_sampler_collects_lines_and_stops_its_process(tmp_path, monkeypatch):
     # A stand-in for nvidia-smi (no GPU here) that prints one sample line per call of its loop, like -lms.
     exe = tmp_path / "nvidia-smi"
-    exe.write_text("#!/bin/sh\nwhile true; do echo '0, 1980, 600, 50'; sleep 0.05; done\n")
+    # It refuses the reasons field, as an older driver would: the sampler falls back to the basic query.
+    exe.write_text("#!/bin/sh\ncase \"$1\" in *reasons*) echo 'not a valid field' >&2; exit 2;; esac\n"
+                   "while true; do echo '0, 1980, 600, 50'; sleep 0.05; done\n")
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     with gpt_bench.gpu_sampler() as samples:
