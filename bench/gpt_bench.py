@@ -133,6 +133,16 @@ def gpu_count() -> int:
     return torch.cuda.device_count()
 
 
+def _measured_span(summary: dict, t0: float, steps: int) -> tuple[float, float]:
+    """When the windows behind the medians ran: the run records it (``perf_span_unix``); older runs did not,
+    so estimate it from the first step on (which, under CUDA graphs, starts a few seconds early)."""
+    if summary.get("perf_span_unix"):
+        start, end = summary["perf_span_unix"]
+        return start, end
+    first = t0 + summary["time_to_first_step_s"]
+    return first, first + (steps - 1) * summary["median"]["step_time_s"]
+
+
 def run_ours(world: int, steps: int, root: str, extra: list[str], profile: bool = False,
              trace_dir: str | None = None) -> dict:
     who = " ".join(["ddp-run", *extra])
@@ -155,8 +165,7 @@ def run_ours(world: int, steps: int, root: str, extra: list[str], profile: bool 
             "step_s": med["step_time_s"], "first_step_s": s["time_to_first_step_s"], "wall_s": wall,
             "peak_mem_gb": s["final"].get("memory/peak_gb"), "final_loss": s["final"].get("train/loss"),
             "window_step_s": s.get("perf_windows", {}).get("step_time_s"), "run_dir": str(run_dir),
-            "gpus": training_gpu_stats(samples, t0 + s["time_to_first_step_s"],
-                                       t0 + s["time_to_first_step_s"] + (steps - 1) * med["step_time_s"]),
+            "gpus": training_gpu_stats(samples, *_measured_span(s, t0, steps)),
             "gpu_samples": sample_series(samples, t0)}
     if profile:
         out["profile"] = {}

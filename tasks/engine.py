@@ -538,6 +538,7 @@ class Trainer:
             "val_loss": val_loss,
             "median": meter.medians(),
             "perf_windows": meter.history,  # every logging window's figures but the first (start-up, compile)
+            "perf_span_unix": meter.span_unix,  # when those windows ran: [start, end], Unix seconds
             "time_to_first_step_s": first_step_s,
             "resumed_from": self.resumed_from,
             "losses": self.state.losses,

@@ -56,6 +56,9 @@ class StepMeter:
         self.samples_per_step, self.world_size = samples_per_step, world_size
         self.tokens_per_sample, self.flops_per_sample, self.peak = tokens_per_sample, flops_per_sample, peak
         self.history: dict[str, list[float]] = {"step_time_s": [], "tokens_per_s": [], "mfu_pct": []}
+        # Wall-clock (Unix) start and end of the windows in ``history``, to set beside outside samples
+        # (GPU clocks and power) of the same stretch of training.
+        self.span_unix: list[float] = []
         self.first = True
         self._open()
 
@@ -97,7 +100,11 @@ class StepMeter:
         u = mfu(self.flops_per_sample, sps / self.world_size, self.peak)
         if u is not None:
             out["perf/mfu_pct"] = 100 * u
-        if not self.first:
+        wall = time.time()
+        if self.first:  # left out of history: the span of the later windows starts where this one ends
+            self.span_unix = [wall, wall]
+        else:
+            self.span_unix[1] = wall
             self.history["step_time_s"].append(step_s)
             for key in ("tokens_per_s", "mfu_pct"):
                 if f"perf/{key}" in out:

@@ -76,6 +76,10 @@ def test_gpt_two_ranks_trains_and_logs_every_scalar_per_optimizer_step(tmp_path)
     assert not any("mfu" in tag for tag in tb)
     assert summary["median"]["mfu_pct"] is None and not any("mfu" in k for k in summary["final"])
     assert summary["median"]["tokens_per_s"] > 0
+    # Every window but the first (start-up) is kept, with the wall-clock span they cover.
+    assert len(summary["perf_windows"]["step_time_s"]) == steps - 1
+    start, end = summary["perf_span_unix"]
+    assert 0 < end - start < sum(summary["perf_windows"]["step_time_s"]) + 60
 
 
 def test_x_axis_is_the_optimizer_step_under_accumulation(tmp_path):

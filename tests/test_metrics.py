@@ -109,3 +109,21 @@ def test_a_window_closed_late_carries_the_steps_queued_after_it():
     meter.close_window()
     assert meter.steps == 0
     assert len(meter.history["step_time_s"]) == 2
+
+
+def test_the_span_of_the_median_windows_is_recorded_in_wall_clock_time():
+    from tasks.metrics import StepMeter
+
+    meter = StepMeter(samples_per_step=8, world_size=1, tokens_per_sample=None, flops_per_sample=None, peak=None)
+    time.sleep(0.2)  # start-up: the first window, outside the span
+    meter.step_done()
+    before = time.time()
+    meter.close_window()
+    after = time.time()
+    for _ in range(2):
+        time.sleep(0.15)
+        meter.step_done()
+        meter.close_window()
+    start, end = meter.span_unix
+    assert before <= start <= after
+    assert end - start >= 0.3 and end <= time.time()  # two windows of at least 0.15 s each
