@@ -70,8 +70,11 @@ def parse_gpu_samples(csv_text: str) -> dict[str, dict[str, float]]:
 
 def _query_fields(exe: str) -> str:
     """GPU_QUERY where this driver knows every field, else BASIC_QUERY."""
-    probe = subprocess.run([exe, f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits"],
-                           capture_output=True, text=True)
+    try:
+        probe = subprocess.run([exe, f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits"],
+                               capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        return BASIC_QUERY
     return GPU_QUERY if probe.returncode == 0 else BASIC_QUERY
 
 
@@ -134,8 +137,9 @@ def gpu_count() -> int:
 
 
 def _measured_span(summary: dict, t0: float, steps: int) -> tuple[float, float]:
-    """When the windows behind the medians ran: the run records it (``perf_span_unix``); older runs did not,
-    so estimate it from the first step on (which, under CUDA graphs, starts a few seconds early)."""
+    """When the windows behind the medians ran: the run records it (``perf_span_unix``). Older runs did not, so
+    estimate it from the first step on; under CUDA graphs that start is a few seconds early (the next steps
+    still record graphs)."""
     if summary.get("perf_span_unix"):
         start, end = summary["perf_span_unix"]
         return start, end
