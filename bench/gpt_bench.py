@@ -138,8 +138,8 @@ def gpu_count() -> int:
 
 def _measured_span(summary: dict, t0: float, steps: int) -> tuple[float, float]:
     """When the windows behind the medians ran: the run records it (``perf_span_unix``). Older runs did not, so
-    estimate it from the first step on; under CUDA graphs that start is a few seconds early (the next steps
-    still record graphs)."""
+    estimate it from the first step on (on the H200s, with CUDA graphs, the GPUs' power rose to its training
+    level about 3 s after the first step)."""
     if summary.get("perf_span_unix"):
         start, end = summary["perf_span_unix"]
         return start, end
