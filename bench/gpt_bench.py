@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -136,15 +137,12 @@ def gpu_count() -> int:
     return torch.cuda.device_count()
 
 
-def _measured_span(summary: dict, t0: float, steps: int) -> tuple[float, float]:
-    """When the windows behind the medians ran: the run records it (``perf_span_unix``). Older runs did not, so
-    estimate it from the first step on (on the H200s, with CUDA graphs, the GPUs' power rose to its training
-    level about 3 s after the first step)."""
-    if summary.get("perf_span_unix"):
-        start, end = summary["perf_span_unix"]
-        return start, end
-    first = t0 + summary["time_to_first_step_s"]
-    return first, first + (steps - 1) * summary["median"]["step_time_s"]
+def _estimated_span(t0: float, first_step_s: float, step_s: float, steps: int) -> tuple[float, float]:
+    """When the reference's measured steps ran, which it does not record: from its first step on, at its median
+    step time. (ddp-run records the span, ``perf_span_unix``; in its H200 runs with CUDA graphs, the GPUs'
+    power rose to its training level about 3 s after the first step, so this estimate starts early.)"""
+    first = t0 + first_step_s
+    return first, first + (steps - 1) * step_s
 
 
 def run_ours(world: int, steps: int, root: str, extra: list[str], profile: bool = False,
@@ -169,7 +167,7 @@ def run_ours(world: int, steps: int, root: str, extra: list[str], profile: bool 
             "step_s": med["step_time_s"], "first_step_s": s["time_to_first_step_s"], "wall_s": wall,
             "peak_mem_gb": s["final"].get("memory/peak_gb"), "final_loss": s["final"].get("train/loss"),
             "window_step_s": s.get("perf_windows", {}).get("step_time_s"), "run_dir": str(run_dir),
-            "gpus": training_gpu_stats(samples, *_measured_span(s, t0, steps)),
+            "gpus": training_gpu_stats(samples, *s["perf_span_unix"]),
             "gpu_samples": sample_series(samples, t0)}
     if profile:
         out["profile"] = {}
@@ -188,15 +186,14 @@ def run_reference(world: int, path: str, steps: int) -> dict:
            "--micro", "16", "--steps", str(steps)]
     t0 = time.time()
     with gpu_sampler() as samples:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env={**__import__("os").environ, "T0": repr(t0)})
+        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "T0": repr(t0)})
     if proc.returncode != 0:
         raise RuntimeError(f"reference failed:\n{proc.stderr[-3000:]}")
     r = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
     return {"who": "reference", "world": world, "tok_s": r["tok_s"], "mfu_pct": 100 * r["mfu_vs_989"],
             "step_s": r["step_s"], "first_step_s": r["launch_to_first_step_s"], "wall_s": time.time() - t0,
             "peak_mem_gb": r["mem_gb"],
-            "gpus": training_gpu_stats(samples, t0 + r["launch_to_first_step_s"],
-                                       t0 + r["launch_to_first_step_s"] + (steps - 1) * r["step_s"]),
+            "gpus": training_gpu_stats(samples, *_estimated_span(t0, r["launch_to_first_step_s"], r["step_s"], steps)),
             "gpu_samples": sample_series(samples, t0)}
 
 
