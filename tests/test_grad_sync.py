@@ -86,3 +86,47 @@ def test_mean_allreduce_hook_gives_ddps_average_on_gloo(tmp_path):
         for mean, default, g0, g1 in zip(got["mean"], got["default"], *local, strict=True):
             torch.testing.assert_close(mean, (g0 + g1) / 2)
             torch.testing.assert_close(mean, default)
+
+
+# --- the embedding lookup's gradient as rows ------------------------------------------------------------
+
+
+def _lookup_grads(seed: int, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Ids with repeats, the rows' gradient, and autograd's dense table gradient for the same lookup."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 5, (3, 7), generator=g)  # 21 lookups of 5 rows: every row repeats
+    w = table.detach().clone().requires_grad_()
+    out = torch.nn.functional.embedding(ids, w)
+    up = torch.randn(out.shape, generator=g)
+    out.backward(up)
+    return ids, up, w.grad
+
+
+def test_embedding_rows_add_up_to_autograds_dense_gradient():
+    table = torch.randn(9, 4)  # rows 5..8 never looked up: their gradient stays as it was
+    ids, rows, dense = _lookup_grads(0, table)
+    before = torch.randn(9, 4)
+    got = before.clone()
+    grad_sync.add_embedding_rows(got, ids, rows)
+    torch.testing.assert_close(got, before + dense)
+    assert torch.equal(got[5:], before[5:]) and not torch.equal(got[:5], before[:5])
+
+
+def _rows_worker(rank: int, world: int, store: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        ids, rows, _ = _lookup_grads(10 + rank, torch.zeros(9, 4))
+        got = torch.ones(9, 4)  # what DDP left: already the mean over the ranks
+        grad_sync.add_embedding_rows(got, ids, rows, world_size=world)
+        torch.save(got, f"{out}-{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_embedding_rows_from_two_gloo_ranks_add_their_mean(tmp_path):
+    out = str(tmp_path / "rows")
+    mp.spawn(_rows_worker, args=(2, str(tmp_path / "store"), out), nprocs=2, join=True)
+    mean = (_lookup_grads(10, torch.zeros(9, 4))[2] + _lookup_grads(11, torch.zeros(9, 4))[2]) / 2
+    assert mean.abs().sum() > 0
+    for rank in range(2):
+        torch.testing.assert_close(torch.load(f"{out}-{rank}.pt"), torch.ones(9, 4) + mean)
