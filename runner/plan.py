@@ -18,7 +18,6 @@ DDP_COMM = ("fp32", "bf16")
 SCHEDULES = ("constant", "cosine")
 GPT_ATTENTION = ("auto", "flash", "cudnn", "efficient")  # task=gpt: SDPA kernel on CUDA
 GPT_LOSSES = ("fused", "plain")  # task=gpt: LM head + loss as one op, or logits then loss
-GPT_EMBEDDING_GRADS = ("rows", "dense")  # task=gpt: token-embedding gradient as looked-up rows, or autograd's dense
 
 
 class PlanError(ValueError):
@@ -111,8 +110,7 @@ def _check_inductor(wanted: Mapping[str, Any], known: Mapping[str, Any] | None) 
 
 def _check_gpt_model(cfg: Mapping[str, Any]) -> None:
     """task=gpt's choices of kernel, refused here rather than in every worker after start-up."""
-    for key, allowed in (("task.model.attention", GPT_ATTENTION), ("task.model.loss", GPT_LOSSES),
-                         ("task.model.embedding_grad", GPT_EMBEDDING_GRADS)):
+    for key, allowed in (("task.model.attention", GPT_ATTENTION), ("task.model.loss", GPT_LOSSES)):
         value = _get(cfg, key)
         if value is not None and value not in allowed:
             raise PlanError(key, value, "unknown value", f"use one of {', '.join(allowed)}")

@@ -27,9 +27,3 @@ class TaskParts:
     flops_per_sample: float | None = None
     # Tokens per sample, for tokens/s; None for tasks without tokens.
     tokens_per_sample: int | None = None
-    # An embedding table whose lookup of the input ids the engine differentiates itself. The model then takes
-    # ``forward(x, y, rows=r)``: it looks the ids up in the *detached* table and adds ``r``, a zero tensor of shape
-    # ``(*x.shape, width)`` that requires grad, so the lookup's gradient arrives as ``r``'s gradient, one row per
-    # id. The engine adds those rows into the table's gradient (``grad_sync.add_embedding_rows``). The table must
-    # also get an autograd gradient from elsewhere in the model (a tied LM head), so DDP still reduces it.
-    embedding_table: torch.nn.Parameter | None = None

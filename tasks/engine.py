@@ -286,10 +286,6 @@ class Trainer:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         for p in self.params:
             p.grad = torch.zeros_like(p)
-        # The table whose looked-up rows' gradient this engine adds itself (TaskParts.embedding_table), and the
-        # zero tensor the model adds to the lookup to receive that gradient.
-        self.table = self.parts.embedding_table
-        self._rows: torch.Tensor | None = None
         self.scaler = torch.amp.GradScaler(ctx.device.type) if t.precision == "fp16" else None
         self.per_rank, self.accumulation = cfg.batch.per_rank, cfg.batch.accumulation
         self.sampler = ResumableDistributedSampler(
@@ -471,19 +467,15 @@ class Trainer:
                 sync = contextlib.nullcontext() if last_micro else self.ddp.no_sync()
                 if self.cudagraphs:  # a new micro-step: the previous replay's outputs may be reused
                     torch.compiler.cudagraph_mark_step_begin()
-                rows = self._rows_for(x)
                 with sync:
                     with _autocast(device, t.precision):
-                        loss = self.forward(x, y) if rows is None else self.forward(x, y, rows=rows)
+                        loss = self.forward(x, y)
                     scaled = loss / acc
                     scaled = self.scaler.scale(scaled) if self.scaler is not None else scaled
                     if last_micro and ctx.world_size > 1:
                         scaled.backward()  # DDP's hooks all-reduce p.grad (the sum so far) during this backward
-                        if rows is not None:  # the lookup's rows, gathered from every rank: after DDP's mean
-                            grad_sync.add_embedding_rows(self.table.grad, x, rows.grad, ctx.world_size)
-                            rows.grad = None
                     else:
-                        self._accumulate(scaled, first=m == 0, ids=x, rows=rows)
+                        self._accumulate(scaled, first=m == 0)
                 loss_acc += loss.detach().float()
                 self.state.micro_in_epoch += 1
             lr, grad_norm = self._optimizer_step()
@@ -576,29 +568,11 @@ class Trainer:
         self.loader = None  # persistent workers stop when their iterator is collected
         gc.collect()  # the LR lambda's closure makes a cycle through the trainer
 
-    def _rows_for(self, x: torch.Tensor) -> torch.Tensor | None:
-        """The zero tensor the model adds to its table lookup of ``x`` (None without an embedding table).
-
-        Made once and kept: under CUDA graphs a static input address is not copied on every replay.
-        """
-        if self.table is None:
-            return None
-        shape = (*x.shape, self.table.shape[1])
-        if self._rows is None or self._rows.shape != shape:
-            self._rows = torch.zeros(shape, device=self.ctx.device, dtype=self.table.dtype, requires_grad=True)
-            if self.cudagraphs:
-                torch._dynamo.mark_static_address(self._rows)
-        return self._rows
-
-    def _accumulate(self, loss: torch.Tensor, first: bool, ids: torch.Tensor | None = None,
-                    rows: torch.Tensor | None = None) -> None:
+    def _accumulate(self, loss: torch.Tensor, first: bool) -> None:
         """Backward of a micro-step that does not synchronise: its gradients go into ``p.grad`` in one foreach
         op instead of one op per parameter (148 launches for GPT-2 small, which leave the GPU idle between them
-        when the rest of the step is CUDA graphs). The first micro-step of a step copies, later ones add. With
-        an embedding table, the lookup's gradient ``rows`` is then added into the table's rows ``ids``."""
-        grads = torch.autograd.grad(loss, self.params + ([rows] if rows is not None else []), allow_unused=True)
-        if rows is not None:
-            *grads, row_grad = grads
+        when the rest of the step is CUDA graphs). The first micro-step of a step copies, later ones add."""
+        grads = torch.autograd.grad(loss, self.params, allow_unused=True)
         used = [(p.grad, g) for p, g in zip(self.params, grads, strict=True) if g is not None]
         if first:
             torch._foreach_copy_([acc for acc, _ in used], [g for _, g in used])
@@ -607,8 +581,6 @@ class Trainer:
                 torch._foreach_zero_(unused)
         else:
             torch._foreach_add_([acc for acc, _ in used], [g for _, g in used])
-        if rows is not None:
-            grad_sync.add_embedding_rows(self.table.grad, ids, row_grad)
 
     def _optimizer_step(self) -> tuple[float, torch.Tensor]:
         """Unscale (fp16), clip, step, advance the LR; returns the LR used and the grad norm (on the device)."""

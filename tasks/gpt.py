@@ -75,7 +75,4 @@ def build(cfg: Config, device: torch.device) -> TaskParts:
         val_set=val,
         flops_per_sample=model.flops_per_token() * int(m.context),
         tokens_per_sample=int(m.context),
-        # "rows": the token embedding's gradient is the looked-up rows, added by the engine; the dense
-        # vocab x width gradient is never made, and the tied table's all-reduce can start once the head is done.
-        embedding_table=model.tok.weight if m.get("embedding_grad", "rows") == "rows" else None,
     )

@@ -104,24 +104,18 @@ class GPT(nn.Module):
         """
         return 6 * self.num_params() + 12 * self.layers * self.width * self.context
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
-                rows: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """Mean cross-entropy of ``targets`` given ``idx`` (both ``(B, T)`` int64, ``T <= context``).
 
         Logits are upcast to float32 before the loss, so bf16 autocast does not degrade the softmax. With
         ``targets=None`` returns the ``(B, T, vocab)`` logits instead. With ``loss="fused"`` and gradients on,
         the LM head and the loss are one op that turns the logits into their gradient during the forward
         (``tasks.fused_ce``); the value and the gradients are the same.
-
-        ``rows`` (zeros of shape ``(B, T, width)``): the token lookup reads the detached table and adds ``rows``,
-        so autograd gives the table only the LM head's gradient and the lookup's gradient lands in ``rows.grad``
-        (the engine adds it into the table's gradient: ``TaskParts.embedding_table``). Same values either way.
         """
         t = idx.shape[1]
         if t > self.context:
             raise ValueError(f"sequence length {t} exceeds the model context {self.context}")
-        tok = self.tok(idx) if rows is None else F.embedding(idx, self.tok.weight.detach()) + rows
-        x = self.drop(tok + self.pos(torch.arange(t, device=idx.device)))
+        x = self.drop(self.tok(idx) + self.pos(torch.arange(t, device=idx.device)))
         for blk in self.blocks:
             x = blk(x)
         h = self.ln(x)

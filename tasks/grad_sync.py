@@ -53,23 +53,3 @@ def clipped_step(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], m
     finally:
         del optimizer.grad_scale  # type: ignore[attr-defined]
     return norm
-
-
-def add_embedding_rows(table_grad: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, world_size: int = 1,
-                       group: Any = None) -> None:
-    """Add an embedding lookup's gradient into its table's gradient, in place: row ``i`` of ``rows`` (shape
-    ``(*ids.shape, width)``) belongs to table row ``ids[i]``; repeated ids add up.
-
-    With ``world_size > 1`` every rank's ids and rows are gathered first and added at ``1 / world_size``: the
-    same mean that DDP leaves in ``table_grad``, without all-reducing the dense vocab × width table (154 MB in
-    fp32 for GPT-2) after the lookup's backward, which is the last thing the backward computes.
-    """
-    ids, rows = ids.reshape(-1), rows.reshape(-1, rows.shape[-1])
-    if world_size > 1:
-        all_ids = ids.new_empty(world_size * ids.numel())
-        all_rows = rows.new_empty(world_size * rows.shape[0], rows.shape[1])
-        dist.all_gather_into_tensor(all_ids, ids.contiguous(), group=group)
-        dist.all_gather_into_tensor(all_rows, rows.contiguous(), group=group)
-        table_grad.index_add_(0, all_ids, all_rows.to(table_grad.dtype), alpha=1.0 / world_size)
-    else:
-        table_grad.index_add_(0, ids, rows.to(table_grad.dtype))

@@ -24,7 +24,6 @@ from conftest import ddp_run, run_dirs
     (["train.compile=true", "+train.inductor.combo_kernels=3"], "train.inductor.combo_kernels", "3"),
     (["+train.inductor.combo_kernels=true"], "train.inductor.combo_kernels", "True"),  # compile is off
     (["task=gpt", "task.model.loss=chunky"], "task.model.loss", "'chunky'"),
-    (["task=gpt", "task.model.embedding_grad=sparse"], "task.model.embedding_grad", "'sparse'"),
 ])
 def test_refusal_names_key_value_fix_and_creates_nothing(args, key, value, out_root):
     r = ddp_run(["device=cpu", *args] if "device=" not in args[0] else args, out_root)

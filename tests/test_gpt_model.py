@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 
-from tasks import grad_sync
 from tasks.gpt_model import GPT, lm_loss
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
@@ -36,28 +35,6 @@ def test_forward_shapes_and_initial_loss() -> None:
     assert model(idx[:, :5]).shape == (3, 5, 64)
     with pytest.raises(ValueError, match="exceeds the model context"):
         model(torch.zeros(1, 17, dtype=torch.long))
-
-
-@pytest.mark.parametrize("loss", ["fused", "plain"])
-def test_lookup_rows_give_the_same_loss_and_gradients(loss: str) -> None:
-    # The engine's form (TaskParts.embedding_table): the lookup reads the detached table, its gradient arrives
-    # in ``rows`` and is added into the table's rows afterwards. Same loss, same gradient for every parameter.
-    torch.manual_seed(0)
-    model = tiny(loss=loss)
-    idx, tgt = torch.randint(0, 64, (3, 16)), torch.randint(0, 64, (3, 16))
-    dense_loss = model(idx, tgt)
-    dense_loss.backward()
-    dense = {n: p.grad.clone() for n, p in model.named_parameters()}
-    model.zero_grad(set_to_none=True)
-    rows = torch.zeros(3, 16, 32, requires_grad=True)
-    rows_loss = model(idx, tgt, rows=rows)
-    rows_loss.backward()
-    assert torch.equal(rows_loss, dense_loss)
-    head_only = model.tok.weight.grad.clone()
-    grad_sync.add_embedding_rows(model.tok.weight.grad, idx, rows.grad)
-    assert not torch.allclose(head_only, model.tok.weight.grad), "the lookup's part came from the rows"
-    for n, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, dense[n], rtol=1e-5, atol=1e-7, msg=lambda m, n=n: f"{n}: {m}")
 
 
 def test_gpt2_small_param_count_and_flops_on_meta() -> None:
@@ -144,7 +121,7 @@ def test_tiny_preset_composes() -> None:
     assert cfg.task.name == "gpt"
     assert cfg.data.name == "text" and cfg.data.path is None and cfg.data.format == "auto"
     assert dict(cfg.task.model) == dict(layers=2, heads=2, width=64, context=64, vocab=256, dropout=0.0,
-                                       attention="auto", loss="fused", embedding_grad="rows")
+                                       attention="auto", loss="fused")
     assert cfg.train.optimizer == "adamw" and cfg.train.schedule == "cosine" and cfg.train.max_steps == 50
 
 
