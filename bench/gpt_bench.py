@@ -145,30 +145,77 @@ def _estimated_span(t0: float, first_step_s: float, step_s: float, steps: int) -
     return first, first + (steps - 1) * step_s
 
 
-def run_ours(world: int, steps: int, root: str, extra: list[str], profile: bool = False,
-             trace_dir: str | None = None) -> dict:
-    who = " ".join(["ddp-run", *extra])
-    if profile:  # trace two steps near the end, after compilation and warm-up
-        extra = [*extra, "train.profile.steps=2", f"train.profile.start={max(0, steps - 4)}"]
-    cmd = [sys.executable, "-m", "runner", "task=gpt2_small", f"world_size={world}", "batch.per_rank=16",
-           "batch.global=64", f"train.max_steps={steps}", "train.log_every=5", "train.val_every=0",
-           f"output.root={root}", *extra]
-    t0 = time.time()
-    with gpu_sampler() as samples:
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-    wall = time.time() - t0
+def _ours_cmd(world: int, steps: int, root: str, extra: list[str]) -> list[str]:
+    return [sys.executable, "-m", "runner", "task=gpt2_small", f"world_size={world}", "batch.per_rank=16",
+            "batch.global=64", f"train.max_steps={steps}", "train.log_every=5", "train.val_every=0",
+            f"output.root={root}", *extra]
+
+
+def _ours_result(who: str, world: int, proc: subprocess.CompletedProcess, t0: float, wall: float,
+                 samples: list[tuple[float, str]]) -> dict:
+    """One ddp-run's row, from its summary.json (and its own per-rank GPU telemetry, ``run_gpus``)."""
     if proc.returncode != 0:
         raise RuntimeError(f"ddp-run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     run_dir = Path(proc.stdout.strip().splitlines()[-1])
     s = json.loads((run_dir / "summary.json").read_text())
     med = s["median"]
-    out = {"who": who, "world": world, "tok_s": med["tokens_per_s"],
+    return {"who": who, "world": world, "tok_s": med["tokens_per_s"],
             "mfu_pct": med["mfu_pct"],
             "step_s": med["step_time_s"], "first_step_s": s["time_to_first_step_s"], "wall_s": wall,
             "peak_mem_gb": s["final"].get("memory/peak_gb"), "final_loss": s["final"].get("train/loss"),
             "window_step_s": s.get("perf_windows", {}).get("step_time_s"), "run_dir": str(run_dir),
-            "gpus": training_gpu_stats(samples, *s["perf_span_unix"]),
+            "gpus": training_gpu_stats(samples, *s["perf_span_unix"]), "run_gpus": s.get("gpus"),
             "gpu_samples": sample_series(samples, t0)}
+
+
+def run_ours_each_gpu(gpus: int, steps: int, root: str, extra: list[str]) -> list[dict]:
+    """One 1-GPU ddp-run on each of GPUs 0 … gpus-1, all at once (CUDA_VISIBLE_DEVICES=i each).
+
+    A multi-GPU run waits for its slowest GPU at every step, and under a power cap GPUs of one host differ
+    (one runs hotter and clocks lower); this gives each GPU's own single-GPU rate, measured together.
+    """
+    who = " ".join(["ddp-run", *extra])
+    t0 = time.time()
+    with gpu_sampler() as samples:
+        procs = [subprocess.Popen(_ours_cmd(1, steps, f"{root}/gpu{i}", extra), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": str(i)})
+                 for i in range(gpus)]
+        done = [subprocess.CompletedProcess(p.args, p.returncode, *p.communicate()) for p in procs]
+        for d, p in zip(done, procs, strict=True):
+            d.returncode = p.returncode
+    wall = time.time() - t0
+    rows = []
+    for i, d in enumerate(done):
+        row = _ours_result(who if i == 0 else f"{who} (GPU {i} alone)", 1, d, t0, wall, samples)
+        row["gpu"] = i
+        rows.append(row)
+    return rows
+
+
+def each_gpu_scaling(rows: list[dict]) -> dict[str, float]:
+    """For each multi-GPU ddp-run row of a variant: its tokens/s over the sum of the single-GPU rates of the GPUs
+    it ran on (rows with a ``gpu`` index, from :func:`run_ours_each_gpu`), keyed by the row's ``who``."""
+    out = {}
+    for r in rows:
+        if r["world"] < 2 or not r["who"].startswith("ddp-run"):
+            continue
+        singles = {x["gpu"]: x["tok_s"] for x in rows
+                   if x["world"] == 1 and "gpu" in x and x["who"].split(" (GPU")[0] == r["who"]}
+        if all(i in singles for i in range(r["world"])):
+            out[r["who"]] = r["tok_s"] / sum(singles[i] for i in range(r["world"]))
+    return out
+
+
+def run_ours(world: int, steps: int, root: str, extra: list[str], profile: bool = False,
+             trace_dir: str | None = None) -> dict:
+    who = " ".join(["ddp-run", *extra])
+    if profile:  # trace two steps near the end, after compilation and warm-up
+        extra = [*extra, "train.profile.steps=2", f"train.profile.start={max(0, steps - 4)}"]
+    t0 = time.time()
+    with gpu_sampler() as samples:
+        proc = subprocess.run(_ours_cmd(world, steps, root, extra), capture_output=True, text=True)
+    out = _ours_result(who, world, proc, t0, time.time() - t0, samples)
+    run_dir = Path(out["run_dir"])
     if profile:
         out["profile"] = {}
         for f in sorted((run_dir / "profile").glob("rank*.summary.json")):
@@ -208,6 +255,9 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="trace two steps with torch.profiler; print the summary")
     ap.add_argument("--trace-dir", default=None, help="with --profile: copy rank 0's trace here")
     ap.add_argument("--label", default=None, help="name of this variant in the table (default: its overrides)")
+    ap.add_argument("--each-gpu", action="store_true",
+                    help="run the 1-GPU case on every visible GPU at once, and give the multi-GPU runs' scaling against"
+                         " the sum of those single-GPU rates as well")
     a = ap.parse_args()
     root = tempfile.mkdtemp(prefix="gpt-bench-")
     worlds = [w for w in map(int, a.worlds.split(",")) if w <= gpu_count()]
@@ -217,15 +267,21 @@ def main() -> None:
     rows = []
     for w in worlds:
         if not a.no_ours:
-            rows.append(run_ours(w, a.steps, root, a.set, a.profile, a.trace_dir))
-            if a.label:
-                rows[-1]["who"] = a.label
+            if w == 1 and a.each_gpu:
+                new = run_ours_each_gpu(gpu_count(), a.steps, root, a.set)
+            else:
+                new = [run_ours(w, a.steps, root, a.set, a.profile, a.trace_dir)]
+            for r in new:
+                if a.label:
+                    r["who"] = r["who"].replace(" ".join(["ddp-run", *a.set]), a.label, 1)
+            rows += new
         if a.reference:
             rows.append(run_reference(w, a.reference, a.steps))
     base = {r["who"]: r["tok_s"] for r in rows if r["world"] == 1}
     if a.out and Path(a.out).exists():  # earlier invocations' rows give the 1-GPU baselines
         rows = json.loads(Path(a.out).read_text()) + rows
         base = {**{r["who"]: r["tok_s"] for r in rows if r["world"] == 1}, **base}
+    per_gpu = each_gpu_scaling(rows)
     print("| runner | GPUs | tokens/s | tokens/s/GPU | MFU % | step s | scaling eff. | first step s | wall s |"
           " SM MHz / W (power-capped share) while training |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -237,6 +293,13 @@ def main() -> None:
         print(f"| {r['who']} | {r['world']} | {r['tok_s']:,.0f} | {r['tok_s'] / r['world']:,.0f} |"
               f" {r['mfu_pct']:.1f} | {r['step_s']:.4f} | {'' if eff is None else f'{100 * eff:.1f}%'} |"
               f" {r['first_step_s']:.1f} | {r['wall_s']:.1f} | {gpu_cell(r.get('gpus') or {})} |")
+    for r in rows:
+        if r["who"] in per_gpu:
+            r["scaling_vs_each_gpu"] = per_gpu[r["who"]]
+            std = r["scaling_efficiency"]
+            print(f"\n{r['who']} on {r['world']} GPUs: "
+                  + ("" if std is None else f"{100 * std:.1f}% of {r['world']} × GPU 0 alone; ")
+                  + f"{100 * per_gpu[r['who']]:.1f}% of GPUs 0–{r['world'] - 1} alone, summed (run together)")
     for r in rows:
         for rank, prof in (r.get("profile") or {}).items():
             print(f"\n{r['who']} (GPUs: {r['world']}) {rank}\n{format_summary(prof)}")

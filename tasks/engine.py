@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from runner import layout
 from runner.plan import SCHEDULES, flatten
 from tasks import checkpoint as ckpt
-from tasks import grad_sync, metrics, profiling, worker_io
+from tasks import gpu_telemetry, grad_sync, metrics, profiling, worker_io
 from tasks.api import TaskParts
 from tasks.config import Config, load_config
 from tasks.progress import Progress
@@ -214,34 +214,46 @@ class _SingleProcess(torch.nn.Module):
 
 @dataclass
 class _PendingLog:
-    """A log step's loss and grad norm, all-reduced and on their way to the host without a sync."""
+    """A log step's loss, grad norm and GPU telemetry from every rank, gathered and on their way to the host
+    without a sync."""
 
     step: int
-    host: torch.Tensor            # [loss sum over ranks, grad norm sum over ranks], valid once ``ready`` is done
+    host: torch.Tensor            # (world, 2 + telemetry fields) per rank; valid once ``ready`` is done
     ready: torch.cuda.Event | None
     lr: float
     window_steps: int             # optimizer steps of the perf window that ends with this step
 
     @classmethod
-    def start(cls, step: int, mean_loss: torch.Tensor, grad_norm: torch.Tensor, lr: float,
-              window_steps: int) -> _PendingLog:
-        # One small all-reduce: the logged loss is the global mean over the whole global batch.
-        stats = torch.stack([mean_loss, grad_norm.detach().float().to(mean_loss.device)])
-        dist.all_reduce(stats)
-        if stats.device.type != "cuda":
-            return cls(step, stats, None, lr, window_steps)
-        host = torch.empty(2, pin_memory=True)
-        host.copy_(stats, non_blocking=True)
+    def start(cls, step: int, mean_loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, window_steps: int,
+              world_size: int, gpu: dict[str, float] | None = None) -> _PendingLog:
+        # One small all-gather: the logged loss is the global mean over the whole global batch, and rank 0 logs
+        # every rank's GPU. Every rank sends the same length (NaN where it has no telemetry), so ranks that
+        # disagree about NVML cannot mismatch the collective.
+        dev = mean_loss.device
+        tele = torch.tensor([math.nan if gpu is None else gpu[k] for k in gpu_telemetry.FIELDS])
+        if dev.type == "cuda":  # from pinned memory, without a sync: a blocking copy would drain the GPU's queue
+            tele = tele.pin_memory().to(dev, non_blocking=True)
+        stats = torch.cat([torch.stack([mean_loss, grad_norm.detach().float().to(dev)]), tele])
+        gathered = stats.new_empty(world_size * stats.numel())
+        dist.all_gather_into_tensor(gathered, stats)
+        gathered = gathered.view(world_size, -1)
+        if dev.type != "cuda":
+            return cls(step, gathered, None, lr, window_steps)
+        host = torch.empty(gathered.shape, pin_memory=True)
+        host.copy_(gathered, non_blocking=True)
         ready = torch.cuda.Event()
         ready.record()
         return cls(step, host, ready, lr, window_steps)
 
-    def values(self, world_size: int) -> tuple[float, float]:
-        """Mean loss and grad norm over the ranks (waits for the copy)."""
+    def values(self) -> tuple[float, float, dict[int, dict[str, float]]]:
+        """Mean loss and grad norm over the ranks, and each rank's GPU telemetry where it has some (waits for
+        the copy)."""
         if self.ready is not None:
             self.ready.synchronize()
-        loss, gnorm = (self.host / world_size).tolist()
-        return loss, gnorm
+        loss, gnorm = self.host[:, :2].mean(dim=0).tolist()
+        gpus = {r: dict(zip(gpu_telemetry.FIELDS, row[2:].tolist(), strict=True))
+                for r, row in enumerate(self.host) if not math.isnan(row[2].item())}
+        return loss, gnorm, gpus
 
 
 class Trainer:
@@ -313,6 +325,9 @@ class Trainer:
         self.resumed_from: str | None = None
         self.saver = ckpt.AsyncSaver() if (ctx.is_main and cfg.checkpoint.async_save) else None
         self.ckpt_root = layout.join(ctx.run_dir, layout.CHECKPOINTS)
+        # Clock, power, temperature and power-cap state of this rank's GPU, per logging window (None: no NVML).
+        self.telemetry = gpu_telemetry.Sampler.start(ctx.device) if t.get("gpu_telemetry", True) else None
+        self.gpu_windows: dict[int, list[dict[str, float]]] = {}
 
     # -- checkpoints -----------------------------------------------------------------------------------
 
@@ -504,7 +519,8 @@ class Trainer:
                     gc.collect()
                     gc.freeze()
             if step % t.log_every == 0 or step == self.total_steps:
-                pending = _PendingLog.start(step, loss_acc / acc / (step - logged_step), grad_norm, lr, meter.steps)
+                pending = _PendingLog.start(step, loss_acc / acc / (step - logged_step), grad_norm, lr, meter.steps,
+                                            ctx.world_size, self.telemetry.window() if self.telemetry else None)
                 logged_step = step
                 loss_acc.zero_()
 
@@ -539,6 +555,8 @@ class Trainer:
             "median": meter.medians(),
             "perf_windows": meter.history,  # every logging window's figures but the first (start-up, compile)
             "perf_span_unix": meter.span_unix,  # when those windows ran: [start, end], Unix seconds
+            # Each rank's GPU over the same windows (medians; the first window too): empty without NVML.
+            "gpus": {str(r): gpu_telemetry.medians(ws[1:] or ws) for r, ws in sorted(self.gpu_windows.items())},
             "time_to_first_step_s": first_step_s,
             "resumed_from": self.resumed_from,
             "losses": self.state.losses,
@@ -550,13 +568,18 @@ class Trainer:
     def _finish_log(self, pending: _PendingLog, meter: metrics.StepMeter, writer: Any,
                     progress: Progress | None) -> dict[str, float]:
         """Wait for a log step's reduced values, then write its scalars and progress; return them."""
-        train_loss, gnorm = pending.values(self.ctx.world_size)
+        train_loss, gnorm, gpus = pending.values()
         last = {"train/loss": train_loss, "lr": pending.lr, "grad_norm": gnorm,
                 **meter.close_window(pending.window_steps), "memory/peak_gb": _peak_memory_gb(self.ctx.device)}
         self.state.losses.append(train_loss)
+        for r, g in gpus.items():
+            self.gpu_windows.setdefault(r, []).append(g)
         if writer is not None:
             for k, v in last.items():
                 writer.add_scalar(k, v, pending.step)
+            for r, g in gpus.items():
+                for k, v in g.items():
+                    writer.add_scalar(f"gpu{r}/{k}", v, pending.step)
         if progress is not None:
             progress.update(pending.step, train_loss, last.get("perf/tokens_per_s") or last["perf/samples_per_s"])
         return last
@@ -565,6 +588,8 @@ class Trainer:
         """Finish the checkpoint in flight and stop DataLoader worker processes now, not at interpreter exit."""
         if self.saver is not None:
             self.saver.close()
+        if self.telemetry is not None:
+            self.telemetry.close()
         self.loader = None  # persistent workers stop when their iterator is collected
         gc.collect()  # the LR lambda's closure makes a cycle through the trainer
 

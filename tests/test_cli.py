@@ -20,6 +20,7 @@ from conftest import ddp_run, run_dirs
     (["train.ddp_comm=fp8"], "train.ddp_comm", "'fp8'"),
     (["train.ddp_comm=bf16"], "train.ddp_comm", "'bf16'"),  # bf16 all-reduce needs NCCL; gloo here
     (["train.profile.steps=-1"], "train.profile.steps", "-1"),
+    (["train.gpu_telemetry=sometimes"], "train.gpu_telemetry", "'sometimes'"),
     (["train.compile=true", "+train.inductor.no_such_setting=true"], "train.inductor.no_such_setting", "True"),
     (["train.compile=true", "+train.inductor.combo_kernels=3"], "train.inductor.combo_kernels", "3"),
     (["+train.inductor.combo_kernels=true"], "train.inductor.combo_kernels", "True"),  # compile is off

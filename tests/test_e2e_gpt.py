@@ -80,6 +80,8 @@ def test_gpt_two_ranks_trains_and_logs_every_scalar_per_optimizer_step(tmp_path)
     assert len(summary["perf_windows"]["step_time_s"]) == steps - 1
     start, end = summary["perf_span_unix"]
     assert 0 < end - start < sum(summary["perf_windows"]["step_time_s"]) + 60
+    # GPU telemetry needs NVML and a GPU: on CPU there is none, and no gpu scalars either.
+    assert summary["gpus"] == {} and not any(tag.startswith("gpu") for tag in tb)
 
 
 def test_x_axis_is_the_optimizer_step_under_accumulation(tmp_path):

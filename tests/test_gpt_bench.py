@@ -68,3 +68,16 @@ def test_without_nvidia_smi_nothing_is_sampled(monkeypatch, tmp_path):
         pass
     assert samples == []
 
+
+
+def test_scaling_against_each_gpus_own_single_gpu_rate():
+    rows = [
+        {"who": "ddp-run", "world": 1, "tok_s": 520.0, "gpu": 0},
+        {"who": "ddp-run (GPU 1 alone)", "world": 1, "tok_s": 500.0, "gpu": 1},
+        {"who": "ddp-run", "world": 2, "tok_s": 990.0},
+        {"who": "ddp-run x=1", "world": 2, "tok_s": 900.0},  # no single-GPU rows of its own: left out
+        {"who": "reference", "world": 2, "tok_s": 800.0},
+    ]
+    assert gpt_bench.each_gpu_scaling(rows) == {"ddp-run": 990.0 / 1020.0}
+    # Without GPU 1's own figure there is nothing to compare against.
+    assert gpt_bench.each_gpu_scaling([rows[0], rows[2]]) == {}
