@@ -294,7 +294,7 @@ def main() -> None:
               f" {r['mfu_pct']:.1f} | {r['step_s']:.4f} | {'' if eff is None else f'{100 * eff:.1f}%'} |"
               f" {r['first_step_s']:.1f} | {r['wall_s']:.1f} | {gpu_cell(r.get('gpus') or {})} |")
     for r in rows:
-        if r["who"] in per_gpu:
+        if r["world"] > 1 and r["who"] in per_gpu:
             r["scaling_vs_each_gpu"] = per_gpu[r["who"]]
             std = r["scaling_efficiency"]
             print(f"\n{r['who']} on {r['world']} GPUs: "
