@@ -180,9 +180,9 @@ def run_ours_each_gpu(gpus: int, steps: int, root: str, extra: list[str]) -> lis
         procs = [subprocess.Popen(_ours_cmd(1, steps, f"{root}/gpu{i}", extra), stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": str(i)})
                  for i in range(gpus)]
-        done = [subprocess.CompletedProcess(p.args, p.returncode, *p.communicate()) for p in procs]
-        for d, p in zip(done, procs, strict=True):
-            d.returncode = p.returncode
+        outs = [p.communicate() for p in procs]
+    done = [subprocess.CompletedProcess(p.args, p.returncode, out, err)
+            for p, (out, err) in zip(procs, outs, strict=True)]
     wall = time.time() - t0
     rows = []
     for i, d in enumerate(done):
@@ -197,7 +197,7 @@ def each_gpu_scaling(rows: list[dict]) -> dict[str, float]:
     it ran on (rows with a ``gpu`` index, from :func:`run_ours_each_gpu`), keyed by the row's ``who``."""
     out = {}
     for r in rows:
-        if r["world"] < 2 or not r["who"].startswith("ddp-run"):
+        if r["world"] < 2 or r["who"] == "reference":
             continue
         singles = {x["gpu"]: x["tok_s"] for x in rows
                    if x["world"] == 1 and "gpu" in x and x["who"].split(" (GPU")[0] == r["who"]}

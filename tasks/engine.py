@@ -555,7 +555,7 @@ class Trainer:
             "median": meter.medians(),
             "perf_windows": meter.history,  # every logging window's figures but the first (start-up, compile)
             "perf_span_unix": meter.span_unix,  # when those windows ran: [start, end], Unix seconds
-            # Each rank's GPU over the same windows (medians; the first window too): empty without NVML.
+            # Each rank's GPU: medians over the logging windows but the first (compilation); empty without NVML.
             "gpus": {str(r): gpu_telemetry.medians(ws[1:] or ws) for r, ws in sorted(self.gpu_windows.items())},
             "time_to_first_step_s": first_step_s,
             "resumed_from": self.resumed_from,
@@ -673,6 +673,7 @@ def run(run_dir: str, local_dir: str, console: IO[str] | None) -> None:
     ctx = _setup(run_dir, local_dir, console, cfg)
     print(f"startup: process group ready in {time.perf_counter() - t0:.1f} s", flush=True)
     worker_io.write_json(local_dir, layout.rank_facts(ctx.rank), _facts(ctx, completed=False))
+    trainer: Trainer | None = None
     try:
         trainer = Trainer(cfg, ctx, writer_future)
         trainer.maybe_resume()
@@ -690,5 +691,8 @@ def run(run_dir: str, local_dir: str, console: IO[str] | None) -> None:
         worker_io.mark_failure_time(exc)
         raise
     finally:
+        # DDP's reducer goes before the process group it uses, not after it at interpreter exit.
+        trainer = None
+        gc.collect()
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -67,7 +67,7 @@ def medians(windows: Iterable[Mapping[str, float]]) -> dict[str, float]:
 
 
 class Sampler:
-    """Reads this rank's GPU every ``interval_s`` on a daemon thread; :meth:`window` returns what came since.
+    """Reads this rank's GPU every ``interval_s`` on a daemon thread; :meth:`window` summarizes what came since.
 
     ``Sampler.start(device)`` returns None on a CPU device or where NVML is not available.
     """
@@ -77,6 +77,8 @@ class Sampler:
         # Renamed from "throttle reasons" in newer NVML; older pynvml has only the old name.
         self._reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) \
             or nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        # One reading before the thread starts: an unsupported query fails here, not silently on the thread.
+        self._last = self._read()
         self._samples: list[Sample] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -95,9 +97,7 @@ class Sampler:
             # By UUID: the CUDA index is relative to CUDA_VISIBLE_DEVICES, NVML's is not.
             uuid = str(torch.cuda.get_device_properties(device).uuid)
             handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
-            sampler = cls(handle, pynvml, interval_s)
-            sampler._read()  # fail here, not silently on the thread, if a query is unsupported
-            return sampler
+            return cls(handle, pynvml, interval_s)
         except Exception:  # noqa: BLE001 - any NVML or import failure just means no telemetry
             return None
 
@@ -118,12 +118,14 @@ class Sampler:
                 continue
             with self._lock:
                 self._samples.append(sample)
+                self._last = sample
 
-    def window(self) -> dict[str, float] | None:
-        """:func:`summarize` of the samples since the last call (None if there were none)."""
+    def window(self) -> dict[str, float]:
+        """:func:`summarize` of the samples since the last call; the latest reading when none came since (a
+        window shorter than the sampling interval)."""
         with self._lock:
-            samples, self._samples = self._samples, []
-        return summarize(samples)
+            samples, self._samples = self._samples or [self._last], []
+        return summarize(samples)  # type: ignore[return-value]  # never empty
 
     def close(self) -> None:
         """Stop the sampling thread."""

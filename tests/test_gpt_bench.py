@@ -79,5 +79,8 @@ def test_scaling_against_each_gpus_own_single_gpu_rate():
         {"who": "reference", "world": 2, "tok_s": 800.0},
     ]
     assert gpt_bench.each_gpu_scaling(rows) == {"ddp-run": 990.0 / 1020.0}
+    # A variant named with --label pairs with its own single-GPU rows.
+    labelled = [{**r, "who": r["who"].replace("ddp-run", "mine")} for r in rows[:3]]
+    assert gpt_bench.each_gpu_scaling(labelled) == {"mine": 990.0 / 1020.0}
     # Without GPU 1's own figure there is nothing to compare against.
     assert gpt_bench.each_gpu_scaling([rows[0], rows[2]]) == {}

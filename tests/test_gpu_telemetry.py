@@ -90,3 +90,16 @@ def test_sampler_windows_take_what_came_since_the_last_one():
     finally:
         s.close()
     assert not s._thread.is_alive()
+    # Nothing new since the last window (a log step sooner than the sampling interval): the latest reading.
+    assert s.window() == second
+
+
+def test_a_query_the_gpu_does_not_answer_means_no_sampler_and_no_thread():
+    class NoReasons(_FakeNVML):
+        def nvmlDeviceGetCurrentClocksThrottleReasons(self, h):  # noqa: N802
+            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+
+    before = threading.active_count()
+    with pytest.raises(RuntimeError, match="NOT_SUPPORTED"):
+        gt.Sampler(handle=object(), nvml=NoReasons([(1, 1, 1, 0)]), interval_s=0.001)
+    assert threading.active_count() == before

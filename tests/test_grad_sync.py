@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -55,17 +57,24 @@ def test_clipping_changes_the_step_here():
     assert max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters(), strict=True)) > 1e-3
 
 
+def _ddp_grads(rank: int, hook) -> list[torch.Tensor]:
+    model = DDP(_model(), bucket_cap_mb=0.0001)  # several buckets
+    if hook is not None:
+        model.register_comm_hook(None, hook)
+    torch.manual_seed(100 + rank)  # each rank its own data
+    model(torch.randn(16, 8)).pow(2).mean().backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
 def _hook_worker(rank: int, world: int, store: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
-        grads = {}
-        for name, hook in (("default", None), ("mean", grad_sync.mean_allreduce_hook)):
-            model = DDP(_model(), bucket_cap_mb=0.0001)  # several buckets
-            if hook is not None:
-                model.register_comm_hook(None, hook)
-            torch.manual_seed(100 + rank)  # each rank its own data
-            model(torch.randn(16, 8)).pow(2).mean().backward()
-            grads[name] = [p.grad.clone() for p in model.parameters()]
+        # Each DDP is gone before the process group: a reducer that outlives its group can abort the process
+        # at exit ("terminate called without an active exception", seen once in a dozen runs).
+        grads = {name: _ddp_grads(rank, hook) for name, hook in (("default", None),
+                                                                 ("mean", grad_sync.mean_allreduce_hook))}
+        gc.collect()
+        dist.barrier()
         torch.save(grads, f"{out}-{rank}.pt")
     finally:
         dist.destroy_process_group()
