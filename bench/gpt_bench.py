@@ -40,6 +40,13 @@ from tasks.profiling import format_summary  # noqa: E402
 GPU_QUERY = "index,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active"
 BASIC_QUERY = "index,clocks.sm,power.draw,temperature.gpu"
 POWER_CAP_BIT = 0x4
+TOKENS_PER_STEP = 64 * 1024  # global batch 64 sequences of 1024 tokens
+
+
+def mean_window_tok_s(window_step_s: list[float] | None, tokens_per_step: int = TOKENS_PER_STEP) -> float | None:
+    """Tokens/s from the mean of the logging windows' step times: steadier than the runner's median when the
+    windows are uneven (power-capped GPUs dip about once a second), and None without windows (the reference)."""
+    return tokens_per_step / statistics.fmean(window_step_s) if window_step_s else None
 
 
 def parse_gpu_samples(csv_text: str) -> dict[str, dict[str, float]]:
@@ -159,11 +166,12 @@ def _ours_result(who: str, world: int, proc: subprocess.CompletedProcess, t0: fl
     run_dir = Path(proc.stdout.strip().splitlines()[-1])
     s = json.loads((run_dir / "summary.json").read_text())
     med = s["median"]
-    return {"who": who, "world": world, "tok_s": med["tokens_per_s"],
+    windows = s.get("perf_windows", {}).get("step_time_s")
+    return {"who": who, "world": world, "tok_s": med["tokens_per_s"], "tok_s_mean": mean_window_tok_s(windows),
             "mfu_pct": med["mfu_pct"],
             "step_s": med["step_time_s"], "first_step_s": s["time_to_first_step_s"], "wall_s": wall,
             "peak_mem_gb": s["final"].get("memory/peak_gb"), "final_loss": s["final"].get("train/loss"),
-            "window_step_s": s.get("perf_windows", {}).get("step_time_s"), "run_dir": str(run_dir),
+            "window_step_s": windows, "run_dir": str(run_dir),
             "gpus": training_gpu_stats(samples, *s["perf_span_unix"]), "run_gpus": s.get("gpus"),
             "gpu_samples": sample_series(samples, t0)}
 
@@ -244,6 +252,24 @@ def run_reference(world: int, path: str, steps: int) -> dict:
             "gpu_samples": sample_series(samples, t0)}
 
 
+def table(rows: list[dict], base: dict[str, float]) -> None:
+    """Print the markdown table of ``rows``, setting each row's ``scaling_efficiency`` against ``base`` (1-GPU
+    tokens/s by variant)."""
+    print("| runner | GPUs | tokens/s | mean of windows | tokens/s/GPU | MFU % | step s | scaling eff. | first step s |"
+          " wall s | SM MHz / W (power-capped share) while training |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        # Against the same variant's 1-GPU figure, else plain ddp-run's.
+        one = base.get(r["who"]) or (base.get("ddp-run") if r["who"].startswith("ddp-run") else None)
+        eff = r["tok_s"] / (r["world"] * one) if one else None
+        r["scaling_efficiency"] = eff
+        mean = r.get("tok_s_mean")
+        print(f"| {r['who']} | {r['world']} | {r['tok_s']:,.0f} | {'' if mean is None else f'{mean:,.0f}'} |"
+              f" {r['tok_s'] / r['world']:,.0f} |"
+              f" {r['mfu_pct']:.1f} | {r['step_s']:.4f} | {'' if eff is None else f'{100 * eff:.1f}%'} |"
+              f" {r['first_step_s']:.1f} | {r['wall_s']:.1f} | {gpu_cell(r.get('gpus') or {})} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=50)
@@ -282,17 +308,7 @@ def main() -> None:
         rows = json.loads(Path(a.out).read_text()) + rows
         base = {**{r["who"]: r["tok_s"] for r in rows if r["world"] == 1}, **base}
     per_gpu = each_gpu_scaling(rows)
-    print("| runner | GPUs | tokens/s | tokens/s/GPU | MFU % | step s | scaling eff. | first step s | wall s |"
-          " SM MHz / W (power-capped share) while training |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        # Against the same variant's 1-GPU figure, else plain ddp-run's.
-        one = base.get(r["who"]) or (base.get("ddp-run") if r["who"].startswith("ddp-run") else None)
-        eff = r["tok_s"] / (r["world"] * one) if one else None
-        r["scaling_efficiency"] = eff
-        print(f"| {r['who']} | {r['world']} | {r['tok_s']:,.0f} | {r['tok_s'] / r['world']:,.0f} |"
-              f" {r['mfu_pct']:.1f} | {r['step_s']:.4f} | {'' if eff is None else f'{100 * eff:.1f}%'} |"
-              f" {r['first_step_s']:.1f} | {r['wall_s']:.1f} | {gpu_cell(r.get('gpus') or {})} |")
+    table(rows, base)
     for r in rows:
         if r["world"] > 1 and r["who"] in per_gpu:
             r["scaling_vs_each_gpu"] = per_gpu[r["who"]]

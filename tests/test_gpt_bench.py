@@ -8,6 +8,8 @@ import stat
 import time
 from pathlib import Path
 
+import pytest
+
 _spec = importlib.util.spec_from_file_location("gpt_bench", Path(__file__).parents[1] / "bench" / "gpt_bench.py")
 gpt_bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gpt_bench)  # type: ignore[union-attr]
@@ -84,3 +86,26 @@ def test_scaling_against_each_gpus_own_single_gpu_rate():
     assert gpt_bench.each_gpu_scaling(labelled) == {"mine": 990.0 / 1020.0}
     # Without GPU 1's own figure there is nothing to compare against.
     assert gpt_bench.each_gpu_scaling([rows[0], rows[2]]) == {}
+
+
+def test_tokens_per_second_from_the_mean_of_the_windows():
+    # Uneven windows (a clock dip in the third): the mean counts the dip's share of the time; the median hides it.
+    windows = [0.064, 0.064, 0.070, 0.064, 0.064]
+    assert gpt_bench.mean_window_tok_s(windows) == pytest.approx(65536 / 0.0652)
+    assert gpt_bench.mean_window_tok_s(windows, tokens_per_step=1000) == pytest.approx(1000 / 0.0652)
+    assert gpt_bench.mean_window_tok_s([]) is None and gpt_bench.mean_window_tok_s(None) is None
+
+
+def test_table_gives_scaling_and_both_throughputs(capsys):
+    gpus = {"0": {"sm_clock_mhz": 1770.0, "power_w": 692.0, "power_capped_pct": 100.0}}
+    common = {"mfu_pct": 45.0, "step_s": 0.126, "first_step_s": 40.0, "wall_s": 60.0, "gpus": gpus}
+    rows = [{"who": "ddp-run", "world": 1, "tok_s": 520000.0, "tok_s_mean": 518000.0, **common},
+            {"who": "ddp-run", "world": 2, "tok_s": 988000.0, "tok_s_mean": 990000.0, **common},
+            {"who": "reference", "world": 1, "tok_s": 488000.0, **common}]
+    gpt_bench.table(rows, {"ddp-run": 520000.0, "reference": 488000.0})
+    out = capsys.readouterr().out.splitlines()
+    assert out[2] == ("| ddp-run | 1 | 520,000 | 518,000 | 520,000 | 45.0 | 0.1260 | 100.0% | 40.0 | 60.0 |"
+                      " 1770/692 cap 100% |")
+    assert out[3].startswith("| ddp-run | 2 | 988,000 | 990,000 | 494,000 | 45.0 | 0.1260 | 95.0% |")
+    assert out[4].startswith("| reference | 1 | 488,000 |  | 488,000 |")  # no windows: no mean
+    assert rows[1]["scaling_efficiency"] == pytest.approx(0.95)
