@@ -33,13 +33,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tasks.gpu_telemetry import POWER_BITS  # noqa: E402
 from tasks.profiling import format_summary  # noqa: E402
 
-# clocks_event_reasons.active is a bit mask; 0x4 is "SW power cap": the driver lowered the clocks to hold the
-# board's power limit. Drivers without the field get BASIC_QUERY.
+# clocks_event_reasons.active is NVML's clock event reason mask; its power bits (POWER_BITS, as in the runner's
+# own telemetry) mean the driver lowered the clocks to hold the board's power limit. Drivers without the field
+# get BASIC_QUERY.
 GPU_QUERY = "index,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active"
 BASIC_QUERY = "index,clocks.sm,power.draw,temperature.gpu"
-POWER_CAP_BIT = 0x4
 TOKENS_PER_STEP = 64 * 1024  # global batch 64 sequences of 1024 tokens
 
 
@@ -61,7 +62,7 @@ def parse_gpu_samples(csv_text: str) -> dict[str, dict[str, float]]:
         try:
             sample = tuple(float(f) for f in fields[1:4])
             if len(fields) == 5:
-                sample += (float(bool(int(fields[4], 16) & POWER_CAP_BIT)),)
+                sample += (float(bool(int(fields[4], 16) & POWER_BITS)),)
         except ValueError:
             continue
         per_gpu.setdefault(fields[0], []).append(sample)

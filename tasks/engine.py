@@ -673,7 +673,6 @@ def run(run_dir: str, local_dir: str, console: IO[str] | None) -> None:
     ctx = _setup(run_dir, local_dir, console, cfg)
     print(f"startup: process group ready in {time.perf_counter() - t0:.1f} s", flush=True)
     worker_io.write_json(local_dir, layout.rank_facts(ctx.rank), _facts(ctx, completed=False))
-    trainer: Trainer | None = None
     try:
         trainer = Trainer(cfg, ctx, writer_future)
         trainer.maybe_resume()
@@ -691,8 +690,5 @@ def run(run_dir: str, local_dir: str, console: IO[str] | None) -> None:
         worker_io.mark_failure_time(exc)
         raise
     finally:
-        # DDP's reducer goes before the process group it uses, not after it at interpreter exit.
-        trainer = None
-        gc.collect()
         if dist.is_initialized():
             dist.destroy_process_group()
