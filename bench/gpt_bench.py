@@ -174,7 +174,9 @@ def _ours_result(who: str, world: int, proc: subprocess.CompletedProcess, t0: fl
             "peak_mem_gb": s["final"].get("memory/peak_gb"), "final_loss": s["final"].get("train/loss"),
             "window_step_s": windows, "run_dir": str(run_dir),
             "gpus": training_gpu_stats(samples, *s["perf_span_unix"]), "run_gpus": s.get("gpus"),
-            "gpu_samples": sample_series(samples, t0)}
+            "gpu_samples": sample_series(samples, t0),
+            # the driver's own lines: the batch, the outcome, each rank's GPU medians
+            "driver_lines": [ln for ln in proc.stdout.splitlines() if ln.startswith("ddp-run:")]}
 
 
 def run_ours_each_gpu(gpus: int, steps: int, root: str, extra: list[str]) -> list[dict]:

@@ -219,10 +219,21 @@ def make_plan(
     if _get(cfg, "train.ddp_comm") == "bf16" and backend != "nccl":
         raise PlanError("train.ddp_comm", "bf16", f"bf16 gradient all-reduce needs NCCL; this run uses {backend}",
                         "use train.ddp_comm=fp32 (or run on GPUs with backend=nccl)")
-    for key in ("train.compile", "train.gpu_telemetry", "checkpoint.async_save"):
+    for key in ("train.compile", "train.gpu_telemetry", "train.ddp_split_graph", "checkpoint.async_save"):
         value = _get(cfg, key)
         if value is not None and not isinstance(value, bool):
             raise PlanError(key, value, "must be true or false", f"use {key}=true or {key}=false")
+    bucket_mb = _get(cfg, "train.ddp_bucket_mb")
+    if bucket_mb is not None and (isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float))
+                                  or bucket_mb <= 0):
+        raise PlanError("train.ddp_bucket_mb", bucket_mb, "must be a positive number of megabytes",
+                        "e.g. train.ddp_bucket_mb=25 (PyTorch's default)")
+    if (bucket_mb is not None and bucket_mb < 1 and world_size > 1 and _get(cfg, "train.compile")
+            and _get(cfg, "train.ddp_split_graph") is not False):
+        # torch._dynamo's DDP graph splitter asserts that DDP's first bucket (1 MB) is no larger than the others.
+        raise PlanError("train.ddp_bucket_mb", bucket_mb,
+                        "below DDP's 1 MB first bucket, which the compiler's DDP graph split refuses",
+                        "use train.ddp_bucket_mb=1 or more (or train.ddp_split_graph=false)")
     for key in ("train.profile.steps", "train.profile.start"):
         value = _get(cfg, key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):

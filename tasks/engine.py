@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from runner import layout
 from runner.plan import SCHEDULES, flatten
 from tasks import checkpoint as ckpt
-from tasks import gpu_telemetry, grad_sync, metrics, profiling, worker_io
+from tasks import ddp_compile, gpu_telemetry, grad_sync, metrics, profiling, worker_io
 from tasks.api import TaskParts
 from tasks.config import Config, load_config
 from tasks.progress import Progress
@@ -287,7 +287,10 @@ class Trainer:
         compile_kwargs = {"mode": t.compile_mode} if t.get("compile_mode") else {}
         if t.compile and t.get("inductor"):
             apply_inductor_settings(t.inductor)
-        self.forward = torch.compile(self.ddp, **compile_kwargs) if t.compile else self.ddp
+        # The synchronising micro-step's callable, and the others' (tasks/ddp_compile.py says why they differ).
+        self.forward, self.forward_local = ddp_compile.compiled_forwards(
+            self.ddp, self.model, distributed=ctx.world_size > 1, compile=bool(t.compile),
+            split=bool(t.get("ddp_split_graph", True)), **compile_kwargs)
         # These modes replay each micro-step as CUDA graphs: no per-kernel launch cost, so the GPU does not wait
         # for the host to launch kernels.
         self.cudagraphs = bool(t.compile) and ctx.device.type == "cuda" and t.get("compile_mode") in CUDAGRAPH_MODES
@@ -484,7 +487,7 @@ class Trainer:
                     torch.compiler.cudagraph_mark_step_begin()
                 with sync:
                     with _autocast(device, t.precision):
-                        loss = self.forward(x, y)
+                        loss = (self.forward if last_micro else self.forward_local)(x, y)
                     scaled = loss / acc
                     scaled = self.scaler.scale(scaled) if self.scaler is not None else scaled
                     if last_micro and ctx.world_size > 1:

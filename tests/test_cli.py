@@ -21,6 +21,9 @@ from conftest import ddp_run, run_dirs
     (["train.ddp_comm=bf16"], "train.ddp_comm", "'bf16'"),  # bf16 all-reduce needs NCCL; gloo here
     (["train.profile.steps=-1"], "train.profile.steps", "-1"),
     (["train.gpu_telemetry=sometimes"], "train.gpu_telemetry", "'sometimes'"),
+    (["train.ddp_split_graph=maybe"], "train.ddp_split_graph", "'maybe'"),
+    (["train.ddp_bucket_mb=0"], "train.ddp_bucket_mb", "0"),
+    (["world_size=2", "train.compile=true", "train.ddp_bucket_mb=0.5"], "train.ddp_bucket_mb", "0.5"),
     (["train.compile=true", "+train.inductor.no_such_setting=true"], "train.inductor.no_such_setting", "True"),
     (["train.compile=true", "+train.inductor.combo_kernels=3"], "train.inductor.combo_kernels", "3"),
     (["+train.inductor.combo_kernels=true"], "train.inductor.combo_kernels", "True"),  # compile is off

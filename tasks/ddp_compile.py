@@ -1,0 +1,50 @@
+"""How the model is compiled when DDP wraps it: which graph each kind of micro-step runs.
+
+Under ``torch.compile`` DDP's all-reduce can only start during the backward if the compiler cuts the model's graph
+at DDP's gradient buckets (dynamo's ``optimize_ddp``): each piece's backward then hands its gradients to DDP as it
+finishes. The cut has a cost on every micro-step that runs the pieces (no fusion across a cut, more graphs to
+replay). Two ways are offered (``train.ddp_split_graph``):
+
+- split (PyTorch's default): only the synchronising micro-step runs the cut graph. The others, under ``no_sync``,
+  run the module through a frame of their own, compiled as one whole graph. That is the same computation: under
+  ``no_sync`` DDP's forward only calls the module (for a model without buffers to broadcast), and the engine runs
+  those backwards with ``autograd.grad``, which DDP's reducer never sees.
+- not split: one whole graph for every micro-step; the all-reduce follows the backward.
+
+The separate frame matters: dynamo caches compiled code on the code object it compiled, so calling the module
+itself would reuse whichever graph, cut or whole, was compiled first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def ddp_forward_needed(model: torch.nn.Module) -> bool:
+    """Whether a micro-step under ``no_sync`` must still go through DDP's forward: only to broadcast rank 0's
+    buffers (``broadcast_buffers``, on by default), so only for a model that has buffers."""
+    return any(True for _ in model.buffers())
+
+
+def compiled_forwards(ddp: torch.nn.Module, model: torch.nn.Module, *, distributed: bool, compile: bool,
+                      split: bool, **compile_kwargs: Any) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """The callables for the synchronising micro-step and for the others: ``(sync, local)``.
+
+    ``ddp`` is the DDP wrapper of ``model`` (or its single-process stand-in when not ``distributed``);
+    ``compile_kwargs`` go to ``torch.compile``. Without compile, or with one process, both are the same callable.
+    """
+    if not compile:
+        return ddp, ddp
+    if distributed and not split:
+        torch._dynamo.config.optimize_ddp = False  # one whole graph; DDP's hooks fire after the backward
+    sync = torch.compile(ddp, **compile_kwargs)
+    if not (distributed and split) or ddp_forward_needed(model):
+        return sync, sync
+
+    def whole_graph(*args: Any, **kwargs: Any) -> Any:  # its own code object, so its own compiled graph
+        return model(*args, **kwargs)
+
+    return sync, torch.compile(whole_graph, **compile_kwargs)
