@@ -13,7 +13,7 @@ import os
 import sys
 
 from runner import layout
-from tasks import worker_io
+from tasks import termination, worker_io
 
 
 def main() -> int:
@@ -23,6 +23,7 @@ def main() -> int:
     rank = int(os.environ.get("RANK", "0"))
     worker_io.die_with_parent()
     console = worker_io.redirect_output(local_dir, rank)
+    termination.install()  # on SIGTERM, the checkpoint being written is finished first
     # An error record left by an earlier attempt (elastic restart, resume) must not pass for this one's.
     with contextlib.suppress(FileNotFoundError):
         os.remove(os.path.join(local_dir, layout.rank_error(rank)))

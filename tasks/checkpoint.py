@@ -452,6 +452,13 @@ def _snapshot(obj: Any, pool: dict[_Key, torch.Tensor], memo: dict[tuple, torch.
     return copy.deepcopy(obj)
 
 
+def _injected_delay(step: int) -> None:
+    """Fault injection for tests: ``DDP_RUNNER_SLOW_SAVE=<step>:<seconds>`` holds that step's background write."""
+    spec = os.environ.get("DDP_RUNNER_SLOW_SAVE")
+    if spec and int(spec.partition(":")[0]) == step:
+        time.sleep(float(spec.partition(":")[2]))
+
+
 class AsyncSaver:
     """Saves checkpoints in one background thread; training only waits for the copy to host memory.
 
@@ -518,6 +525,7 @@ class AsyncSaver:
             try:
                 for ev in events:
                     ev.synchronize()
+                _injected_delay(step)
                 self.last_url = save(ckpt_root, step, snap, keep_last=keep_last, protect=protect)
             except BaseException as e:  # noqa: BLE001 - stored and re-raised in the training thread
                 self._error = e
@@ -536,6 +544,23 @@ class AsyncSaver:
         if self._error is not None:
             err, self._error = self._error, None
             raise CheckpointError(f"background save of {self._failed} failed: {err!r}") from err
+
+    def finish(self, timeout_s: float, say: Any = print) -> None:
+        """Give the save in flight up to ``timeout_s`` to complete, and say how it went; never raises (for a
+        process about to stop: see tasks/termination.py)."""
+        thread = self._thread
+        if thread is None or not thread.is_alive():
+            return
+        t0 = time.monotonic()
+        thread.join(timeout_s)
+        took = time.monotonic() - t0
+        if thread.is_alive():
+            say(f"SIGTERM: the checkpoint in flight ({thread.name}) did not finish within {timeout_s:.0f} s;"
+                " the run resumes from the one before")
+        elif self._error is not None:
+            say(f"SIGTERM: the checkpoint in flight failed: {self._error!r}")
+        else:
+            say(f"SIGTERM: finished the checkpoint in flight before stopping ({self.last_url}, {took:.1f} s)")
 
     def close(self) -> None:
         """Wait for the save in flight (re-raising its error) and free the host buffers."""

@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from runner import layout
 from runner.plan import SCHEDULES, flatten
 from tasks import checkpoint as ckpt
-from tasks import ddp_compile, gpu_telemetry, grad_sync, metrics, profiling, worker_io
+from tasks import ddp_compile, gpu_telemetry, grad_sync, metrics, profiling, termination, worker_io
 from tasks.api import TaskParts
 from tasks.config import Config, load_config
 from tasks.progress import Progress
@@ -310,7 +310,7 @@ class Trainer:
         self.loader = DataLoader(
             self.parts.train_set, batch_size=self.per_rank, sampler=self.sampler, drop_last=True,
             num_workers=t.num_workers, pin_memory=ctx.device.type == "cuda",
-            persistent_workers=t.num_workers > 0,
+            persistent_workers=t.num_workers > 0, worker_init_fn=termination.reset_in_child,
         )
         self.steps_per_epoch = (self.sampler.num_samples // self.per_rank) // self.accumulation
         if self.steps_per_epoch == 0:
@@ -327,6 +327,8 @@ class Trainer:
         )
         self.resumed_from: str | None = None
         self.saver = ckpt.AsyncSaver() if (ctx.is_main and cfg.checkpoint.async_save) else None
+        if self.saver is not None:  # stopped by SIGTERM (a peer failed, or Ctrl-C): finish the write in flight
+            termination.on_terminate(self.saver.finish)
         self.ckpt_root = layout.join(ctx.run_dir, layout.CHECKPOINTS)
         # Clock, power, temperature and power-cap state of this rank's GPU, per logging window (None: no NVML).
         self.telemetry = gpu_telemetry.Sampler.start(ctx.device) if t.get("gpu_telemetry", True) else None
@@ -590,6 +592,7 @@ class Trainer:
     def close(self) -> None:
         """Finish the checkpoint in flight and stop DataLoader worker processes now, not at interpreter exit."""
         if self.saver is not None:
+            termination.forget(self.saver.finish)
             self.saver.close()
         if self.telemetry is not None:
             self.telemetry.close()
@@ -676,6 +679,7 @@ def run(run_dir: str, local_dir: str, console: IO[str] | None) -> None:
     ctx = _setup(run_dir, local_dir, console, cfg)
     print(f"startup: process group ready in {time.perf_counter() - t0:.1f} s", flush=True)
     worker_io.write_json(local_dir, layout.rank_facts(ctx.rank), _facts(ctx, completed=False))
+    failed = False
     try:
         trainer = Trainer(cfg, ctx, writer_future)
         trainer.maybe_resume()
@@ -690,8 +694,15 @@ def run(run_dir: str, local_dir: str, console: IO[str] | None) -> None:
         worker_io.write_json(local_dir, layout.rank_facts(ctx.rank),
                              _facts(ctx, completed=True, exit_code=0, summary=summary if ctx.is_main else None))
     except BaseException as exc:  # noqa: B036 - the time of any failure, before the teardown below
+        failed = True
         worker_io.mark_failure_time(exc)
         raise
     finally:
         if dist.is_initialized():
-            dist.destroy_process_group()
+            if failed and dist.get_backend() == dist.Backend.NCCL:
+                # A peer may be waiting in a collective this rank will never join, and NCCL's orderly teardown can
+                # wait for it: this rank would hang before recording its error, and torchrun would never learn
+                # of the failure. Aborting the communicators does not wait.
+                dist.distributed_c10d._abort_process_group()
+            else:
+                dist.destroy_process_group()

@@ -111,6 +111,19 @@ def test_kill_then_resume_run_dir_is_bit_identical(tmp_path, text_file):
     assert_same_params(final_params(crashed), final_params(clean))
 
 
+def test_rank0_finishes_the_checkpoint_in_flight_when_torchrun_stops_it(tmp_path):
+    # Rank 0's background write of step_4 is held for 4 s; rank 1 fails after step 5, and torchrun stops rank 0
+    # with SIGTERM while that write is in flight. Rank 0 finishes it before stopping (tasks/termination.py), so
+    # the run resumes from step_4, not step_2. Without that, SIGTERM ended rank 0 and the write with it.
+    env = {"DDP_RUNNER_FAULT": "raise@1:5", "DDP_RUNNER_SLOW_SAVE": "4:4"}
+    r = ddp_run([*SMOKE, "checkpoint.async_save=true"], tmp_path / "out", env=env)
+    run = only_run(tmp_path / "out")
+    assert_killed(r, run)
+    assert ck.latest(f"{run}/checkpoints").endswith("step_4")
+    assert "SIGTERM: finished the checkpoint in flight" in (run / "logs/rank0.log").read_text()
+    assert "injected fault on rank 1 at step 5" in r.stderr + r.stdout, "the root cause is still rank 1's"
+
+
 def test_elastic_restart_recovers_and_is_recorded(tmp_path, smoke_baseline):
     r = ddp_run([*SMOKE, "launcher.max_restarts=1"], tmp_path / "out", env=KILL_SMOKE)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -1,0 +1,92 @@
+"""Finish the checkpoint being written when a worker is told to stop, then stop as before.
+
+torchrun stops every worker with SIGTERM when one of them fails, and so does the driver on Ctrl-C (through
+torchrun). SIGTERM's default action ends the process at once, and with it a checkpoint that rank 0 was still
+writing in the background: the run then resumes from the one before. Here, SIGTERM wakes a watcher thread, which
+gives the registered work (``on_terminate``) up to ``grace_s`` to finish, then dies by SIGTERM's default action,
+exactly as the process would have.
+
+It must be a thread: when a peer has failed, the main thread is usually blocked inside a collective that will not
+return, and Python runs signal handlers only in the main thread, between bytecodes. The C-level handler that
+Python installs writes the signal's number to the "wakeup fd" whatever the main thread is doing; the watcher
+blocks reading it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+GRACE_S = 15.0  # inside torchrun's 30 s and the driver's 20 s before they SIGKILL
+
+_work: list[Callable[[float], None]] = []
+_owner_pid: int | None = None
+
+
+def on_terminate(finish: Callable[[float], None]) -> None:
+    """Register ``finish(timeout_s)``: called on SIGTERM, from the watcher thread, before the process stops."""
+    _work.append(finish)
+
+
+def forget(finish: Callable[[float], None]) -> None:
+    """Unregister what :func:`on_terminate` registered (absent: nothing happens)."""
+    if finish in _work:
+        _work.remove(finish)
+
+
+def install(grace_s: float = GRACE_S, say: Callable[[str], None] | None = None) -> bool:
+    """Handle SIGTERM as described above; call from the main thread before other threads start.
+
+    Returns False (and changes nothing) when not called from the main thread.
+    """
+    global _owner_pid
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    _owner_pid = os.getpid()
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    signal.signal(signal.SIGTERM, _handler)
+    signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    threading.Thread(target=_watch, args=(r, grace_s, say or _print), name="sigterm-watch", daemon=True).start()
+    return True
+
+
+def reset_in_child(*_args: object) -> None:
+    """For processes forked from a worker (DataLoader workers, as ``worker_init_fn``): SIGTERM's default action
+    again, and no writes to the parent's wakeup pipe."""
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _handler(signum: int, _frame: object) -> None:
+    # Python-level handler. In the worker itself the watcher thread does the work. A forked child that has not
+    # reset itself yet dies as it would have without this module.
+    if os.getpid() != _owner_pid:
+        reset_in_child()
+        os.kill(os.getpid(), signum)
+
+
+def _print(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _watch(fd: int, grace_s: float, say: Callable[[str], None]) -> None:
+    while signal.SIGTERM not in os.read(fd, 64):  # the wakeup fd carries every handled signal's number
+        pass
+    deadline = time.monotonic() + grace_s
+    for finish in list(_work):
+        try:
+            finish(max(0.0, deadline - time.monotonic()))
+        except BaseException as exc:  # noqa: BLE001 - stopping anyway; say why the work did not finish
+            say(f"SIGTERM: {exc!r}")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Die by SIGTERM's default action. Python's signal.signal only works in the main thread, which may be
+    # blocked; libc's signal() works from any thread.
+    ctypes.CDLL(None).signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
