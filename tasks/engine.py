@@ -702,7 +702,9 @@ def run(run_dir: str, local_dir: str, console: IO[str] | None) -> None:
             if failed and dist.get_backend() == dist.Backend.NCCL:
                 # A peer may be waiting in a collective this rank will never join, and NCCL's orderly teardown can
                 # wait for it: this rank would hang before recording its error, and torchrun would never learn
-                # of the failure. Aborting the communicators does not wait.
-                dist.distributed_c10d._abort_process_group()
+                # of the failure. Aborting the communicators does not wait. (A private API: if it is gone, the
+                # process exits without tearing the group down, which does not wait either.)
+                with contextlib.suppress(Exception):
+                    dist.distributed_c10d._abort_process_group()
             else:
                 dist.destroy_process_group()
