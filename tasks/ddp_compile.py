@@ -5,10 +5,11 @@ at DDP's gradient buckets (dynamo's ``optimize_ddp``): each piece's backward the
 finishes. The cut has a cost on every micro-step that runs the pieces (no fusion across a cut, more graphs to
 replay). Two ways are offered (``train.ddp_split_graph``):
 
-- split (PyTorch's default): only the synchronising micro-step runs the cut graph. The others, under ``no_sync``,
-  run the module through a frame of their own, compiled as one whole graph. That is the same computation: under
-  ``no_sync`` DDP's forward only calls the module (for a model without buffers to broadcast), and the engine runs
-  those backwards with ``autograd.grad``, which DDP's reducer never sees.
+- split (the default; PyTorch alone would cut every micro-step's graph): only the synchronising micro-step runs
+  the cut graph. The others, under ``no_sync``, run the module through a frame of their own, compiled as one
+  whole graph. That is the same computation: under ``no_sync`` DDP's forward only calls the module (for a model
+  without buffers to broadcast), and the engine runs those backwards with ``autograd.grad``, which DDP's reducer
+  never sees.
 - not split: one whole graph for every micro-step; the all-reduce follows the backward.
 
 The separate frame matters: dynamo caches compiled code on the code object it compiled, so calling the module

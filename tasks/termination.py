@@ -40,7 +40,7 @@ def forget(finish: Callable[[float], None]) -> None:
 
 
 def install(grace_s: float = GRACE_S, say: Callable[[str], None] | None = None) -> bool:
-    """Handle SIGTERM as described above; call from the main thread before other threads start.
+    """Handle SIGTERM as described above (Python only lets the main thread set signal handlers).
 
     Returns False (and changes nothing) when not called from the main thread.
     """
