@@ -75,6 +75,9 @@ class Supervisor:
         self.interrupted: int | None = None
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
+        if self.interrupted is None:  # said at once: stopping can take seconds, and silence invites a second Ctrl-C
+            print(f"ddp-run: stopping on signal {signum}: the workers get up to {GRACE_S:.0f} s (rank 0 first"
+                  " finishes a checkpoint it is writing)", file=sys.stderr, flush=True)
         self.interrupted = signum
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)  # torchrun's agent then stops its workers

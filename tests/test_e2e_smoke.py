@@ -124,9 +124,10 @@ def test_signal_to_driver_leaves_no_process(out_root, sig):
     assert len(_procs_mentioning(str(run))) >= 3  # torchrun + 2 workers
     t0 = time.monotonic()
     driver.send_signal(sig)
-    driver.wait(timeout=60)
+    _, err = driver.communicate(timeout=60)
     assert time.monotonic() - t0 < 30
     assert driver.returncode == 128 + sig
+    assert f"ddp-run: stopping on signal {int(sig)}" in err
     time.sleep(0.5)
     assert _procs_mentioning(str(run)) == []
     assert load_json(run / "run.json")["status"] == "failed"
