@@ -39,7 +39,7 @@ def forget(finish: Callable[[float], None]) -> None:
         _work.remove(finish)
 
 
-def install(grace_s: float = GRACE_S, say: Callable[[str], None] | None = None) -> bool:
+def install(grace_s: float = GRACE_S) -> bool:
     """Handle SIGTERM as described above (Python only lets the main thread set signal handlers).
 
     Returns False (and changes nothing) when not called from the main thread.
@@ -52,7 +52,7 @@ def install(grace_s: float = GRACE_S, say: Callable[[str], None] | None = None) 
     os.set_blocking(w, False)
     signal.signal(signal.SIGTERM, _handler)
     signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-    threading.Thread(target=_watch, args=(r, grace_s, say or _print), name="sigterm-watch", daemon=True).start()
+    threading.Thread(target=_watch, args=(r, grace_s), name="sigterm-watch", daemon=True).start()
     return True
 
 
@@ -71,11 +71,7 @@ def _handler(signum: int, _frame: object) -> None:
         os.kill(os.getpid(), signum)
 
 
-def _print(msg: str) -> None:
-    print(msg, flush=True)
-
-
-def _watch(fd: int, grace_s: float, say: Callable[[str], None]) -> None:
+def _watch(fd: int, grace_s: float) -> None:
     while signal.SIGTERM not in os.read(fd, 64):  # the wakeup fd carries every handled signal's number
         pass
     deadline = time.monotonic() + grace_s
@@ -83,7 +79,7 @@ def _watch(fd: int, grace_s: float, say: Callable[[str], None]) -> None:
         try:
             finish(max(0.0, deadline - time.monotonic()))
         except BaseException as exc:  # noqa: BLE001 - stopping anyway; say why the work did not finish
-            say(f"SIGTERM: {exc!r}")
+            print(f"SIGTERM: {exc!r}", flush=True)
     sys.stdout.flush()
     sys.stderr.flush()
     # Die by SIGTERM's default action. Python's signal.signal only works in the main thread, which may be
