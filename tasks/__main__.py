@@ -56,6 +56,9 @@ if __name__ == "__main__":
     code = main()
     if code == 0:
         fast_exit(0)
+    # A rank whose collective failed because a peer went away may get here before torchrun's SIGTERM: it
+    # finishes (and logs) the checkpoint in flight just as the SIGTERM path would.
+    termination.finish_now("stopping after the error")
     # After a failure the trainer is garbage in a reference cycle. Collect it now, while the interpreter is whole:
     # at finalization, the destructor of DDP's Python comm hook would need the GIL and abort the process
     # (SIGABRT instead of exit code 1).

@@ -545,9 +545,9 @@ class AsyncSaver:
             err, self._error = self._error, None
             raise CheckpointError(f"background save of {self._failed} failed: {err!r}") from err
 
-    def finish(self, timeout_s: float) -> None:
-        """Give the save in flight up to ``timeout_s`` to complete, and print how it went (to the rank's log);
-        never raises (for a process about to stop: see tasks/termination.py)."""
+    def finish(self, timeout_s: float, why: str = "stopping") -> None:
+        """Give the save in flight up to ``timeout_s`` to complete, and print how it went (to the rank's log,
+        each line prefixed by ``why``); never raises (for a process about to stop: see tasks/termination.py)."""
         thread = self._thread
         if thread is None or not thread.is_alive():
             return
@@ -555,12 +555,12 @@ class AsyncSaver:
         thread.join(timeout_s)
         took = time.monotonic() - t0
         if thread.is_alive():
-            print(f"SIGTERM: the checkpoint in flight ({thread.name}) did not finish within {timeout_s:.0f} s;"
+            print(f"{why}: the checkpoint in flight ({thread.name}) did not finish within {timeout_s:.0f} s;"
                   " the run resumes from the one before", flush=True)
         elif self._error is not None:
-            print(f"SIGTERM: the checkpoint in flight failed: {self._error!r}", flush=True)
+            print(f"{why}: the checkpoint in flight failed: {self._error!r}", flush=True)
         else:
-            print(f"SIGTERM: finished the checkpoint in flight before stopping ({self.last_url}, {took:.1f} s)",
+            print(f"{why}: finished the checkpoint in flight before stopping ({self.last_url}, {took:.1f} s)",
                   flush=True)
 
     def close(self) -> None:

@@ -145,17 +145,21 @@ def apply_inductor_settings(settings: dict[str, Any]) -> None:
 
 
 def inject_fault(rank: int, step: int) -> None:
-    """Fault injection for tests: ``DDP_RUNNER_FAULT=<kind>@<rank>:<step>`` with kind raise|kill|hang.
+    """Fault injection for tests: ``DDP_RUNNER_FAULT=<kind>@<rank>:<step>[,…]`` with kind raise|kill|hang.
 
     Only the first attempt of a run is faulted, so an elastic restart can be shown to recover.
     """
     spec = os.environ.get("DDP_RUNNER_FAULT")
     if not spec or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
         return
-    kind, _, where = spec.partition("@")
-    r, _, s = where.partition(":")
-    if int(r) != rank or int(s) != step:
-        return
+    for one in spec.split(","):
+        kind, _, where = one.partition("@")
+        r, _, s = where.partition(":")
+        if int(r) == rank and int(s) == step:
+            _fault(kind, rank, step)
+
+
+def _fault(kind: str, rank: int, step: int) -> None:
     if kind == "raise":
         raise RuntimeError(f"injected fault on rank {rank} at step {step}")
     if kind == "kill":

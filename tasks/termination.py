@@ -10,6 +10,10 @@ It must be a thread: when a peer has failed, the main thread is usually blocked 
 return, and Python runs signal handlers only in the main thread, between bytecodes. The C-level handler that
 Python installs writes the signal's number to the "wakeup fd" whatever the main thread is doing; the watcher
 blocks reading it.
+
+A rank that fails on its own (its collective raised because a peer went away) runs the same work through
+:func:`finish_now` before it exits, so its log says what became of the write either way. The work runs once:
+whichever of the two gets there first does it, and the other waits for it.
 """
 
 from __future__ import annotations
@@ -24,16 +28,25 @@ from collections.abc import Callable
 
 GRACE_S = 15.0  # inside torchrun's 30 s and the driver's 20 s before they SIGKILL
 
-_work: list[Callable[[float], None]] = []
+Work = Callable[[float, str], None]  # finish(timeout_s, why): why prefixes what it prints
+
+_work: list[Work] = []
+_work_lock = threading.Lock()
 _owner_pid: int | None = None
 
 
-def on_terminate(finish: Callable[[float], None]) -> None:
-    """Register ``finish(timeout_s)``: called on SIGTERM, from the watcher thread, before the process stops."""
+def on_terminate(finish: Work) -> None:
+    """Register ``finish(timeout_s, why)``: called on SIGTERM, from the watcher thread, before the process stops
+    (or by :func:`finish_now`)."""
     _work.append(finish)
 
 
-def forget(finish: Callable[[float], None]) -> None:
+def finish_now(why: str, grace_s: float = GRACE_S) -> None:
+    """Run the registered work now, once, giving it ``grace_s`` in all; for a rank about to exit after an error."""
+    _run_work(grace_s, why)
+
+
+def forget(finish: Work) -> None:
     """Unregister what :func:`on_terminate` registered (absent: nothing happens)."""
     if finish in _work:
         _work.remove(finish)
@@ -71,15 +84,22 @@ def _handler(signum: int, _frame: object) -> None:
         os.kill(os.getpid(), signum)
 
 
+def _run_work(grace_s: float, why: str) -> None:
+    deadline = time.monotonic() + grace_s
+    with _work_lock:  # SIGTERM while finish_now is at work: the watcher waits for it, then stops the process
+        work = list(_work)
+        _work.clear()
+        for finish in work:
+            try:
+                finish(max(0.0, deadline - time.monotonic()), why)
+            except BaseException as exc:  # noqa: BLE001 - stopping anyway; say why the work did not finish
+                print(f"{why}: {exc!r}", flush=True)
+
+
 def _watch(fd: int, grace_s: float) -> None:
     while signal.SIGTERM not in os.read(fd, 64):  # the wakeup fd carries every handled signal's number
         pass
-    deadline = time.monotonic() + grace_s
-    for finish in list(_work):
-        try:
-            finish(max(0.0, deadline - time.monotonic()))
-        except BaseException as exc:  # noqa: BLE001 - stopping anyway; say why the work did not finish
-            print(f"SIGTERM: {exc!r}", flush=True)
+    _run_work(grace_s, "SIGTERM")
     sys.stdout.flush()
     sys.stderr.flush()
     # Die by SIGTERM's default action. Python's signal.signal only works in the main thread, which may be

@@ -20,11 +20,14 @@ PROGRAM = textwrap.dedent("""
     out = sys.argv[1]
     termination.install(grace_s=float(sys.argv[2]))
 
-    def finish(timeout_s):
+    def finish(timeout_s, why):
         time.sleep(min(1.0, timeout_s))  # the write in flight
-        open(out + ".finished", "w").write(str(round(timeout_s)))
+        with open(out + ".finished", "a") as f:
+            f.write(f"{why} {round(timeout_s)}\\n")
 
     termination.on_terminate(finish)
+    if sys.argv[3] == "now":  # a rank that failed on its own finishes the work before SIGTERM comes
+        termination.finish_now("error", grace_s=7)
     if sys.argv[3] == "child":  # a forked child (a DataLoader worker): SIGTERM ends it alone, as by default
         pid = os.fork()
         if pid == 0:
@@ -54,7 +57,7 @@ def test_sigterm_finishes_the_work_then_dies_by_sigterm(tmp_path):
     proc, out = _start(tmp_path, grace=15, mode="plain")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=20) == -signal.SIGTERM, "it still ends as SIGTERM's default action would"
-    assert Path(out + ".finished").read_text() == "15", "the work ran first, given the whole grace period"
+    assert Path(out + ".finished").read_text() == "SIGTERM 15\n", "the work ran first, given the whole grace"
 
 
 def test_a_forked_child_stopped_by_sigterm_does_not_stop_the_parent(tmp_path):
@@ -73,3 +76,11 @@ def test_install_outside_the_main_thread_changes_nothing():
     t.start()
     t.join()
     assert result == [False] and signal.getsignal(signal.SIGTERM) == before
+
+
+def test_work_finished_after_an_error_does_not_run_again_on_sigterm(tmp_path):
+    proc, out = _start(tmp_path, grace=15, mode="now")
+    assert Path(out + ".finished").read_text() == "error 7\n"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == -signal.SIGTERM
+    assert Path(out + ".finished").read_text() == "error 7\n", "the work ran once"
