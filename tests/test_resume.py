@@ -113,11 +113,11 @@ def test_kill_then_resume_run_dir_is_bit_identical(tmp_path, text_file):
 
 
 def test_rank0_finishes_the_checkpoint_in_flight_when_torchrun_stops_it(tmp_path):
-    # Rank 0's background write of step_4 is held for 4 s. After step 5, rank 1 fails and rank 0 blocks (asleep,
-    # so no collective can fail under it first), and torchrun stops rank 0 with SIGTERM while that write is in
-    # flight. Rank 0 finishes it before stopping (tasks/termination.py), so the run resumes from step_4, not
-    # step_2. Without that, SIGTERM ended rank 0 and the write with it.
-    env = {"DDP_RUNNER_FAULT": "raise@1:5,hang@0:5", "DDP_RUNNER_SLOW_SAVE": "4:4"}
+    # Rank 0's background write of step_4 is held for 8 s (a wide margin on a busy machine). After step 5, rank 1
+    # fails and rank 0 blocks (asleep, so no collective can fail under it first), and torchrun stops rank 0 with
+    # SIGTERM while that write is in flight. Rank 0 finishes it before stopping (tasks/termination.py), so the run
+    # resumes from step_4, not step_2. Without that, SIGTERM ended rank 0 and the write with it.
+    env = {"DDP_RUNNER_FAULT": "raise@1:5,hang@0:5", "DDP_RUNNER_SLOW_SAVE": "4:8"}
     r = ddp_run([*SMOKE, "checkpoint.async_save=true"], tmp_path / "out", env=env)
     run = only_run(tmp_path / "out")
     assert_killed(r, run)
@@ -130,7 +130,7 @@ def test_rank0_finishes_the_checkpoint_in_flight_when_its_collective_fails(tmp_p
     # As above, but rank 0 goes on into the next step's collective. Which comes first is a race: the collective
     # failing because rank 1 is gone (rank 0 then finishes the write on its way out, tasks/__main__.py), or
     # torchrun's SIGTERM. Either way the write completes and the log says so.
-    env = {"DDP_RUNNER_FAULT": "raise@1:5", "DDP_RUNNER_SLOW_SAVE": "4:4"}
+    env = {"DDP_RUNNER_FAULT": "raise@1:5", "DDP_RUNNER_SLOW_SAVE": "4:8"}
     r = ddp_run([*SMOKE, "checkpoint.async_save=true"], tmp_path / "out", env=env)
     run = only_run(tmp_path / "out")
     assert_killed(r, run)
