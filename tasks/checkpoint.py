@@ -545,7 +545,7 @@ class AsyncSaver:
             err, self._error = self._error, None
             raise CheckpointError(f"background save of {self._failed} failed: {err!r}") from err
 
-    def finish(self, timeout_s: float, why: str = "stopping") -> None:
+    def finish(self, timeout_s: float, why: str) -> None:
         """Give the save in flight up to ``timeout_s`` to complete, and print how it went (to the rank's log,
         each line prefixed by ``why``); never raises (for a process about to stop: see tasks/termination.py)."""
         thread = self._thread

@@ -10,6 +10,7 @@ import random
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -112,16 +113,23 @@ def test_kill_then_resume_run_dir_is_bit_identical(tmp_path, text_file):
     assert_same_params(final_params(crashed), final_params(clean))
 
 
-def test_rank0_finishes_the_checkpoint_in_flight_when_torchrun_stops_it(tmp_path):
-    # Rank 0's background write of step_4 is held for 8 s (a wide margin on a busy machine). After step 5, rank 1
-    # fails and rank 0 blocks (asleep, so no collective can fail under it first), and torchrun stops rank 0 with
-    # SIGTERM while that write is in flight. Rank 0 finishes it before stopping (tasks/termination.py), so the run
-    # resumes from step_4, not step_2. Without that, SIGTERM ended rank 0 and the write with it.
-    env = {"DDP_RUNNER_FAULT": "raise@1:5,hang@0:5", "DDP_RUNNER_SLOW_SAVE": "4:8"}
+def _failed_with_step4_in_flight(tmp_path: Path, fault: str) -> tuple[Any, Path]:
+    """A smoke run where rank 0's background write of step_4 is held for 8 s (a wide margin on a busy machine)
+    while ``fault`` strikes; the run failed, and step_4 was finished all the same."""
+    env = {"DDP_RUNNER_FAULT": fault, "DDP_RUNNER_SLOW_SAVE": "4:8"}
     r = ddp_run([*SMOKE, "checkpoint.async_save=true"], tmp_path / "out", env=env)
     run = only_run(tmp_path / "out")
     assert_killed(r, run)
     assert ck.latest(f"{run}/checkpoints").endswith("step_4")
+    return r, run
+
+
+def test_rank0_finishes_the_checkpoint_in_flight_when_torchrun_stops_it(tmp_path):
+    # After step 5, rank 1 fails and rank 0 blocks (asleep, so no collective can fail under it first), and
+    # torchrun stops rank 0 with SIGTERM while step_4's write is in flight. Rank 0 finishes it before stopping
+    # (tasks/termination.py), so the run resumes from step_4, not step_2. Without that, SIGTERM ended rank 0 and
+    # the write with it.
+    r, run = _failed_with_step4_in_flight(tmp_path, "raise@1:5,hang@0:5")
     assert "SIGTERM: finished the checkpoint in flight" in (run / "logs/rank0.log").read_text()
     assert "injected fault on rank 1 at step 5" in r.stderr + r.stdout, "the root cause is still rank 1's"
 
@@ -130,11 +138,7 @@ def test_rank0_finishes_the_checkpoint_in_flight_when_its_collective_fails(tmp_p
     # As above, but rank 0 goes on into the next step's collective. Which comes first is a race: the collective
     # failing because rank 1 is gone (rank 0 then finishes the write on its way out, tasks/__main__.py), or
     # torchrun's SIGTERM. Either way the write completes and the log says so.
-    env = {"DDP_RUNNER_FAULT": "raise@1:5", "DDP_RUNNER_SLOW_SAVE": "4:8"}
-    r = ddp_run([*SMOKE, "checkpoint.async_save=true"], tmp_path / "out", env=env)
-    run = only_run(tmp_path / "out")
-    assert_killed(r, run)
-    assert ck.latest(f"{run}/checkpoints").endswith("step_4")
+    _, run = _failed_with_step4_in_flight(tmp_path, "raise@1:5")
     log = (run / "logs/rank0.log").read_text()
     assert re.search(r"(SIGTERM|stopping after the error): finished the checkpoint in flight", log), log
 
