@@ -33,8 +33,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tasks.gpu_telemetry import POWER_BITS  # noqa: E402
-from tasks.profiling import format_summary  # noqa: E402
+from tasks.engine.diagnostics.profiling import format_summary  # noqa: E402
+from tasks.engine.diagnostics.telemetry import POWER_BITS  # noqa: E402
 
 # clocks_event_reasons.active is NVML's clock event reason mask; its power bits (POWER_BITS, as in the runner's
 # own telemetry) mean the driver lowered the clocks to hold the board's power limit. Drivers without the field

@@ -19,15 +19,9 @@ from runner.manifest import PROJECT_ROOT
 from runner.plan import Plan, PlanError, make_plan
 
 CONF_DIR = PROJECT_ROOT / "conf"
-TASKS_DIR = PROJECT_ROOT / "tasks"
 
 # Worst exit code over the jobs of this invocation (a sweep runs several in one process).
 _state: dict[str, Any] = {"exit": 0, "sweep_dir": None}
-
-
-def known_tasks() -> list[str]:
-    """Task modules: files in tasks/ that define ``build``."""
-    return sorted(p.stem for p in TASKS_DIR.glob("*.py") if "\ndef build(" in p.read_text())
 
 
 def inductor_settings() -> dict[str, Any]:
@@ -64,18 +58,22 @@ def check_group_overrides(args: list[str]) -> None:
                 sys.exit(refuse(PlanError(group, v, f"no such {group}", f"pick one of: {', '.join(options)}")))
 
 
-def _plan(cfg: dict[str, Any]) -> Plan:
-    from runner import data_prep
+def _plan(cfg: dict[str, Any]) -> tuple[Plan, str | None]:
+    """The plan for a composed config (refusing it with PlanError), and the directory the workers must search
+    for the task module (None when it is installed)."""
+    from runner import data_prep, task_module
     from runner.devices import visible_gpus
 
+    task_dir = task_module.locate(cfg["task"].get("module"))
     gpus = visible_gpus() if cfg["device"] != "cpu" else []
     train_samples = data_prep.prepare(cfg["data"], cfg["task"])
-    plan = make_plan(cfg, gpus, train_samples=train_samples, known_tasks=known_tasks(),
+    task_module.run_checks(cfg, task_dir)
+    plan = make_plan(cfg, gpus, train_samples=train_samples,
                      inductor_settings=inductor_settings() if cfg.get("train", {}).get("inductor") else None)
     # The resolved config holds what the plan decided: workers run exactly this.
     cfg["batch"]["accumulation"] = plan.accumulation
     cfg["device"], cfg["backend"], cfg["world_size"] = plan.device, plan.backend, plan.world_size
-    return plan
+    return plan, task_dir
 
 
 def execute(cfg: DictConfig) -> int:
@@ -97,7 +95,7 @@ def execute(cfg: DictConfig) -> int:
             _warn_ignored_overrides(rd.url)
         else:
             conf = OmegaConf.to_container(cfg, resolve=True)
-        plan = _plan(conf)
+        plan, task_dir = _plan(conf)
         if not continuing and resume not in ("auto", "never"):
             _check_resume_source(resume, plan)
     except PlanError as err:
@@ -130,7 +128,7 @@ def execute(cfg: DictConfig) -> int:
     rd.write_json(layout.MANIFEST, manifest)
     print(f"ddp-run: run directory {rd.url}", flush=True)
 
-    env = worker_env(rd.url, rd.local, t0, restarts=conf["launcher"].get("max_restarts", 0))
+    env = worker_env(rd.url, rd.local, t0, restarts=conf["launcher"].get("max_restarts", 0), task_path=task_dir)
     sup = Supervisor(cmd, env, str(Path(rd.local, layout.LOGS, "torchrun.log")))
     mirror = finalize.Mirror(rd) if rd.is_remote else None
     rc = sup.run(on_tick=mirror.tick if mirror else None)

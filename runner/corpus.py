@@ -14,7 +14,10 @@ import os
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import fsspec
 
@@ -142,3 +145,42 @@ def default_corpus_path(max_bytes: int = DEFAULT_MAX_BYTES) -> str:
             pass
         raise
     return str(target)
+
+
+@dataclass(frozen=True)
+class VocabNeed:
+    """The smallest vocabulary a token stream needs, and why (for a refusal's sentence)."""
+
+    size: int
+    why: str
+
+
+def vocab_needed(data: Mapping[str, Any]) -> VocabNeed | None:
+    """The vocabulary ``data`` (the ``data`` config group) needs, when it can be known without training.
+
+    ``data.vocab`` when set; 256 for byte-level text; for a uint16 token file, the ``vocab_size`` in the
+    ``meta.json`` beside it (written by ``ddp-tokenize``). None when nothing says.
+    """
+    if data.get("vocab") is not None:
+        return VocabNeed(int(data["vocab"]), f"data.vocab={data['vocab']}")
+    path = data.get("path") or "corpus.txt"  # null path = the default corpus, which is raw text
+    fmt = resolve_format(path, data.get("format", "auto"))
+    if FORMAT_VOCAB[fmt] is not None:
+        return VocabNeed(FORMAT_VOCAB[fmt], "byte-level text")
+    meta = token_meta(path)
+    if meta is not None and isinstance(meta.get("vocab_size"), int):
+        return VocabNeed(meta["vocab_size"], f"the token file's meta.json (vocab_size {meta['vocab_size']})")
+    return None
+
+
+def token_meta(path: str) -> dict[str, Any] | None:
+    """The ``meta.json`` beside a token file, if there is one."""
+    import json
+
+    fs, fs_path = fsspec.core.url_to_fs(path)
+    meta_path = fs_path.rsplit("/", 1)[0] + "/meta.json" if "/" in fs_path else "meta.json"
+    try:
+        with fs.open(meta_path, "r") as f:
+            return json.load(f)
+    except (FileNotFoundError, json.JSONDecodeError, OSError):
+        return None

@@ -13,13 +13,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import psutil
 
 from runner import layout
-from runner.manifest import PROJECT_ROOT
 from runner.plan import Plan
 
 # Every environment built for workers keeps NVLink multicast off (it can take shared GPUs out of service).
@@ -28,18 +26,23 @@ GRACE_S = 20.0  # after SIGTERM, how long workers get before SIGKILL (well insid
 
 
 def torchrun_command(plan: Plan, launcher: Mapping[str, Any], run_url: str) -> list[str]:
-    """The torchrun invocation for this plan; the worker entry is ``python -m tasks <run dir>``."""
-    exe = Path(sys.executable).with_name("torchrun")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "torch.distributed.run"]
+    """The torchrun invocation for this plan; the worker entry is ``python -P -m tasks <run dir>``.
+
+    ``-P`` keeps the working directory off the workers' ``sys.path``: a stray ``tasks.py`` or ``runner.py`` where
+    the user runs ddp-run cannot shadow this package (a task module found there comes through
+    ``layout.ENV_TASK_PATH``, appended after the installed packages).
+    """
+    cmd = [sys.executable, "-m", "torch.distributed.run"]
     if launcher.get("name", "local") != "local":
         raise ValueError(f"launcher={launcher.get('name')!r}: unknown launcher. Fix: use launcher=local")
     cmd += ["--standalone", "--nnodes=1"]
     cmd += [f"--nproc-per-node={plan.nproc_per_node}", f"--max-restarts={launcher.get('max_restarts', 0)}",
-            "-m", "tasks", run_url]
+            "--no-python", sys.executable, "-P", "-u", "-m", "tasks", run_url]
     return cmd
 
 
-def worker_env(run_url: str, local_dir: str, t0: float, restarts: int = 0) -> dict[str, str]:
+def worker_env(run_url: str, local_dir: str, t0: float, restarts: int = 0,
+               task_path: str | None = None) -> dict[str, str]:
     """The environment torchrun and its workers get."""
     env = dict(os.environ)
     if restarts:
@@ -51,11 +54,13 @@ def worker_env(run_url: str, local_dir: str, t0: float, restarts: int = 0) -> di
         env.setdefault(k, v)
     env[layout.ENV_RUN_DIR] = run_url
     env[layout.ENV_LOCAL_DIR] = local_dir
-    env["DDP_RUNNER_T0"] = repr(t0)
+    env[layout.ENV_T0] = repr(t0)
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would pick, without its warning
-    # Workers import `tasks` and `runner` from this checkout even when it is not installed.
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
+    if task_path:
+        env[layout.ENV_TASK_PATH] = task_path
+    else:
+        env.pop(layout.ENV_TASK_PATH, None)
     return env
 
 

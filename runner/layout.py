@@ -31,6 +31,15 @@ ENV_RUN_DIR = "DDP_RUNNER_RUN_DIR"
 # Local directory for files libraries insist on writing locally (logs, TensorBoard) when the run
 # directory is remote; equal to the run directory when it is local.
 ENV_LOCAL_DIR = "DDP_RUNNER_LOCAL_DIR"
+# When the driver started (Unix seconds), so a rank can report its time to first step from the launch.
+ENV_T0 = "DDP_RUNNER_T0"
+# Directories (os.pathsep-separated) that workers append to sys.path to import a task module found there by the
+# driver: appended, not prepended, so a stray file in the user's directory cannot shadow an installed module.
+ENV_TASK_PATH = "DDP_RUNNER_TASK_PATH"
+# Test-only fault injection, read once by tasks/engine/diagnostics/faults.py.
+ENV_FAULT = "DDP_RUNNER_FAULT"
+ENV_SLOW_SAVE = "DDP_RUNNER_SLOW_SAVE"
+ENV_CKPT_TEST_PAUSE = "DDP_RUNNER_CKPT_TEST_PAUSE"
 
 
 def join(base: str, *parts: str) -> str:

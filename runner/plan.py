@@ -16,8 +16,6 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("sgd", "adamw")
 DDP_COMM = ("fp32", "bf16")
 SCHEDULES = ("constant", "cosine")
-GPT_ATTENTION = ("auto", "flash", "cudnn", "efficient")  # task=gpt: SDPA kernel on CUDA
-GPT_LOSSES = ("fused", "plain")  # task=gpt: LM head + loss as one op, or logits then loss
 
 
 class PlanError(ValueError):
@@ -55,11 +53,7 @@ class Plan:
     @property
     def explanation(self) -> str:
         """One line a reviewer can read: how the global batch comes about."""
-        ranks = "rank" if self.world_size == 1 else "ranks"
-        return (
-            f"global batch {self.global_batch} = {self.per_rank_batch} per rank × {self.world_size} {ranks}"
-            f" × {self.accumulation} accumulation"
-        )
+        return explain(self.global_batch, self.per_rank_batch, self.world_size, self.accumulation)
 
     def to_manifest(self) -> dict[str, Any]:
         """The plan as recorded in run.json."""
@@ -67,6 +61,12 @@ class Plan:
         d["gpus"] = [asdict(g) for g in self.gpus]
         d["explanation"] = self.explanation
         return d
+
+
+def explain(global_batch: int, per_rank: int, world_size: int, accumulation: int) -> str:
+    """The plan's sentence, the one place it is worded: ``global batch 32 = 8 per rank × 2 ranks × 2 accumulation``."""
+    ranks = "rank" if world_size == 1 else "ranks"
+    return f"global batch {global_batch} = {per_rank} per rank × {world_size} {ranks} × {accumulation} accumulation"
 
 
 def _positive_int(cfg: Mapping[str, Any], key: str, fix: str) -> int:
@@ -108,14 +108,6 @@ def _check_inductor(wanted: Mapping[str, Any], known: Mapping[str, Any] | None) 
                             f"use +train.inductor.{key}=true or false")
 
 
-def _check_gpt_model(cfg: Mapping[str, Any]) -> None:
-    """task=gpt's choices of kernel, refused here rather than in every worker after start-up."""
-    for key, allowed in (("task.model.attention", GPT_ATTENTION), ("task.model.loss", GPT_LOSSES)):
-        value = _get(cfg, key)
-        if value is not None and value not in allowed:
-            raise PlanError(key, value, "unknown value", f"use one of {', '.join(allowed)}")
-
-
 def derive_accumulation(global_batch: int, per_rank: int, world_size: int) -> int:
     """Accumulation steps that make ``global_batch`` exactly; refuses indivisible values."""
     step = per_rank * world_size
@@ -135,19 +127,14 @@ def make_plan(
     cfg: Mapping[str, Any],
     gpus: Sequence[Gpu],
     train_samples: int | None = None,
-    known_tasks: Sequence[str] | None = None,
     inductor_settings: Mapping[str, Any] | None = None,
 ) -> Plan:
     """Turn a composed config and the visible GPUs into a :class:`Plan`, or raise :class:`PlanError`.
 
-    ``train_samples`` is the training set's size when known; ``known_tasks`` the task modules that exist;
+    ``train_samples`` is the training set's size when known;
     ``inductor_settings`` torch._inductor's settings and their defaults (checked only when ``train.inductor``
     sets any).
     """
-    task = _get(cfg, "task.name")
-    if known_tasks is not None and task not in known_tasks:
-        raise PlanError("task", task, "no such task", f"pick one of: {', '.join(sorted(known_tasks))}")
-
     if _get(cfg, "world_size") == "auto":
         if not gpus or _get(cfg, "device") == "cpu":
             raise PlanError("world_size", "auto", "auto means one rank per visible GPU, and none is visible",
@@ -239,9 +226,6 @@ def make_plan(
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
             raise PlanError(key, value, "must be a whole number >= 0",
                             "e.g. train.profile.steps=3 train.profile.start=10 (steps=0 turns tracing off)")
-
-    if task == "gpt":
-        _check_gpt_model(cfg)
 
     inductor = flatten(_get(cfg, "train.inductor") or {})
     if inductor and not _get(cfg, "train.compile"):

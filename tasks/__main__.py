@@ -13,7 +13,8 @@ import os
 import sys
 
 from runner import layout
-from tasks import termination, worker_io
+from tasks.engine import worker_io
+from tasks.engine.diagnostics import termination
 
 
 def main() -> int:
@@ -28,7 +29,7 @@ def main() -> int:
     with contextlib.suppress(FileNotFoundError):
         os.remove(os.path.join(local_dir, layout.rank_error(rank)))
     try:
-        from tasks.engine import run
+        from tasks.engine.trainer import run
 
         run(run_dir, local_dir, console)
         return 0

@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from tasks.api import TaskParts
-from tasks.config import Config
+from tasks.engine.config import Config
 
 
 class Regression(torch.nn.Module):

@@ -23,7 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the repo root, so that `tasks` and `tests` import however pytest is started
     sys.path.insert(0, str(ROOT))
 
-from tasks import checkpoint as ck  # noqa: E402
+from runner import layout  # noqa: E402
+from tasks.engine import checkpoint as ck  # noqa: E402
+from tasks.engine.checkpoint import storage  # noqa: E402
 from tests.s3_server import s3_server, s3_url  # noqa: E402, F401 - fixtures
 
 
@@ -123,10 +125,11 @@ def test_saving_an_existing_step_replaces_it(root: str) -> None:
 
 _CRASH_SCRIPT = textwrap.dedent("""
     import os, sys, torch
-    from tasks import checkpoint as ck
+    from tasks.engine import checkpoint as ck
+    from tasks.engine.diagnostics import faults
     root = sys.argv[1]
     ck.save(root, 1, {"w": torch.full((4096,), 1.0), "step": 1}, keep_last=0)
-    os.environ[ck.TEST_PAUSE_ENV] = "120"  # the next save stops between payload and commit
+    faults.use(faults.Faults(commit_pause_s=120))  # the next save stops between payload and commit
     ck.save(root, 2, {"w": torch.full((4096,), 2.0), "step": 2}, keep_last=0)
     print("not killed", file=sys.stderr)
 """)
@@ -147,11 +150,11 @@ def test_kill_during_save_leaves_previous_checkpoint(kind: str, tmp_path: Path,
             if not line:
                 break
             seen.append(line)
-            if ck.TEST_PAUSE_ENV in line and "step 2" in line:
+            if layout.ENV_CKPT_TEST_PAUSE in line and "step 2" in line:
                 break
         else:
             pytest.fail("the saving subprocess never reached the pause")
-        assert seen and ck.TEST_PAUSE_ENV in seen[-1], "".join(seen)
+        assert seen and layout.ENV_CKPT_TEST_PAUSE in seen[-1], "".join(seen)
         proc.send_signal(signal.SIGKILL)  # a real crash: no cleanup handlers, no finally blocks
         proc.wait(timeout=10)
     finally:
@@ -278,7 +281,7 @@ def _write_committed(dir_path: Path, step: int, payload: dict) -> None:
     dir_path.mkdir(parents=True)
     torch.save(payload, dir_path / "state.pt")
     data = (dir_path / "state.pt").read_bytes()
-    (dir_path / "meta.json").write_bytes(ck._meta_bytes(step, len(data), hashlib.sha256(data).hexdigest()))
+    (dir_path / "meta.json").write_bytes(storage._meta_bytes(step, len(data), hashlib.sha256(data).hexdigest()))
 
 
 def test_malicious_pickle_is_refused_without_running(tmp_path: Path) -> None:

@@ -13,8 +13,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from tasks.ddp_compile import compiled_forwards, ddp_forward_needed
-from tasks.gpt_model import GPT
+from tasks.engine.strategy.ddp_compile import compiled_forwards, ddp_forward_needed
+from tasks.gpt.model import GPT
 
 
 def _gpt() -> GPT:

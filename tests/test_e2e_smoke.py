@@ -137,7 +137,7 @@ def test_signal_to_driver_leaves_no_process(out_root, sig):
 def test_error_record_keeps_the_time_of_failure_not_of_writing(tmp_path):
     # A failing rank tears its process group down before its error is written; a peer's collective fails at
     # once, so the failing rank's record must carry the earlier time or the wrong rank is named.
-    from tasks import worker_io
+    from tasks.engine import worker_io
 
     (tmp_path / "logs").mkdir()
     exc = RuntimeError("boom")

@@ -15,12 +15,13 @@ import torch.multiprocessing as mp
 from conftest import ddp_run, load_json, run_dirs
 from torch.utils.data import Dataset
 
-from tasks import checkpoint as ckpt
-from tasks.engine import Context, apply_inductor_settings, evaluate, lr_factor
-from tasks.gpt_model import GPT
-from tasks.sampler import ResumableDistributedSampler
+from tasks.engine import checkpoint as ckpt
+from tasks.engine.optim import apply_inductor_settings, lr_factor
+from tasks.engine.sampler import ResumableDistributedSampler
+from tasks.engine.trainer import Context, evaluate
+from tasks.gpt.data import TokenWindows
+from tasks.gpt.model import GPT
 from tasks.smoke import Regression, synthetic_dataset
-from tasks.text_data import TokenWindows
 
 # -- lr_factor ---------------------------------------------------------------------------------------------
 

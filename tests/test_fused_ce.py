@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tasks.fused_ce import linear_cross_entropy
-from tasks.gpt_model import GPT, lm_loss
+from tasks.gpt.fused_ce import linear_cross_entropy
+from tasks.gpt.model import GPT, lm_loss
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,7 +78,7 @@ def test_unknown_loss_is_refused() -> None:
 
 TRITON_CHECK = textwrap.dedent("""
     import torch
-    from tasks import fused_ce
+    from tasks.gpt import fused_ce
     kernel = fused_ce._triton_kernel()
     torch.manual_seed(0)
     # Rows shorter than one block, several blocks with a ragged tail, and GPT-2's padded vocabulary.

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 
-from tasks.gpt_model import GPT, lm_loss
+from tasks.gpt.model import GPT, lm_loss
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
@@ -139,7 +139,7 @@ def test_gpt2_small_preset_composes() -> None:
 
 def test_build_tiny_preset(tmp_path: Path) -> None:
     from runner.corpus import count_samples
-    from tasks import gpt
+    from tasks.gpt import task as gpt
 
     text = tmp_path / "corpus.txt"
     text.write_bytes(bytes(range(256)) * 40)  # 10240 byte tokens
@@ -154,7 +154,7 @@ def test_build_tiny_preset(tmp_path: Path) -> None:
 
 
 def test_build_refuses_data_vocab_larger_than_model(tmp_path: Path) -> None:
-    from tasks import gpt
+    from tasks.gpt import task as gpt
 
     text = tmp_path / "corpus.txt"
     text.write_bytes(b"hello world\n" * 100)

@@ -13,8 +13,8 @@ import time
 import pytest
 import torch
 
-from tasks import gpu_telemetry as gt
-from tasks.gpu_telemetry import Sample
+from tasks.engine.diagnostics import telemetry as gt
+from tasks.engine.diagnostics.telemetry import Sample
 
 
 def test_window_means_and_shares():

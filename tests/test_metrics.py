@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
-from tasks import metrics
-from tasks.gpt_model import GPT
+from tasks.engine import metrics
+from tasks.gpt.model import GPT
 
 
 @pytest.mark.parametrize(("name", "precision", "peak"), [
@@ -64,7 +64,7 @@ def test_gpt2_small_flops_per_token_is_about_855_mflop():
 
 
 def test_step_meter_windows_pauses_and_medians():
-    from tasks.metrics import StepMeter
+    from tasks.engine.metrics import StepMeter
 
     meter = StepMeter(samples_per_step=64, world_size=2, tokens_per_sample=1024, flops_per_sample=1e9, peak=1e15)
     meter.step_done()
@@ -93,7 +93,7 @@ def test_step_meter_windows_pauses_and_medians():
 def test_a_window_closed_late_carries_the_steps_queued_after_it():
     # The engine closes step k's window only after queueing step k+1 (so the GPU never drains): the window holds
     # k's steps, and k+1 starts the next one.
-    from tasks.metrics import StepMeter
+    from tasks.engine.metrics import StepMeter
 
     meter = StepMeter(samples_per_step=8, world_size=1, tokens_per_sample=None, flops_per_sample=None, peak=None)
     meter.step_done()
@@ -115,7 +115,7 @@ def test_a_window_closed_late_carries_the_steps_queued_after_it():
 
 
 def test_the_span_of_the_median_windows_is_recorded_in_wall_clock_time():
-    from tasks.metrics import StepMeter
+    from tasks.engine.metrics import StepMeter
 
     meter = StepMeter(samples_per_step=8, world_size=1, tokens_per_sample=None, flops_per_sample=None, peak=None)
     time.sleep(0.2)  # start-up: the first window, outside the span

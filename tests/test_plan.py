@@ -84,11 +84,10 @@ def test_auto_device_and_backend():
     ({"train__precision": "fp8"}, [], "train.precision"),
     ({"train__optimizer": "lamb"}, [], "train.optimizer"),
     ({"train__schedule": "linear"}, [], "train.schedule"),
-    ({"task__name": "nope"}, [], "task"),
 ])
 def test_refusals_name_key_value_and_fix(over, gpus, key):
     with pytest.raises(PlanError) as e:
-        make_plan(cfg(**over), gpus, known_tasks=["smoke", "gpt"])
+        make_plan(cfg(**over), gpus)
     assert e.value.key == key
     msg = str(e.value)
     assert key in msg and "Fix:" in msg and repr(e.value.value) in msg
@@ -141,10 +140,33 @@ def test_profile_steps_must_be_a_whole_number(value):
     assert e.value.key == "train.profile.steps"
 
 
-@pytest.mark.parametrize("key,value", [("attention", "fast"), ("loss", "chunked"), ("loss", 1)])
-def test_gpt_kernel_choices_are_checked_before_launch(key, value):
+def _gpt(**model):
+    base = {"layers": 2, "heads": 2, "width": 64, "context": 64, "vocab": 256, "dropout": 0.0}
+    return {"task": {"name": "gpt", "model": {**base, **model}}, "data": {"name": "text", "path": None}}
+
+
+@pytest.mark.parametrize("key,value", [("attention", "fast"), ("loss", "chunked"), ("loss", 1), ("width", 0),
+                                       ("heads", -2), ("dropout", 1.5)])
+def test_gpt_choices_are_checked_by_the_task_hook(key, value):
+    from tasks.gpt.checks import check
+
     with pytest.raises(PlanError) as e:
-        make_plan(cfg(task={"name": "gpt", "model": {key: value}}), [])
+        check(_gpt(**{key: value}))
     assert e.value.key == f"task.model.{key}" and e.value.value == value
-    ok = {"name": "gpt", "model": {"attention": "cudnn", "loss": "plain"}}
-    assert make_plan(cfg(task=ok), []).world_size == 2
+    check(_gpt(attention="cudnn", loss="plain"))
+
+
+def test_gpt_width_must_divide_into_heads():
+    from tasks.gpt.checks import check
+
+    with pytest.raises(PlanError) as e:
+        check(_gpt(width=64, heads=3))
+    assert e.value.key == "task.model.width" and "multiple of 3" in e.value.fix
+
+
+def test_gpt_vocab_smaller_than_the_data_needs_is_refused():
+    from tasks.gpt.checks import check
+
+    with pytest.raises(PlanError) as e:
+        check(_gpt(vocab=200))
+    assert e.value.key == "task.model.vocab" and "256" in e.value.problem

@@ -8,7 +8,7 @@ import json
 import pytest
 from conftest import ddp_run, load_json, run_dirs
 
-from tasks.profiling import categorize, format_summary, summarize
+from tasks.engine.diagnostics.profiling import categorize, format_summary, summarize
 
 
 def _k(name: str, ts: float, dur: float, cat: str = "kernel") -> dict:

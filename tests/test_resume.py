@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tasks import checkpoint as ck  # noqa: E402
+from tasks.engine import checkpoint as ck  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ import torch
 from omegaconf import OmegaConf
 
 from runner.corpus import count_samples, resolve_format
-from tasks.text_data import TokenWindows, make_datasets
+from tasks.gpt.data import TokenWindows, make_datasets
 
 
 def data_cfg(path: str | None, fmt: str = "auto", val_fraction: float = 0.1):

@@ -10,11 +10,10 @@ from __future__ import annotations
 import torch
 
 from runner.corpus import FORMAT_VOCAB, resolve_format
-from runner.plan import GPT_ATTENTION as ATTENTION
-from tasks.api import TaskParts
-from tasks.config import Config
-from tasks.gpt_model import GPT
-from tasks.text_data import make_datasets
+from tasks.api import Config, TaskParts
+from tasks.gpt.checks import ATTENTION
+from tasks.gpt.data import make_datasets
+from tasks.gpt.model import GPT
 
 
 def data_vocab(data_cfg: Config) -> int | None:

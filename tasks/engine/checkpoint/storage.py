@@ -12,26 +12,20 @@ written LAST. A checkpoint counts (is listed, is loadable) only when its ``meta.
 The engine gathers the state dict and calls this module from global rank 0 only; collectives and barriers
 are the engine's business, not this module's.
 
-Test hook: ``DDP_RUNNER_CKPT_TEST_PAUSE=<seconds>`` makes ``save`` print a line to stderr and sleep after the
-payload is written and before the commit, so a test can SIGKILL a process in the middle of a save.
+A test can hold a save between its payload and its commit (``tasks/engine/diagnostics/faults.py``).
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import io
 import json
 import os
 import pickle
-import random
 import re
 import shutil
-import sys
-import threading
 import time
 import uuid
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -40,24 +34,11 @@ import torch
 from fsspec.implementations.local import LocalFileSystem
 
 from runner import layout
-
-__all__ = [
-    "AsyncSaver",
-    "CheckpointError",
-    "cleanup_partial",
-    "is_checkpoint",
-    "latest",
-    "list_complete",
-    "load",
-    "rng_state",
-    "save",
-    "set_rng_state",
-]
+from tasks.engine.diagnostics import faults
 
 STATE_FILE = layout.CKPT_STATE
 META_FILE = layout.CKPT_MARKER
 FORMAT = "ddp-runner-checkpoint/1"
-TEST_PAUSE_ENV = "DDP_RUNNER_CKPT_TEST_PAUSE"
 
 _COMPLETE_RE = re.compile(r"^step_(\d+)$")
 _LEFTOVER_RE = re.compile(r"^step_(\d+)\.(?:tmp|old)-[0-9a-f]+$")
@@ -83,6 +64,11 @@ def _is_local(fs: fsspec.AbstractFileSystem) -> bool:
 def _join_url(root_url: str, name: str) -> str:
     # Keep the caller's spelling of the root (relative path, file://, s3://) in the URLs we return.
     return root_url.rstrip("/") + "/" + name
+
+
+def step_url(ckpt_root: str, step: int) -> str:
+    """URL of checkpoint ``step`` under ``ckpt_root`` (complete or not)."""
+    return _join_url(ckpt_root, _step_dir_name(step))
 
 
 def _step_dir_name(step: int) -> str:
@@ -151,14 +137,6 @@ def _read_meta(fs: fsspec.AbstractFileSystem, dir_path: str, step: int | None = 
     if step is not None and meta["step"] != step:
         return None
     return meta
-
-
-def _test_pause(step: int, url: str) -> None:
-    pause = os.environ.get(TEST_PAUSE_ENV)
-    if pause:
-        print(f"{TEST_PAUSE_ENV}: payload of step {step} written to {url}, pausing before commit",
-              file=sys.stderr, flush=True)
-        time.sleep(float(pause))
 
 
 def _fsync_dir(path: str) -> None:
@@ -324,7 +302,7 @@ def save(ckpt_root: str, step: int, state: dict, *, keep_last: int,
         os.mkdir(tmp)
         try:
             nbytes, digest = _write_payload(fs, f"{tmp}/{STATE_FILE}", state, local=True)
-            _test_pause(step, url)
+            faults.pause_before_commit(step, url)
             with open(f"{tmp}/{META_FILE}", "wb") as f:
                 f.write(_meta_bytes(step, nbytes, digest))
                 f.flush()
@@ -347,7 +325,7 @@ def save(ckpt_root: str, step: int, state: dict, *, keep_last: int,
         if fs.exists(final):
             _remove_dir(fs, final)  # un-commit first (meta.json goes first), then overwrite
         nbytes, digest = _write_payload(fs, f"{final}/{STATE_FILE}", state, local=False)
-        _test_pause(step, url)
+        faults.pause_before_commit(step, url)
         fs.pipe_file(f"{final}/{META_FILE}", _meta_bytes(step, nbytes, digest))
     _apply_retention(fs, root, keep_last, protect)
     return url
@@ -402,218 +380,3 @@ def load(url: str, map_location: Any = "cpu", *, verify: bool = True) -> dict:
         ) from None
     except (RuntimeError, EOFError, ValueError) as e:
         raise CheckpointError(f"{url}: {STATE_FILE} could not be read: {e}") from e
-
-
-# --------------------------------------------------------------------------------------- async save
-
-
-_Key = tuple[Any, ...]
-
-
-def _snapshot(obj: Any, pool: dict[_Key, torch.Tensor], memo: dict[tuple, torch.Tensor], path: _Key,
-              cuda_devices: set[torch.device], copy_data: bool = True) -> Any:
-    """Deep copy ``obj``; tensors go to CPU buffers reused from ``pool`` (keyed by tree path).
-
-    With ``copy_data=False`` only the buffers are allocated (see :meth:`AsyncSaver.reserve`)."""
-    if isinstance(obj, torch.Tensor):
-        t = obj.detach()
-        # Tensors aliasing the same memory (tied weights) stay one tensor in the snapshot, as in torch.save.
-        key = (t.device, t.data_ptr(), t.dtype, tuple(t.shape), t.stride()) if t.numel() else None
-        if key is not None and key in memo:
-            return memo[key]
-        buf = pool.get(path)
-        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype or buf.is_pinned() != t.is_cuda:
-            # Pinned host memory lets the device-to-host copy run asynchronously at full bandwidth.
-            buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=t.is_cuda)
-            pool[path] = buf
-            if not copy_data and not t.is_cuda:
-                buf.zero_()  # fault its pages in now (pinned memory already is), not during the save
-        if not copy_data:
-            pass
-        elif t.is_cuda:
-            buf.copy_(t, non_blocking=True)
-            cuda_devices.add(t.device)
-        else:
-            buf.copy_(t)
-        if key is not None:
-            memo[key] = buf
-        return buf
-    if isinstance(obj, dict):
-        out = OrderedDict() if isinstance(obj, OrderedDict) else {}
-        for k, v in obj.items():
-            out[k] = _snapshot(v, pool, memo, (*path, k), cuda_devices, copy_data)
-        return out
-    if isinstance(obj, list):
-        return [_snapshot(v, pool, memo, (*path, i), cuda_devices, copy_data) for i, v in enumerate(obj)]
-    if isinstance(obj, tuple) and type(obj) is tuple:
-        return tuple(_snapshot(v, pool, memo, (*path, i), cuda_devices, copy_data) for i, v in enumerate(obj))
-    if obj is None or isinstance(obj, (bool, int, float, str, bytes, torch.dtype, torch.device)):
-        return obj
-    return copy.deepcopy(obj)
-
-
-def _injected_delay(step: int) -> None:
-    """Fault injection for tests: ``DDP_RUNNER_SLOW_SAVE=<step>:<seconds>`` holds that step's background write."""
-    spec = os.environ.get("DDP_RUNNER_SLOW_SAVE")
-    if spec and int(spec.partition(":")[0]) == step:
-        time.sleep(float(spec.partition(":")[2]))
-
-
-class AsyncSaver:
-    """Saves checkpoints in one background thread; training only waits for the copy to host memory.
-
-    ``save`` first waits for the previous save (one in flight at most) and re-raises its error, snapshots
-    the state to CPU, then writes with :func:`save` in a background thread. ``wait`` joins and re-raises a
-    background error; ``close`` waits and frees the reusable host buffers. Use from a single thread.
-
-    CUDA tensors are copied with ``non_blocking=True`` into reused pinned buffers on each tensor's device's
-    current stream; the writer thread waits on a CUDA event before reading them. Work the caller enqueues
-    later on that stream (or on streams that wait on it, as NCCL's do) runs after the copy, so the snapshot is
-    consistent even though ``save`` returns before the copy has finished.
-    """
-
-    def __init__(self) -> None:
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-        self._failed: str = ""
-        self._pool: dict[_Key, torch.Tensor] = {}
-        self.last_url: str | None = None
-
-    @property
-    def pending(self) -> bool:
-        """True while a background write is in flight."""
-        return self._thread is not None and self._thread.is_alive()
-
-    def snapshot(self, state: dict) -> tuple[dict, list[Any]]:
-        """Copy ``state`` to CPU (reusing buffers); returns it and CUDA events to wait on before reading."""
-        devices: set[torch.device] = set()
-        snap = _snapshot(state, self._pool, {}, (), devices)
-        events = []
-        for dev in devices:
-            ev = torch.cuda.Event()
-            ev.record(torch.cuda.current_stream(dev))
-            events.append(ev)
-        return snap, events
-
-    def reserve(self, state: dict) -> None:
-        """Allocate, in the background, the host buffers a save of ``state`` will need.
-
-        The first save of a run otherwise pays for them while training waits (about 0.9 s of pinned
-        allocation for GPT-2 small's 1.5 GB state). Only shapes and dtypes are read, so training may go on
-        updating the tensors meanwhile; the next :meth:`save` or :meth:`wait` joins this work.
-        """
-        self.wait()
-
-        def run() -> None:
-            try:
-                _snapshot(state, self._pool, {}, (), set(), copy_data=False)
-            except BaseException as e:  # noqa: BLE001 - stored and re-raised in the training thread
-                self._error = e
-                self._failed = "the reservation of host buffers"
-
-        self._thread = threading.Thread(target=run, name="ckpt-reserve", daemon=True)
-        self._thread.start()
-
-    def save(self, ckpt_root: str, step: int, state: dict, keep_last: int,
-             protect: frozenset[str] = frozenset()) -> str:
-        """Snapshot ``state`` now and write it in the background; returns the URL it will have once done."""
-        self.wait()  # one in flight; also re-raises the previous save's failure
-        url = _join_url(ckpt_root, _step_dir_name(step))
-        snap, events = self.snapshot(state)
-
-        def run() -> None:
-            try:
-                for ev in events:
-                    ev.synchronize()
-                _injected_delay(step)
-                self.last_url = save(ckpt_root, step, snap, keep_last=keep_last, protect=protect)
-            except BaseException as e:  # noqa: BLE001 - stored and re-raised in the training thread
-                self._error = e
-                self._failed = url
-
-        # Not a daemon: an interpreter that exits normally still finishes the write in flight.
-        self._thread = threading.Thread(target=run, name=f"ckpt-save-{step}", daemon=False)
-        self._thread.start()
-        return url
-
-    def wait(self) -> None:
-        """Block until the save in flight (if any) is done; raise ``CheckpointError`` if it failed."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self._error is not None:
-            err, self._error = self._error, None
-            raise CheckpointError(f"background save of {self._failed} failed: {err!r}") from err
-
-    def finish(self, timeout_s: float, why: str) -> None:
-        """Give the save in flight up to ``timeout_s`` to complete, and print how it went (to the rank's log,
-        each line prefixed by ``why``); never raises (for a process about to stop: see tasks/termination.py)."""
-        thread = self._thread
-        if thread is None or not thread.is_alive():
-            return
-        t0 = time.monotonic()
-        thread.join(timeout_s)
-        took = time.monotonic() - t0
-        if thread.is_alive():
-            print(f"{why}: the checkpoint in flight ({thread.name}) did not finish within {timeout_s:.0f} s;"
-                  " the run resumes from the one before", flush=True)
-        elif self._error is not None:
-            print(f"{why}: the checkpoint in flight failed: {self._error!r}", flush=True)
-        else:
-            print(f"{why}: finished the checkpoint in flight before stopping ({self.last_url}, {took:.1f} s)",
-                  flush=True)
-
-    def close(self) -> None:
-        """Wait for the save in flight (re-raising its error) and free the host buffers."""
-        try:
-            self.wait()
-        finally:
-            self._pool.clear()
-
-    def __enter__(self) -> AsyncSaver:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-# ---------------------------------------------------------------------------------------------- RNG
-
-
-def rng_state() -> dict:
-    """RNG states of python ``random``, numpy's global generator, torch CPU and the current CUDA device.
-
-    Everything is stored as ints, tuples, lists and tensors, so it round-trips through ``weights_only`` loads.
-    Only the current CUDA device is captured: ``get_rng_state_all`` would create a context on every visible
-    GPU in every rank.
-    """
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    try:
-        import numpy as np
-    except ImportError:  # pragma: no cover - numpy is optional
-        pass
-    else:
-        kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-        state["numpy"] = {"kind": str(kind), "keys": torch.from_numpy(keys.astype("int64")), "pos": int(pos),
-                          "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    """Restore what :func:`rng_state` captured (keys that are absent are left alone)."""
-    if "python" in state:
-        version, internal, gauss = state["python"]
-        random.setstate((version, tuple(internal), gauss))
-    if "torch" in state:
-        torch.set_rng_state(state["torch"].cpu())
-    if "numpy" in state:
-        import numpy as np
-
-        n = state["numpy"]
-        keys = np.asarray(n["keys"].cpu().numpy() if isinstance(n["keys"], torch.Tensor) else n["keys"])
-        np.random.set_state((n["kind"], keys.astype(np.uint32), n["pos"], n["has_gauss"],
-                             n["cached_gaussian"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"].cpu())

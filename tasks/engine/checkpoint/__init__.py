@@ -1,0 +1,21 @@
+"""Rank-zero checkpoints: atomic storage on any fsspec URL, background saving, and every rank's RNG state."""
+
+from tasks.engine.checkpoint.async_saver import AsyncSaver
+from tasks.engine.checkpoint.rng import rng_state, set_rng_state
+from tasks.engine.checkpoint.storage import (
+    META_FILE,
+    STATE_FILE,
+    CheckpointError,
+    cleanup_partial,
+    is_checkpoint,
+    latest,
+    list_complete,
+    load,
+    save,
+    step_url,
+)
+
+__all__ = [
+    "AsyncSaver", "CheckpointError", "META_FILE", "STATE_FILE", "cleanup_partial", "is_checkpoint", "latest",
+    "list_complete", "load", "rng_state", "save", "set_rng_state", "step_url",
+]

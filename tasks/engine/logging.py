@@ -1,0 +1,86 @@
+"""What rank 0 writes while training: TensorBoard scalars, the plan as text and hparams, and the pending log step
+whose values travel to the host without stalling the GPU."""
+
+from __future__ import annotations
+
+import math
+import resource
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from runner.plan import explain
+from tasks.engine.diagnostics import telemetry as gpu_telemetry
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """Peak allocated device memory (CUDA), or the process's peak RSS (CPU), in GiB."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB (peak RSS)
+
+
+@dataclass
+class PendingLog:
+    """A log step's loss, grad norm and GPU telemetry from every rank, gathered and on their way to the host
+    without a sync."""
+
+    step: int
+    host: torch.Tensor            # (world, 2 + telemetry fields) per rank; valid once ``ready`` is done
+    ready: torch.cuda.Event | None
+    lr: float
+    window_steps: int             # optimizer steps of the perf window that ends with this step
+
+    @classmethod
+    def start(cls, step: int, mean_loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, window_steps: int,
+              world_size: int, gpu: dict[str, float] | None = None) -> PendingLog:
+        """Gather this step's values from every rank (one small collective) and start their copy to the host."""
+        # The logged loss is the global mean over the whole global batch, and rank 0 logs every rank's GPU.
+        # Every rank sends the same length (NaN where it has no telemetry), so ranks that disagree about NVML
+        # cannot mismatch the collective.
+        dev = mean_loss.device
+        tele = torch.tensor([math.nan if gpu is None else gpu[k] for k in gpu_telemetry.FIELDS])
+        if dev.type == "cuda":  # from pinned memory, without a sync: a blocking copy would drain the GPU's queue
+            tele = tele.pin_memory().to(dev, non_blocking=True)
+        stats = torch.cat([torch.stack([mean_loss, grad_norm.detach().float().to(dev)]), tele])
+        gathered = stats.new_empty(world_size * stats.numel())
+        dist.all_gather_into_tensor(gathered, stats)
+        gathered = gathered.view(world_size, -1)
+        if dev.type != "cuda":
+            return cls(step, gathered, None, lr, window_steps)
+        host = torch.empty(gathered.shape, pin_memory=True)
+        host.copy_(gathered, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return cls(step, host, ready, lr, window_steps)
+
+    def values(self) -> tuple[float, float, dict[int, dict[str, float]]]:
+        """Mean loss and grad norm over the ranks, and each rank's GPU telemetry where it has some (waits for
+        the copy)."""
+        if self.ready is not None:
+            self.ready.synchronize()
+        loss, gnorm = self.host[:, :2].mean(dim=0).tolist()
+        gpus = {r: dict(zip(gpu_telemetry.FIELDS, row[2:].tolist(), strict=True))
+                for r, row in enumerate(self.host) if not math.isnan(row[2].item())}
+        return loss, gnorm, gpus
+
+
+def open_writer(logdir: str) -> Any:
+    """A TensorBoard SummaryWriter (imported here: the import is slow, so callers run this in a thread)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    return SummaryWriter(logdir)
+
+
+def write_plan(writer: Any, plan: dict[str, int], hparams: dict[str, Any]) -> None:
+    """The plan as a TEXT entry and the run's settings in the HPARAMS tab, so the global batch sits beside the
+    curves."""
+    text = (explain(plan["global_batch"], plan["per_rank_batch"], plan["world_size"], plan["accumulation"])
+            + "\n\n| key | value |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in plan.items()))
+    writer.add_text("plan", text, 0)
+    from torch.utils.tensorboard.summary import hparams as hp
+
+    for event in hp({**plan, **hparams}, {"train/loss": 0.0}):
+        writer._get_file_writer().add_summary(event)

@@ -1,0 +1,113 @@
+"""DDP, the first strategy: a full replica per rank, gradients averaged by all-reduce on the last micro-step.
+
+At world size 1 the model runs without a DDP wrapper (nothing to synchronise, and the compiler sees one graph).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from tasks.engine.strategy import ddp_compile, grad_sync
+
+CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes that capture CUDA graphs
+
+
+class _SingleProcess(torch.nn.Module):
+    """Stands in for DDP at world size 1: same call and ``no_sync`` surface, no communication."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    def no_sync(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+
+class DDPStrategy:
+    """DistributedDataParallel with ``no_sync`` on all but the last micro-step (see :class:`Strategy`)."""
+
+    full_state_on_rank0 = True
+
+    def __init__(self, model: torch.nn.Module, device: torch.device, local_rank: int, world_size: int,
+                 train_cfg: Any) -> None:
+        t = train_cfg
+        self.model, self.world_size = model, world_size
+        if world_size > 1:
+            self.wrapped: DDP | _SingleProcess = DDP(
+                model, device_ids=[local_rank] if device.type == "cuda" else None,
+                gradient_as_bucket_view=True, bucket_cap_mb=t.get("ddp_bucket_mb", 25),
+            )
+            if t.get("ddp_comm", "fp32") == "bf16":
+                # Opt-in: gradients travel as bf16 (half the bytes), are averaged, and land back in fp32.
+                from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+                self.wrapped.register_comm_hook(None, default_hooks.bf16_compress_hook)
+            else:  # averaging inside the all-reduce instead of one division kernel per parameter
+                self.wrapped.register_comm_hook(None, grad_sync.mean_allreduce_hook)
+        else:
+            self.wrapped = _SingleProcess(model)
+        compile_kwargs = {"mode": t.compile_mode} if t.get("compile_mode") else {}
+        # The synchronising micro-step's callable, and the others' (ddp_compile.py says why they differ).
+        self._sync_fwd, self._local_fwd = ddp_compile.compiled_forwards(
+            self.wrapped, model, distributed=world_size > 1, compile=bool(t.compile),
+            split=bool(t.get("ddp_split_graph", True)), **compile_kwargs)
+        # These modes replay each micro-step as CUDA graphs: no per-kernel launch cost.
+        self.cudagraphs = bool(t.compile) and device.type == "cuda" and t.get("compile_mode") in CUDAGRAPH_MODES
+        # Gradients live in their own buffers for the whole run: the first micro-step of an optimizer step copies
+        # into them and later ones add (see backward), so they need no zeroing pass. Under CUDA graphs they must
+        # not *be* graph outputs, which the next replay overwrites (pytorch/pytorch#169545).
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        for p in self.params:
+            p.grad = torch.zeros_like(p)
+
+    def sync(self, last: bool) -> contextlib.AbstractContextManager:
+        """``no_sync`` around forward and backward of every micro-step but the last."""
+        return contextlib.nullcontext() if last else self.wrapped.no_sync()
+
+    def forward(self, last: bool) -> Callable[..., torch.Tensor]:
+        """The synchronising micro-step's compiled callable, or the others'."""
+        return self._sync_fwd if last else self._local_fwd
+
+    def backward(self, scaled_loss: torch.Tensor, *, first: bool, last: bool) -> None:
+        """DDP's own backward on the synchronising micro-step; the others accumulate in one foreach op."""
+        if last and self.world_size > 1:
+            scaled_loss.backward()  # DDP's hooks all-reduce p.grad (the sum so far) during this backward
+        else:
+            self._accumulate(scaled_loss, first)
+
+    def _accumulate(self, loss: torch.Tensor, first: bool) -> None:
+        """Gradients of a micro-step that does not synchronise go into ``p.grad`` in one foreach op instead of
+        one op per parameter (148 launches for GPT-2 small, which leave the GPU idle between them when the rest of
+        the step is CUDA graphs). The first micro-step of a step copies, later ones add."""
+        grads = torch.autograd.grad(loss, self.params, allow_unused=True)
+        used = [(p.grad, g) for p, g in zip(self.params, grads, strict=True) if g is not None]
+        if first:
+            torch._foreach_copy_([acc for acc, _ in used], [g for _, g in used])
+            unused = [p.grad for p, g in zip(self.params, grads, strict=True) if g is None]
+            if unused:  # a parameter this micro-batch did not reach: its gradient is zero, not last step's
+                torch._foreach_zero_(unused)
+        else:
+            torch._foreach_add_([acc for acc, _ in used], [g for _, g in used])
+
+    def after_optimizer_step(self, optimizer: torch.optim.Optimizer, accumulation: int) -> None:
+        """With one micro-step per step on several ranks, that micro-step is DDP's backward, which adds into the
+        buffers: they must be zero. (Otherwise the first micro-step copies into them.)"""
+        if accumulation == 1 and self.world_size > 1:
+            optimizer.zero_grad(set_to_none=False)
+
+    def state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """Every rank holds the whole model and optimizer state: rank 0's copy is the checkpoint."""
+        return {"model": self.model.state_dict(), "optimizer": optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any], optimizer: torch.optim.Optimizer) -> None:
+        """Load the whole model and optimizer state on every rank."""
+        self.model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])

@@ -1,0 +1,559 @@
+"""The one training engine: set-up, then the loop as named steps (micro-step, optimizer step, log, validate,
+checkpoint). Every task supplies model, data and loss (``tasks.api.TaskParts``); the parallel strategy
+(``strategy/``) wraps the model; this module owns the order of things.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import socket
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import IO, Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from runner import layout
+from tasks import registry
+from tasks.api import TaskParts
+from tasks.engine import checkpoint as ckpt
+from tasks.engine import logging as tb
+from tasks.engine import metrics, worker_io
+from tasks.engine.config import Config, load_config
+from tasks.engine.diagnostics import faults, profiling, termination
+from tasks.engine.diagnostics import telemetry as gpu_telemetry
+from tasks.engine.optim import apply_inductor_settings, build_optimizer, lr_factor
+from tasks.engine.progress import Progress
+from tasks.engine.sampler import ResumableDistributedSampler
+from tasks.engine.strategy import grad_sync
+from tasks.engine.strategy.base import Strategy
+from tasks.engine.strategy.ddp import DDPStrategy
+
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class Context:
+    """Who and where this rank is."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    run_dir: str
+    local_dir: str
+    console: IO[str] | None
+    device_name: str = "cpu"
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+@dataclass
+class TrainState:
+    """Where training stands: enough to continue exactly from here."""
+
+    step: int = 0            # optimizer steps done
+    epoch: int = 0           # current epoch
+    micro_in_epoch: int = 0  # micro-batches of the current epoch already consumed
+    losses: list[float] = field(default_factory=list)
+
+
+def setup(run_dir: str, local_dir: str, console: IO[str] | None, cfg: Config) -> Context:
+    """Pick this rank's device (local rank indexes the visible devices) and join the process group."""
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    if cfg.device == "cuda":
+        torch.cuda.set_device(local_rank)
+        torch.backends.cuda.matmul.allow_tf32 = True  # fp32 matmuls outside autocast use tensor cores
+        torch.backends.cudnn.allow_tf32 = True
+        device = torch.device("cuda", local_rank)
+        name = torch.cuda.get_device_name(device)
+    else:
+        device, name = torch.device("cpu"), "cpu"
+    dist.init_process_group(
+        cfg.backend, timeout=timedelta(seconds=cfg.timeout_s),
+        device_id=device if device.type == "cuda" else None,
+    )
+    return Context(rank, local_rank, world_size, device, run_dir, local_dir, console, name)
+
+
+def _device_label(ctx: Context) -> str:
+    return f"{ctx.device.type}:{ctx.local_rank}"
+
+
+def _facts(ctx: Context, **extra: Any) -> dict[str, Any]:
+    facts: dict[str, Any] = {
+        "rank": ctx.rank, "local_rank": ctx.local_rank, "host": socket.gethostname(), "pid": os.getpid(),
+        "device": _device_label(ctx), "device_name": ctx.device_name,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "torch": torch.__version__, "backend": dist.get_backend() if dist.is_initialized() else None,
+        "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+    }
+    if ctx.device.type == "cuda":
+        facts["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        facts["cuda"] = torch.version.cuda
+    facts.update(extra)
+    return facts
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, data: Dataset, ctx: Context, batch: int, precision: str) -> float:
+    """Mean loss over the whole dataset, each sample counted exactly once across ranks.
+
+    DistributedSampler pads uneven splits with duplicates; here rank r takes samples r, r+W, r+2W, … with
+    no padding, and the sums and counts are reduced across ranks.
+    """
+    was_training = model.training
+    model.eval()
+    shard = Subset(data, range(ctx.rank, len(data), ctx.world_size))
+    totals = torch.zeros(2, dtype=torch.float64, device=ctx.device)
+    for x, y in DataLoader(shard, batch_size=batch, shuffle=False):
+        with _autocast(ctx.device, precision):
+            loss = model(x.to(ctx.device), y.to(ctx.device))
+        totals[0] += loss.double() * len(x)
+        totals[1] += len(x)
+    dist.all_reduce(totals)
+    model.train(was_training)
+    return (totals[0] / totals[1]).item()
+
+
+def _autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    dtype = AUTOCAST_DTYPES.get(precision)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+@dataclass
+class _Loop:
+    """What the loop carries from one optimizer step to the next."""
+
+    meter: metrics.StepMeter
+    profiler: profiling.StepProfiler
+    writer: Any
+    progress: Progress | None
+    loss_sum: torch.Tensor          # sum of micro-step losses since the last log step (on the device)
+    logged_step: int
+    pending: tb.PendingLog | None = None
+    last: dict[str, float] = field(default_factory=dict)
+    val_loss: float | None = None
+    first_step_s: float | None = None
+
+
+class Trainer:
+    """One run of the training loop on this rank."""
+
+    def __init__(self, cfg: Config, ctx: Context, writer_future: Future | None = None) -> None:
+        self.cfg, self.ctx = cfg, ctx
+        self.writer_future = writer_future
+        t = cfg.train
+        torch.manual_seed(cfg.seed)  # same init on every rank (DDP also broadcasts rank 0's weights)
+        self.parts: TaskParts = registry.build(cfg, ctx.device)
+        self.model = self.parts.model.to(ctx.device)
+        # Same weights everywhere, but each rank its own random stream from here on (dropout masks must
+        # differ across ranks that see different data). A resume restores every rank's saved stream.
+        torch.manual_seed(cfg.seed + ctx.rank)
+        if t.compile and t.get("inductor"):
+            apply_inductor_settings(t.inductor)
+        self.strategy: Strategy = DDPStrategy(self.model, ctx.device, ctx.local_rank, ctx.world_size, t)
+        self.optimizer = build_optimizer(t, self.strategy.params)
+        self.scaler = torch.amp.GradScaler(ctx.device.type) if t.precision == "fp16" else None
+        self.per_rank, self.accumulation = cfg.batch.per_rank, cfg.batch.accumulation
+        # shuffle=True here, never in the DataLoader: the sampler shuffles by (seed, epoch) identically on every
+        # rank and hands each rank its own slice.
+        self.sampler = ResumableDistributedSampler(
+            self.parts.train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=cfg.seed,
+        )
+        # drop_last keeps every micro-batch exactly batch.per_rank, so the global batch is what the plan says.
+        self.loader = DataLoader(
+            self.parts.train_set, batch_size=self.per_rank, sampler=self.sampler, drop_last=True,
+            num_workers=t.num_workers, pin_memory=ctx.device.type == "cuda",
+            persistent_workers=t.num_workers > 0, worker_init_fn=termination.reset_in_child,
+        )
+        self.steps_per_epoch = (self.sampler.num_samples // self.per_rank) // self.accumulation
+        if self.steps_per_epoch == 0:
+            raise ValueError(
+                f"batch.accumulation={self.accumulation}: an epoch gives each rank only"
+                f" {self.sampler.num_samples // self.per_rank} micro-batches, fewer than one optimizer step."
+                " Fix: lower batch.accumulation, batch.per_rank or world_size, or use more data"
+            )
+        self.state = TrainState()
+        self.total_steps = self._total_steps()
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda s: lr_factor(s, self.total_steps, t.schedule, t.warmup_steps, t.min_lr_ratio),
+        )
+        self.resumed_from: str | None = None
+        self.saver = ckpt.AsyncSaver() if (ctx.is_main and cfg.checkpoint.async_save) else None
+        if self.saver is not None:  # stopped by SIGTERM (a peer failed, or Ctrl-C): finish the write in flight
+            termination.on_terminate(self.saver.finish)
+        self.ckpt_root = layout.join(ctx.run_dir, layout.CHECKPOINTS)
+        # Clock, power, temperature and power-cap state of this rank's GPU, per logging window (None: no NVML).
+        self.telemetry = gpu_telemetry.Sampler.start(ctx.device) if t.get("gpu_telemetry", True) else None
+        self.gpu_windows: dict[int, list[dict[str, float]]] = {}
+
+    # -- checkpoints -----------------------------------------------------------------------------------
+
+    def _total_steps(self) -> int:
+        """``train.max_steps``, or the steps done plus what is left of ``train.epochs`` from where training stands.
+
+        Counted from the current position, not as epochs × steps per epoch: a run resumed from a checkpoint whose
+        steps had another size (another per-rank batch or accumulation) still finishes exactly the epochs asked for.
+        """
+        t, s = self.cfg.train, self.state
+        if t.max_steps:
+            return t.max_steps
+        left = (t.epochs - s.epoch) * self.steps_per_epoch * self.accumulation - s.micro_in_epoch
+        return s.step + max(0, left) // self.accumulation
+
+    def _resume_source(self) -> str | None:
+        """Newest complete checkpoint of this run (elastic restart / continue in place), else ``resume``.
+
+        A run's own checkpoints always win, whatever ``resume`` says: they are this run's progress (an elastic
+        restart of a ``resume=never`` run must not start over and then have keep_last delete its fresh
+        checkpoints as "older" than the previous attempt's). ``resume`` says where a run with none starts.
+        """
+        resume = str(self.cfg.resume)
+        own = ckpt.latest(self.ckpt_root)
+        if own is not None or resume in ("auto", "never"):
+            return own
+        if ckpt.is_checkpoint(resume):
+            return resume
+        found = ckpt.latest(resume) or ckpt.latest(layout.join(resume, layout.CHECKPOINTS))
+        if found is None:
+            raise ValueError(f"resume={resume!r}: no complete checkpoint there. Fix: point resume at a"
+                             " run directory with checkpoints/step_<N>, a checkpoint, or use resume=never")
+        return found
+
+    def maybe_resume(self) -> None:
+        """Load model, optimizer, scheduler, scaler, progress and this rank's RNG state from a checkpoint."""
+        src = self._resume_source()
+        if src is None:
+            return
+        state = ckpt.load(src, map_location="cpu")
+        self._check_compatible(state, src)
+        self.strategy.load_state_dict(state, self.optimizer)
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        p = state["progress"]
+        # The data position is counted in micro-batches of the checkpoint's per-rank batch.
+        samples = p["micro_in_epoch"] * state.get("plan", {}).get("per_rank_batch", self.per_rank)
+        self.state = TrainState(p["step"], p["epoch"], samples // self.per_rank, list(p.get("losses", [])))
+        self.total_steps = self._total_steps()
+        ckpt.set_rng_state(state["rng"][self.ctx.rank])
+        self.resumed_from = src
+        self._say(f"resumed from {src} at step {self.state.step}")
+
+    def _check_compatible(self, state: dict[str, Any], src: str) -> None:
+        mine = self.model.state_dict()
+        theirs = state["model"]
+        problems = [f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(mine[k].shape)}"
+                    for k, v in theirs.items() if k in mine and tuple(v.shape) != tuple(mine[k].shape)]
+        problems += [f"{k}: missing in checkpoint" for k in mine if k not in theirs]
+        problems += [f"{k}: not in this model" for k in theirs if k not in mine]
+        if problems:
+            raise ValueError(f"cannot resume from {src}: the model differs ({len(problems)} keys): "
+                             + "; ".join(problems[:8]) + ". Fix: resume with the same task.model settings")
+        plan = state.get("plan", {})
+        if plan.get("world_size") not in (None, self.ctx.world_size):
+            raise ValueError(f"cannot resume from {src}: it ran with world_size={plan['world_size']}, this run"
+                             f" has {self.ctx.world_size}. Fix: resume with world_size={plan['world_size']}")
+        done = state["progress"]["micro_in_epoch"] * plan.get("per_rank_batch", self.per_rank)
+        if done % self.per_rank:
+            raise ValueError(f"cannot resume from {src}: each rank had used {done} samples of the epoch, not a"
+                             f" whole number of batch.per_rank={self.per_rank} micro-batches, so the data order"
+                             f" would not continue exactly. Fix: resume with batch.per_rank="
+                             f"{plan['per_rank_batch']} (or a divisor of {done})")
+
+    def checkpoint(self) -> None:
+        """Every rank hands its RNG state to rank 0 (one collective), which saves atomically."""
+        rng = [None] * self.ctx.world_size
+        dist.all_gather_object(rng, ckpt.rng_state())
+        if not self.ctx.is_main:
+            return
+        s = self.state
+        state = {
+            **self.strategy.state_dict(self.optimizer),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "progress": {"step": s.step, "epoch": s.epoch, "micro_in_epoch": s.micro_in_epoch,
+                         "losses": list(s.losses)},
+            "rng": rng,
+            "plan": {"world_size": self.ctx.world_size, "per_rank_batch": self.per_rank,
+                     "accumulation": self.accumulation,
+                     "global_batch": self.per_rank * self.ctx.world_size * self.accumulation},
+            "config": self.cfg.to_yaml(),
+        }
+        protect = frozenset({self.resumed_from} if self.resumed_from else ())
+        keep = self.cfg.checkpoint.keep_last
+        if self.saver is not None:
+            self.saver.save(self.ckpt_root, s.step, state, keep_last=keep, protect=protect)
+        else:
+            ckpt.save(self.ckpt_root, s.step, state, keep_last=keep, protect=protect)
+
+    # -- the loop --------------------------------------------------------------------------------------
+
+    def _say(self, msg: str) -> None:
+        print(msg, flush=True)
+
+    def _micro_batches(self):
+        """Yield (x, y, data_wait_s) forever, epoch after epoch, calling set_epoch every epoch."""
+        while True:
+            self.sampler.set_epoch(self.state.epoch)
+            self.sampler.set_start(self.state.micro_in_epoch * self.per_rank)
+            usable = self.steps_per_epoch * self.accumulation
+            it = iter(self.loader)
+            while self.state.micro_in_epoch < usable:
+                t0 = time.perf_counter()
+                x, y = next(it)
+                yield x, y, time.perf_counter() - t0
+            self.state.epoch += 1
+            self.state.micro_in_epoch = 0
+
+    def train(self) -> dict[str, Any]:
+        """Run optimizer steps to ``total_steps``, then validate and checkpoint once more; return the summary."""
+        t = self.cfg.train
+        loop = self._start_loop()
+        batches = self._micro_batches()
+        while self.state.step < self.total_steps:
+            with loop.meter.paused():
+                loop.profiler.before_step(self.state.step + 1)
+            for m in range(self.accumulation):
+                self.micro_step(batches, loop, first=m == 0, last=m == self.accumulation - 1)
+            lr, grad_norm = self.optimizer_step()
+            self.state.step += 1
+            loop.meter.step_done()
+            step = self.state.step
+            faults.after_step(self.ctx.rank, step)
+            if loop.pending is not None:
+                # The previous log step's values. Waiting for them here, with this step already queued, keeps the
+                # GPU busy while the host logs; a sync right at the log step would drain its queue.
+                self._finish_log(loop)
+            with loop.meter.paused():  # writing the trace is not a training step
+                loop.profiler.after_step(step)
+            if loop.first_step_s is None:
+                self._after_first_step(loop)
+            if step % t.log_every == 0 or step == self.total_steps:
+                self.log(loop, step, lr, grad_norm)
+            val_due = self.parts.val_set is not None and t.val_every and step % t.val_every == 0 \
+                and step != self.total_steps
+            every = self.cfg.checkpoint.every_steps
+            ckpt_due = every and step % every == 0 and step != self.total_steps
+            # Finished right away when nothing is in flight to keep busy (a CPU run: the step is already done, and a
+            # late close would time the next step instead), and before anything that reads the losses or syncs.
+            if loop.pending is not None and (loop.pending.ready is None or val_due or ckpt_due
+                                             or step == self.total_steps):
+                self._finish_log(loop)  # the checkpoint holds the losses
+            if val_due:
+                with loop.meter.paused():
+                    loop.val_loss = self.validate(loop.writer, step)
+            if ckpt_due:
+                with loop.meter.paused():  # the save's blocking time is not a training step
+                    self.checkpoint()
+        return self._finish(loop)
+
+    def _start_loop(self) -> _Loop:
+        ctx, t = self.ctx, self.cfg.train
+        meter = metrics.StepMeter(self.per_rank * ctx.world_size * self.accumulation, ctx.world_size,
+                                  self.parts.tokens_per_sample, self.parts.flops_per_sample,
+                                  metrics.peak_flops(ctx.device_name, t.precision))
+        prof_cfg = t.get("profile") or {}
+        profiler = profiling.StepProfiler(
+            os.path.join(ctx.local_dir, layout.PROFILE), ctx.rank, self.state.step + int(prof_cfg.get("start", 0)),
+            int(prof_cfg.get("steps", 0)), ctx.device, say=self._say if ctx.is_main else None,
+        )
+        writer = self._writer() if self.writer_future is not None else None
+        progress = Progress(ctx.console, self.total_steps, self.state.step) if ctx.is_main else None
+        return _Loop(meter, profiler, writer, progress, torch.zeros((), device=ctx.device), self.state.step)
+
+    def micro_step(self, batches: Any, loop: _Loop, *, first: bool, last: bool) -> None:
+        """Forward and backward of one micro-batch; the strategy synchronises gradients on the ``last`` one only."""
+        device = self.ctx.device
+        x, y, wait = next(batches)
+        loop.meter.add_wait(wait)
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        if self.strategy.cudagraphs:  # a new micro-step: the previous replay's outputs may be reused
+            torch.compiler.cudagraph_mark_step_begin()
+        with self.strategy.sync(last):  # no_sync around forward *and* backward of every micro-step but the last
+            with _autocast(device, self.cfg.train.precision):
+                loss = self.strategy.forward(last)(x, y)
+            scaled = loss / self.accumulation  # the mean over the optimizer step's micro-batches
+            scaled = self.scaler.scale(scaled) if self.scaler is not None else scaled
+            self.strategy.backward(scaled, first=first, last=last)
+        loop.loss_sum += loss.detach().float()
+        self.state.micro_in_epoch += 1
+
+    def optimizer_step(self) -> tuple[float, torch.Tensor]:
+        """Unscale (fp16), clip, step, advance the LR; returns the LR used and the grad norm (on the device)."""
+        t = self.cfg.train
+        params = self.strategy.params
+        lr = self.optimizer.param_groups[0]["lr"]
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+            grad_norm = (torch.nn.utils.clip_grad_norm_(params, t.grad_clip) if t.grad_clip
+                         else torch.nn.utils.get_total_norm([p.grad for p in params]))
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:  # every trained parameter has its gradient buffer (the strategy made them)
+            grad_norm = grad_sync.clipped_step(self.optimizer, params, t.grad_clip)
+        self.strategy.after_optimizer_step(self.optimizer, self.accumulation)
+        self.scheduler.step()
+        return lr, grad_norm
+
+    def _after_first_step(self, loop: _Loop) -> None:
+        """The first step of this launch (step 1, or the first after a resume): time it, ready the save's
+        buffers, and freeze what compilation left on the heap."""
+        if self.ctx.device.type == "cuda":
+            torch.cuda.synchronize()
+        loop.first_step_s = time.time() - float(os.environ.get(layout.ENV_T0, time.time()))
+        if self.saver is not None:  # optimizer state exists now: get the save's buffers ready
+            self.saver.reserve(self.strategy.state_dict(self.optimizer))
+        # Compilation leaves many long-lived Python objects; every full collection would walk them all and
+        # stall this rank's host, and with DDP a stall on any rank stalls all. Frozen, they are not walked
+        # again (torchtitan and Megatron manage the GC for the same reason). Measured: BENCHMARKS.md.
+        with loop.meter.paused():
+            gc.collect()
+            gc.freeze()
+
+    def log(self, loop: _Loop, step: int, lr: float, grad_norm: torch.Tensor) -> None:
+        """Start gathering this log step's values from every rank; :meth:`_finish_log` writes them later."""
+        loop.pending = tb.PendingLog.start(
+            step, loop.loss_sum / self.accumulation / (step - loop.logged_step), grad_norm, lr, loop.meter.steps,
+            self.ctx.world_size, self.telemetry.window() if self.telemetry else None)
+        loop.logged_step = step
+        loop.loss_sum.zero_()
+
+    def _finish_log(self, loop: _Loop) -> None:
+        """Wait for a log step's reduced values, then write its scalars and progress."""
+        pending, loop.pending = loop.pending, None
+        assert pending is not None
+        train_loss, gnorm, gpus = pending.values()
+        last = {"train/loss": train_loss, "lr": pending.lr, "grad_norm": gnorm,
+                **loop.meter.close_window(pending.window_steps),
+                "memory/peak_gb": tb.peak_memory_gb(self.ctx.device)}
+        self.state.losses.append(train_loss)
+        for r, g in gpus.items():
+            self.gpu_windows.setdefault(r, []).append(g)
+        if loop.writer is not None:
+            for k, v in last.items():
+                loop.writer.add_scalar(k, v, pending.step)
+            for r, g in gpus.items():
+                for k, v in g.items():
+                    loop.writer.add_scalar(f"gpu{r}/{k}", v, pending.step)
+        if loop.progress is not None:
+            loop.progress.update(pending.step, train_loss,
+                                 last.get("perf/tokens_per_s") or last["perf/samples_per_s"])
+        loop.last = last
+
+    def validate(self, writer: Any, step: int) -> float:
+        """Exact validation loss (every sample once across ranks), logged at ``step``."""
+        data = self.parts.val_set
+        cap = self.cfg.train.get("val_samples")
+        if cap and cap < len(data):  # the same leading samples every time, each counted once
+            data = Subset(data, range(cap))
+        loss = evaluate(self.model, data, self.ctx, self.per_rank, self.cfg.train.precision)
+        if writer is not None:
+            writer.add_scalar("val/loss", loss, step)
+        self._say(f"step {step} val/loss {loss:.4f}")
+        return loss
+
+    def _finish(self, loop: _Loop) -> dict[str, Any]:
+        """After the last step: the final validation and checkpoint, then the summary."""
+        loop.profiler.finish(self.state.step)  # when training ended inside the traced steps
+        if self.parts.val_set is not None:
+            loop.val_loss = self.validate(loop.writer, self.state.step)
+        self.checkpoint()
+        if self.saver is not None:
+            self.saver.wait()
+        if loop.progress is not None:
+            loop.progress.close()
+        summary = {
+            "steps": self.state.step, "epochs_started": self.state.epoch + (self.state.micro_in_epoch > 0),
+            "final": dict(loop.last),
+            "val_loss": loop.val_loss,
+            "median": loop.meter.medians(),
+            "perf_windows": loop.meter.history,  # every logging window's figures but the first (start-up, compile)
+            "perf_span_unix": loop.meter.span_unix,  # when those windows ran: [start, end], Unix seconds
+            # Each rank's GPU: medians over the logging windows but the first (compilation); empty without NVML.
+            "gpus": {str(r): gpu_telemetry.medians(ws[1:] or ws) for r, ws in sorted(self.gpu_windows.items())},
+            "time_to_first_step_s": loop.first_step_s,
+            "resumed_from": self.resumed_from,
+            "losses": self.state.losses,
+        }
+        if loop.writer is not None:
+            loop.writer.close()
+        return summary
+
+    def close(self) -> None:
+        """Finish the checkpoint in flight and stop DataLoader worker processes now, not at interpreter exit."""
+        if self.saver is not None:
+            termination.forget(self.saver.finish)
+            self.saver.close()
+        if self.telemetry is not None:
+            self.telemetry.close()
+        self.loader = None  # persistent workers stop when their iterator is collected
+        gc.collect()  # the LR lambda's closure makes a cycle through the trainer
+
+    def _writer(self) -> Any:
+        writer = self.writer_future.result()
+        cfg = self.cfg
+        plan = {"world_size": self.ctx.world_size, "per_rank_batch": self.per_rank,
+                "accumulation": self.accumulation,
+                "global_batch": self.per_rank * self.ctx.world_size * self.accumulation}
+        tb.write_plan(writer, plan, {"task": cfg.task.name, "lr": cfg.train.lr, "precision": cfg.train.precision,
+                                     "device": cfg.device})
+        return writer
+
+
+def run(run_dir: str, local_dir: str, console: IO[str] | None) -> None:
+    """Train this rank to the end, then report ``rank R device D completed``."""
+    cfg = load_config(run_dir)
+    writer_future = None
+    if int(os.environ.get("RANK", "0")) == 0:
+        # TensorBoard's import overlaps the process-group and DDP set-up instead of delaying the first step.
+        writer_future = ThreadPoolExecutor(1).submit(tb.open_writer, os.path.join(local_dir, layout.TB))
+    t0 = time.perf_counter()
+    ctx = setup(run_dir, local_dir, console, cfg)
+    print(f"startup: process group ready in {time.perf_counter() - t0:.1f} s", flush=True)
+    worker_io.write_json(local_dir, layout.rank_facts(ctx.rank), _facts(ctx, completed=False))
+    failed = False
+    try:
+        trainer = Trainer(cfg, ctx, writer_future)
+        trainer.maybe_resume()
+        print(f"startup: task, model, DDP and data ready in {time.perf_counter() - t0:.1f} s", flush=True)
+        summary = trainer.train()
+        trainer.close()
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize()
+        dist.barrier()
+        line = f"rank {ctx.rank} device {_device_label(ctx)} completed"
+        print(line, flush=True)
+        worker_io.write_json(local_dir, layout.rank_facts(ctx.rank),
+                             _facts(ctx, completed=True, exit_code=0, summary=summary if ctx.is_main else None))
+    except BaseException as exc:  # noqa: B036 - the time of any failure, before the teardown below
+        failed = True
+        worker_io.mark_failure_time(exc)
+        # Recorded before the teardown too (tasks/__main__.py writes the same record again): should the teardown
+        # ever wait on a peer, the driver still learns what failed here.
+        worker_io.record_error(local_dir, ctx.rank, exc)
+        raise
+    finally:
+        if dist.is_initialized():
+            if failed and dist.get_backend() == dist.Backend.NCCL:
+                # A peer may be waiting in a collective this rank will never join, and NCCL's orderly teardown can
+                # wait for it: this rank would hang before recording its error, and torchrun would never learn
+                # of the failure. Aborting the communicators does not wait. (A private API: if it is gone, the
+                # process exits without tearing the group down, which does not wait either.)
+                with contextlib.suppress(Exception):
+                    dist.distributed_c10d._abort_process_group()
+            else:
+                dist.destroy_process_group()
