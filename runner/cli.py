@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import shlex
 import sys
 import time
@@ -15,13 +16,17 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from runner import layout
-from runner.manifest import PROJECT_ROOT
 from runner.plan import Plan, PlanError, make_plan
 
-CONF_DIR = PROJECT_ROOT / "conf"
+# The configs ship inside the package (conf/ in the checkout): found from any working directory.
+CONFIG_PATH = "pkg://ddp_runner_conf"
+# Hydra writes nothing of its own and never changes directory, whichever primary config is composed (a run
+# directory's saved config.yaml, rerun with --config-dir, has no hydra section of its own).
+HYDRA_QUIET = ("hydra.output_subdir=null", "hydra.run.dir=.", "hydra.sweep.dir=.", "hydra.sweep.subdir=.",
+               "hydra.job.chdir=false", "hydra/job_logging=none", "hydra/hydra_logging=none")
 
 # Worst exit code over the jobs of this invocation (a sweep runs several in one process).
-_state: dict[str, Any] = {"exit": 0, "sweep_dir": None}
+_state: dict[str, Any] = {"exit": 0, "sweep_dir": None, "argv": None, "jobs": 0, "stderr": None}
 
 
 def inductor_settings() -> dict[str, Any]:
@@ -39,32 +44,14 @@ def refuse(err: PlanError) -> int:
     return layout.EXIT_REFUSED
 
 
-def check_group_overrides(args: list[str]) -> None:
-    """Refuse an unknown ``task=``/``data=``/``launcher=`` option before Hydra does (with exit 2, not 1)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    try:
-        overrides = OverridesParser.create().parse_overrides([a for a in args if not a.startswith("-")])
-    except Exception:  # noqa: BLE001 - Hydra itself reports malformed overrides
-        return
-    for o in overrides:
-        group = o.key_or_group
-        if group not in ("task", "data", "launcher") or o.is_delete():
-            continue
-        options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
-        values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.value()]
-        for v in values:
-            if str(v) not in options:
-                sys.exit(refuse(PlanError(group, v, f"no such {group}", f"pick one of: {', '.join(options)}")))
-
-
-def _plan(cfg: dict[str, Any]) -> tuple[Plan, str | None]:
+def _plan(cfg: dict[str, Any], task_dirs: list[str]) -> tuple[Plan, str | None]:
     """The plan for a composed config (refusing it with PlanError), and the directory the workers must search
-    for the task module (None when it is installed)."""
+    for the task module (None when it is installed). ``task_dirs``: where else to look (a continued run's)."""
     from runner import data_prep, task_module
     from runner.devices import visible_gpus
 
-    task_dir = task_module.locate(cfg["task"].get("module"))
+    task_dir = task_module.locate(cfg["task"].get("module"), extra=task_dirs)
     gpus = visible_gpus() if cfg["device"] != "cpu" else []
     train_samples = data_prep.prepare(cfg["data"], cfg["task"])
     task_module.run_checks(cfg, task_dir)
@@ -78,12 +65,13 @@ def _plan(cfg: dict[str, Any]) -> tuple[Plan, str | None]:
 
 def execute(cfg: DictConfig) -> int:
     """One job: plan, refuse or launch, supervise, summarise. Returns the job's exit code."""
-    from runner import finalize, rundir
+    from runner import data_prep, finalize, rundir
     from runner.launch import Supervisor, torchrun_command, worker_env
 
     t0 = time.time()
     started = datetime.now()
     resume = str(cfg.resume)
+    task_dirs: list[str] = []
     try:
         continuing = resume not in ("auto", "never") and _is_run_dir(resume)
         if continuing:  # continue that run in place, with its own config (its own `resume` too: workers
@@ -93,9 +81,15 @@ def execute(cfg: DictConfig) -> int:
                 conf = OmegaConf.to_container(OmegaConf.create(f.read().decode()), resolve=True)
             conf["dry_run"] = bool(cfg.dry_run)
             _warn_ignored_overrides(rd.url)
+            recorded = rd.read_json(layout.MANIFEST).get("invocation", {}).get("task_dir")
+            task_dirs = [recorded] if recorded else []
         else:
             conf = OmegaConf.to_container(cfg, resolve=True)
-        plan, task_dir = _plan(conf)
+            if HydraConfig.initialized():
+                from runner import overrides
+
+                overrides.check_composed(HydraConfig.get().overrides.task, conf)
+        plan, task_dir = _plan(conf, task_dirs)
         if not continuing and resume not in ("auto", "never"):
             _check_resume_source(resume, plan)
     except PlanError as err:
@@ -120,7 +114,8 @@ def execute(cfg: DictConfig) -> int:
     rd.write_text(layout.CONFIG, OmegaConf.to_yaml(OmegaConf.create(conf)))
     from runner.manifest import initial_manifest
 
-    manifest = initial_manifest(plan, cmd, task, started)
+    manifest = initial_manifest(plan, cmd, task, started, invocation=_invocation(task_dir),
+                                data=data_prep.describe(conf["data"]))
     if continuing:
         previous = rd.read_json(layout.MANIFEST)
         manifest["started"] = previous.get("started", manifest["started"])
@@ -137,6 +132,24 @@ def execute(cfg: DictConfig) -> int:
         mirror.flush()
     print(rd.url, flush=True)
     return code
+
+
+def _invocation(task_dir: str | None) -> dict[str, Any]:
+    """How this run was asked for, so that it can be reproduced: the command line, the overrides, the task
+    preset and where the task module was found."""
+    import os
+
+    hc = HydraConfig.get() if HydraConfig.initialized() else None
+    return {
+        "argv": _state["argv"] or ["ddp-run", *sys.argv[1:]],
+        "cwd": os.getcwd(),
+        "overrides": list(hc.overrides.task) if hc else [],
+        "task_preset": hc.runtime.choices.get("task") if hc else None,
+        "config_name": hc.job.config_name if hc else None,
+        "config_sources": [s.path for s in hc.runtime.config_sources if s.provider not in ("hydra", "schema")]
+        if hc else [],
+        "task_dir": task_dir,
+    }
 
 
 def _is_run_dir(url: str) -> bool:
@@ -210,8 +223,10 @@ def _new_run_dir(conf: dict[str, Any], plan: Plan, started: datetime):
     return rundir.create_run_dir(root, task, plan.world_size, started)
 
 
-@hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")
+@hydra.main(version_base=None, config_path=CONFIG_PATH, config_name="config")
 def _app(cfg: DictConfig) -> None:
+    sys.stderr.write(_restore_stderr())  # what Hydra said while composing (warnings), now that it succeeded
+    _state["jobs"] += 1
     code = execute(cfg)
     if code == layout.EXIT_REFUSED and not (HydraConfig.initialized() and
                                            HydraConfig.get().mode == RunMode.MULTIRUN):
@@ -228,14 +243,64 @@ def _skip_mode_probe() -> None:
         Hydra.get_mode = lambda self, config_name, overrides: None  # None = decided by --multirun alone
 
 
+def version() -> str:
+    """This package's version."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("ddp-runner")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def main() -> None:
     """Console entry point of ``ddp-run``."""
+    from runner import overrides
+
     args = sys.argv[1:]
-    check_group_overrides(args)
-    if not {"-m", "--multirun"} & set(args) and not any(a.startswith("hydra.mode=") for a in args):
+    _state["argv"] = ["ddp-run", *args]
+    if "--version" in args:
+        print(f"ddp-run {version()}")
+        sys.exit(0)
+    cli = overrides.parse(args)
+    config_path = CONFIG_PATH
+    try:
+        if cli.config_dir is not None:
+            args, config_path = overrides.user_dir_first(args, cli.config_dir, cli.config_name, CONFIG_PATH)
+            cli = overrides.parse(args)
+        if cli.multirun:
+            overrides.check_sweep_groups(cli, config_path)
+    except PlanError as err:
+        sys.exit(refuse(err))
+    given = {a.split("=", 1)[0] for a in cli.overrides}
+    sys.argv = [sys.argv[0], *args, *(o for o in HYDRA_QUIET if o.split("=", 1)[0] not in given)]
+    if not cli.multirun and not any(a.startswith("hydra.mode=") for a in args):
         _skip_mode_probe()
-    _app()
+    # Hydra reports a config it cannot compose with exit code 1 and its own text; held back here, and turned
+    # into a refusal (exit 2) that names the key and the fix. _app restores stderr as soon as a job starts.
+    _state["stderr"], sys.stderr = sys.stderr, io.StringIO()
+    try:
+        _app()
+    except SystemExit as exc:
+        held = _restore_stderr()
+        if _state["jobs"] or exc.code != 1 or cli.info:  # only a failed composition is turned into a refusal
+            sys.stderr.write(held)
+            raise
+        err = overrides.diagnose(cli, config_path)
+        if err.key == "overrides" and held.strip():
+            err = PlanError(err.key, err.value, held.strip().splitlines()[0], err.fix)
+        sys.exit(refuse(err))
+    finally:
+        _restore_stderr()
     sys.exit(_state["exit"])
+
+
+def _restore_stderr() -> str:
+    """Put the real stderr back; return what Hydra wrote meanwhile."""
+    held = sys.stderr.getvalue() if isinstance(sys.stderr, io.StringIO) else ""
+    if _state.get("stderr") is not None:
+        sys.stderr, _state["stderr"] = _state["stderr"], None
+    return held
 
 
 if __name__ == "__main__":

@@ -34,3 +34,8 @@ def prepare(data: dict[str, Any], task: dict[str, Any]) -> int | None:
                             " corpus") from exc
         return train
     return None
+
+
+def describe(data: dict[str, Any]) -> dict[str, Any] | None:
+    """The data's source for run.json (placeholder until the data work lands)."""
+    return {"path": data.get("path")} if data.get("name") == "text" else None

@@ -15,7 +15,7 @@ from typing import Any
 from runner import layout
 from runner.plan import Plan
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent  # the checkout: conf/, tasks/ and runner/ live here
+PROJECT_ROOT = Path(__file__).resolve().parent.parent  # a checkout (conf/, tasks/, runner/), or site-packages
 COMPLETED_LINE = re.compile(r"^rank (\d+) device (\S+) completed$", re.M)
 
 
@@ -27,7 +27,10 @@ def _version(dist: str) -> str | None:
 
 
 def git_commit(root: Path = PROJECT_ROOT) -> dict[str, Any] | None:
-    """The project's commit and whether the tree had local changes; None outside a git checkout."""
+    """The project's commit and whether the tree had local changes; None when not run from its own checkout
+    (an installed package's site-packages may sit inside some other repository)."""
+    if not (root / "pyproject.toml").is_file() or not (root / ".git").exists():
+        return None
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                                 timeout=10, check=True).stdout.strip()
@@ -38,15 +41,19 @@ def git_commit(root: Path = PROJECT_ROOT) -> dict[str, Any] | None:
     return {"commit": commit, "dirty": dirty}
 
 
-def initial_manifest(plan: Plan, command: list[str], task: str, started: datetime) -> dict[str, Any]:
-    """run.json as written before launch (status running)."""
+def initial_manifest(plan: Plan, command: list[str], task: str, started: datetime,
+                     invocation: dict[str, Any] | None = None, data: dict[str, Any] | None = None) -> dict[str, Any]:
+    """run.json as written before launch (status running). ``invocation``: how the run was asked for (command
+    line, overrides, task preset); ``data``: the data's source, size and hash."""
     return {
         "status": layout.STATUS_RUNNING,
         "task": task,
+        "invocation": invocation or {},
+        "data": data,
         "plan": plan.to_manifest(),
         "command": command,
-        "versions": {"python": platform.python_version(), "torch": _version("torch"),
-                     "hydra": _version("hydra-core"), "nccl": None},
+        "versions": {"ddp_runner": _version("ddp-runner"), "python": platform.python_version(),
+                     "torch": _version("torch"), "hydra": _version("hydra-core"), "nccl": None},
         "host": socket.gethostname(),
         "devices": [
             {"local_rank": i, "physical_index": g.physical_index, "name": g.name, "uuid": g.uuid}

@@ -33,11 +33,12 @@ def _find_spec(module: str, extra: list[str]) -> Any:
             sys.path.remove(p)
 
 
-def locate(module: Any, cwd: str | None = None) -> str | None:
+def locate(module: Any, cwd: str | None = None, extra: list[str] | None = None) -> str | None:
     """Check that ``module`` can be imported by the workers and defines ``build``.
 
-    Returns the directory the workers must append to ``sys.path`` to import it (None when it is importable as
-    installed), or raises :class:`PlanError` naming the module, the problem and the fix.
+    Looked for as installed, then in ``cwd`` (default: the working directory), then in ``extra``. Returns the
+    directory the workers must append to ``sys.path`` to import it (None when it is importable as installed), or
+    raises :class:`PlanError` naming the module, the problem and the fix.
     """
     if not isinstance(module, str) or not module or not all(p.isidentifier() for p in module.split(".")):
         raise PlanError("task.module", module, "not a dotted Python module name", _FIX)
@@ -45,9 +46,10 @@ def locate(module: Any, cwd: str | None = None) -> str | None:
     try:
         spec = _find_spec(module, [])
         where = None
-        if spec is None:
-            spec = _find_spec(module, [cwd])
-            where = cwd if spec is not None else None
+        for place in [cwd, *(extra or [])]:
+            if spec is None:
+                spec = _find_spec(module, [place])
+                where = place if spec is not None else None
     except (ImportError, ValueError) as exc:  # a parent package that fails to import
         raise PlanError("task.module", module, f"cannot be imported ({type(exc).__name__}: {exc})", _FIX) from exc
     if spec is None:
