@@ -121,6 +121,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted; nothing was written (temporary files removed)", file=sys.stderr)
         return 130
+    except OSError as exc:  # disk full, permissions, a lost connection: not a usage problem, still one line
+        print(f"{PROG}: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
 
 
 def say(msg: str) -> None:
@@ -149,7 +152,14 @@ def run(args: argparse.Namespace) -> int:
 
     fs, root = _input_fs(args.input)
     out_url = args.out or default_out(root)
-    out_fs, out_root = fsspec.core.url_to_fs(out_url)
+    try:
+        out_fs, out_root = fsspec.core.url_to_fs(out_url)
+    except (ImportError, ValueError) as exc:
+        raise UsageError("--out", out_url, f"cannot be opened ({exc})",
+                         "pass a local folder or an fsspec URL whose backend is installed") from exc
+    if out_fs.isfile(out_root):
+        raise UsageError("--out", out_url, "is a file; the output is a folder of four files",
+                         "pass a folder (it is created if missing)")
     globs = tuple(args.glob or DEFAULT_GLOBS)
     exclude = out_root.rstrip("/") + "/" if type(out_fs) is type(fs) else None
     sources = find_sources(fs, root, args.input, globs, exclude)

@@ -171,6 +171,7 @@ def test_fsspec_urls_in_and_out_and_rewrite_without_val() -> None:
         (["{d}/ok.txt", "--val-fraction", "1"], "--val-fraction", "[0, 1)"),
         (["{d}/ok.txt", "--tokenizer", "{d}/nope.json"], "--tokenizer", "tokenizer.json"),
         (["{d}/ok.txt", "--tokenizer", "{d}/ok.txt"], "--tokenizer", "not a tokenizers tokenizer.json"),
+        (["{d}/ok.txt", "--out", "{d}/ok.txt"], "--out", "is a file"),
     ],
 )
 def test_bad_input_is_refused_with_option_value_and_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -182,7 +183,9 @@ def test_bad_input_is_refused_with_option_value_and_fix(tmp_path: Path, capsys: 
     (tmp_path / "blank" / "a.txt").write_text("")
     (tmp_path / "ok.txt").write_text("some text\n" * 50)
     argv = [a.format(d=tmp_path) for a in args]
-    assert tokenize.main([*argv, "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    if "--out" not in argv:
+        argv += ["--out", str(tmp_path / "out")]
+    assert tokenize.main([*argv, "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith(f"ddp-tokenize: error: {option}=") and words in err and "Fix: " in err
     assert not (tmp_path / "out").exists()  # nothing written, not even an empty folder
