@@ -1,7 +1,7 @@
 """The text corpus: where it lives, what format it is in, and how many samples it yields.
 
 Driver side and worker side both use this module: the driver to plan (sample counts, steps per epoch)
-before any process starts, the workers (``tasks/text_data.py``) to cut exactly the same windows. Keeping the
+before any process starts, the workers (``tasks/gpt/data.py``) to cut exactly the same windows. Keeping the
 split arithmetic here, in one place, is what makes ``count_samples`` equal ``len(dataset)`` by construction.
 
 No torch or numpy at module level: the driver must start fast. fsspec is light enough.
@@ -66,19 +66,54 @@ def num_windows(n_tokens: int, context: int) -> int:
     return max(0, (n_tokens - 1) // context)
 
 
-def count_samples(path: str | None, fmt: str, context: int, val_fraction: float) -> tuple[int, int]:
-    """Return (train, val) sample counts of a token file from its size alone (no read of its contents).
+@dataclass(frozen=True)
+class TokenRange:
+    """Tokens ``[start, start + n_tokens)`` of the token file at ``url``, in concrete format ``fmt``."""
 
-    ``path`` is any fsspec URL; ``None`` means the default corpus. The counts equal ``len()`` of the datasets
-    that ``tasks.text_data.make_datasets`` builds from the same arguments (a val of 0 is its ``None``).
+    url: str
+    fmt: str
+    start: int
+    n_tokens: int
+
+
+def token_count(url: str, fmt: str) -> int:
+    """Whole tokens in the file at ``url`` (a trailing odd byte of a uint16 file is not a token)."""
+    fs, fs_path = fsspec.core.url_to_fs(url)
+    return fs.size(fs_path) // ITEMSIZE[fmt]
+
+
+def token_ranges(
+    path: str | None, fmt: str, val_fraction: float, val_path: str | None = None
+) -> tuple[TokenRange, TokenRange]:
+    """The (train, val) token ranges of the ``data: text`` config, from file sizes alone.
+
+    With ``val_path`` the whole of ``path`` trains and the whole of ``val_path`` validates (each file's format
+    resolved by the same rules; ``val_fraction`` is then unused). Without it, val is the ``val_fraction`` tail
+    of ``path``. ``path=None`` means the default corpus. A val range may hold 0 tokens.
     """
     if path is None:
         path = default_corpus_path()
-    fmt = resolve_format(path, fmt)
-    fs, fs_path = fsspec.core.url_to_fs(path)
-    n_tokens = fs.size(fs_path) // ITEMSIZE[fmt]
+    train_fmt = resolve_format(path, fmt)
+    n_tokens = token_count(path, train_fmt)
+    if val_path:
+        val_fmt = resolve_format(val_path, fmt)
+        return (TokenRange(path, train_fmt, 0, n_tokens),
+                TokenRange(val_path, val_fmt, 0, token_count(val_path, val_fmt)))
     n_train, n_val = split_tokens(n_tokens, val_fraction)
-    return num_windows(n_train, context), num_windows(n_val, context)
+    return TokenRange(path, train_fmt, 0, n_train), TokenRange(path, train_fmt, n_train, n_val)
+
+
+def count_samples(
+    path: str | None, fmt: str, context: int, val_fraction: float, val_path: str | None = None
+) -> tuple[int, int]:
+    """Return (train, val) sample counts of the token files from their sizes alone (no read of contents).
+
+    ``path`` and ``val_path`` are fsspec URLs; ``path=None`` means the default corpus, ``val_path=None`` the
+    ``val_fraction`` tail of ``path``. The counts equal ``len()`` of the datasets that
+    ``tasks.gpt.data.make_datasets`` builds from the same arguments (a val of 0 is its ``None``).
+    """
+    train, val = token_ranges(path, fmt, val_fraction, val_path)
+    return num_windows(train.n_tokens, context), num_windows(val.n_tokens, context)
 
 
 def _cache_dir() -> Path:
@@ -156,21 +191,42 @@ class VocabNeed:
 
 
 def vocab_needed(data: Mapping[str, Any]) -> VocabNeed | None:
-    """The vocabulary ``data`` (the ``data`` config group) needs, when it can be known without training.
+    """The vocabulary ``data`` (the ``data`` config group) needs, when it can be known before launch.
 
-    ``data.vocab`` when set; 256 for byte-level text; for a uint16 token file, the ``vocab_size`` in the
-    ``meta.json`` beside it (written by ``ddp-tokenize``). None when nothing says.
+    ``data.vocab`` when set. Otherwise the largest need over ``data.path`` and ``data.val_path``: 256 for
+    byte-level text; for a uint16 token file, the ``vocab_size`` of the ``meta.json`` beside it (written by
+    ``ddp-tokenize``) when that meta.json describes this file, else its largest token id + 1, found by scanning
+    (local files always; remote ones up to ``SCAN_REMOTE_MAX_BYTES``). None when nothing says.
     """
     if data.get("vocab") is not None:
         return VocabNeed(int(data["vocab"]), f"data.vocab={data['vocab']}")
-    path = data.get("path") or "corpus.txt"  # null path = the default corpus, which is raw text
-    fmt = resolve_format(path, data.get("format", "auto"))
-    if FORMAT_VOCAB[fmt] is not None:
-        return VocabNeed(FORMAT_VOCAB[fmt], "byte-level text")
-    meta = token_meta(path)
-    if meta is not None and isinstance(meta.get("vocab_size"), int):
-        return VocabNeed(meta["vocab_size"], f"the token file's meta.json (vocab_size {meta['vocab_size']})")
-    return None
+    fmt = data.get("format", "auto")
+    needs = []
+    # A null path is the default corpus, which is raw text: no need to build it to know that.
+    for key, url in (("data.path", data.get("path") or "corpus.txt"), ("data.val_path", data.get("val_path"))):
+        if url:
+            need = file_vocab_need(key, url, fmt)
+            if need is not None:
+                needs.append(need)
+    return max(needs, key=lambda n: n.size, default=None)
+
+
+def file_vocab_need(key: str, url: str, fmt: str) -> VocabNeed | None:
+    """The vocabulary one token file (config key ``key``) needs; see :func:`vocab_needed`."""
+    fmt = resolve_format(url, fmt)
+    implied = FORMAT_VOCAB[fmt]
+    if implied is not None:
+        return VocabNeed(implied, f"{key} is byte-level text, which")
+    meta = token_meta(url)
+    if meta is not None and isinstance(meta.get("vocab_size"), int) and meta_describes(meta, url, fmt):
+        return VocabNeed(meta["vocab_size"], f"{key}'s meta.json (vocab_size {meta['vocab_size']})")
+    try:
+        top = max_token_id(url)
+    except FileNotFoundError:
+        return None  # prepare() refuses a missing file with its own message
+    if top is None:
+        return None
+    return VocabNeed(top + 1, f"{key} (largest token id {top}, found by scanning the file)")
 
 
 def token_meta(path: str) -> dict[str, Any] | None:
@@ -181,6 +237,69 @@ def token_meta(path: str) -> dict[str, Any] | None:
     meta_path = fs_path.rsplit("/", 1)[0] + "/meta.json" if "/" in fs_path else "meta.json"
     try:
         with fs.open(meta_path, "r") as f:
-            return json.load(f)
-    except (FileNotFoundError, json.JSONDecodeError, OSError):
+            meta = json.load(f)
+    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError, OSError):
         return None
+    return meta if isinstance(meta, dict) else None
+
+
+def meta_describes(meta: Mapping[str, Any], url: str, fmt: str) -> bool:
+    """Whether ``meta`` (a meta.json) is about the token file at ``url``.
+
+    ddp-tokenize's meta.json lists its files and their token counts: a file it does not list, or whose size no
+    longer matches, is not described by it (another file dropped in the folder, or a stale meta.json). A
+    meta.json without that list (another tool's) is trusted as before.
+    """
+    files, tokens = meta.get("files"), meta.get("tokens")
+    if not isinstance(files, Mapping) or not isinstance(tokens, Mapping):
+        return True
+    name = url.rstrip("/").rsplit("/", 1)[-1]
+    for split, file_name in files.items():
+        if file_name == name:
+            try:
+                return tokens.get(split) == token_count(url, fmt)
+            except FileNotFoundError:
+                return False
+    return False
+
+
+# A remote file is scanned for its largest id only up to this size (a full read per launch); beyond, None.
+SCAN_REMOTE_MAX_BYTES = 256 * 2**20
+_SCAN_CHUNK_TOKENS = 16 * 2**20  # 32 MB of uint16 per numpy max(): bounded memory, near memory bandwidth
+
+
+def max_token_id(url: str, remote_max_bytes: int | None = None) -> int | None:
+    """The largest token id in the uint16 file at ``url``; None when it holds no token or is too big to scan.
+
+    Local files are memory-mapped and scanned in chunks (a GB takes well under a second from the page cache);
+    other URLs are read in chunks when at most ``remote_max_bytes`` (default ``SCAN_REMOTE_MAX_BYTES``). A
+    trailing odd byte is ignored.
+    """
+    import numpy as np
+    from fsspec.implementations.local import LocalFileSystem
+
+    fs, fs_path = fsspec.core.url_to_fs(url)
+    size = fs.size(fs_path)
+    n = size // 2
+    if n == 0:
+        return None
+    top = 0
+    if isinstance(fs, LocalFileSystem):
+        mm = np.memmap(fs_path, dtype="<u2", mode="r", shape=(n,))
+        for i in range(0, n, _SCAN_CHUNK_TOKENS):
+            top = max(top, int(mm[i : i + _SCAN_CHUNK_TOKENS].max()))
+        del mm
+        return top
+    if size > (SCAN_REMOTE_MAX_BYTES if remote_max_bytes is None else remote_max_bytes):
+        return None
+    with fs.open(fs_path, "rb") as f:
+        left = n * 2
+        while left > 0:
+            raw = f.read(min(left, _SCAN_CHUNK_TOKENS * 2))  # even-sized requests keep tokens whole
+            if not raw:
+                break
+            raw = raw[: len(raw) // 2 * 2]
+            left -= len(raw)
+            if raw:
+                top = max(top, int(np.frombuffer(raw, dtype="<u2").max()))
+    return top

@@ -66,6 +66,17 @@ def test_split_arithmetic() -> None:
         corpus.split_tokens(10, -0.1)
 
 
+def test_token_ranges_tail_split_or_val_path(tmp_path: Path) -> None:
+    (tmp_path / "t.bin").write_bytes(b"\0" * 2001)  # 1000 whole uint16 tokens and a stray byte
+    (tmp_path / "v.txt").write_bytes(b"v" * 50)
+    t, v = str(tmp_path / "t.bin"), str(tmp_path / "v.txt")
+    assert corpus.token_ranges(t, "auto", 0.1) == (corpus.TokenRange(t, "uint16", 0, 900),
+                                                   corpus.TokenRange(t, "uint16", 900, 100))
+    assert corpus.token_ranges(t, "auto", 0.1, v) == (corpus.TokenRange(t, "uint16", 0, 1000),
+                                                      corpus.TokenRange(v, "bytes", 0, 50))
+    assert corpus.count_samples(t, "auto", 7, 0.1, v) == (142, 7)
+
+
 def test_import_is_driver_light() -> None:
     code = "import sys, runner.corpus; print(any(m in sys.modules for m in ('torch', 'numpy')))"
     root = Path(__file__).resolve().parents[1]

@@ -16,8 +16,8 @@ from runner.corpus import count_samples, resolve_format
 from tasks.gpt.data import TokenWindows, make_datasets
 
 
-def data_cfg(path: str | None, fmt: str = "auto", val_fraction: float = 0.1):
-    return OmegaConf.create(dict(name="text", path=path, format=fmt, val_fraction=val_fraction))
+def data_cfg(path: str | None, fmt: str = "auto", val_fraction: float = 0.1, val_path: str | None = None):
+    return OmegaConf.create(dict(name="text", path=path, val_path=val_path, format=fmt, val_fraction=val_fraction))
 
 
 def check_windows(ds: TokenWindows, tokens: np.ndarray, start: int, context: int) -> None:
@@ -129,3 +129,31 @@ def test_val_is_none_without_a_window_and_short_data_is_refused(tmp_path: Path) 
         make_datasets(data_cfg(str(path)), 100)
     with pytest.raises(ValueError, match="val_fraction"):
         make_datasets(data_cfg(str(path), val_fraction=1.0), 9)
+
+
+def test_val_path_trains_on_all_of_path_and_validates_on_all_of_val_path(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    train_tokens = rng.integers(0, 9000, 3001, dtype=np.uint16)
+    val_tokens = rng.integers(0, 9000, 401, dtype=np.uint16)
+    train_path, val_path = tmp_path / "train.bin", tmp_path / "val.bin"
+    train_tokens.astype("<u2").tofile(train_path)
+    val_tokens.astype("<u2").tofile(val_path)
+    cfg = data_cfg(str(train_path), val_fraction=0.5, val_path=str(val_path))  # val_fraction unused
+    train, val = make_datasets(cfg, 40)
+    assert (len(train), len(val)) == (75, 10) == count_samples(str(train_path), "auto", 40, 0.5, str(val_path))
+    check_windows(train, train_tokens, 0, 40)
+    check_windows(val, val_tokens, 0, 40)
+    assert val.url == str(val_path) and val.start == 0
+
+
+def test_val_path_on_an_fsspec_url_and_too_short(tmp_path: Path) -> None:
+    url = f"memory://text-{uuid.uuid4().hex}/val.bin"
+    with fsspec.open(url, "wb") as f:
+        f.write(np.arange(101, dtype="<u2").tobytes())
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(bytes(range(256)) * 4)
+    train, val = make_datasets(data_cfg(str(path), val_path=url), 10)
+    assert (train.fmt, val.fmt) == ("bytes", "uint16")  # each file's own format, by the same rules
+    assert (len(train), len(val)) == ((1024 - 1) // 10, 10) == count_samples(str(path), "auto", 10, 0.1, url)
+    with pytest.raises(ValueError, match="val_path"):
+        make_datasets(data_cfg(str(path), val_path=url), 101)  # 101 tokens: no window of 102

@@ -1,10 +1,11 @@
 """Language-model samples cut from one token stream read through fsspec.
 
 The stream is a file of tokens: raw text as byte-level tokens (vocabulary 256) or pre-tokenized little-endian
-uint16 (nanoGPT-style ``.bin``). Sample ``i`` of a range is the window of ``context + 1`` tokens starting at
-``i * context``: ``x`` is its first ``context`` tokens, ``y`` the same shifted by one. Train is the first
-``1 - val_fraction`` of the stream, val the rest; the arithmetic lives in ``runner.corpus`` so the driver's
-sample counts always equal these datasets' lengths.
+uint16 (nanoGPT-style ``.bin``, as ``ddp-tokenize`` writes). Sample ``i`` of a range is the window of
+``context + 1`` tokens starting at ``i * context``: ``x`` is its first ``context`` tokens, ``y`` the same shifted
+by one. Train is the first ``1 - val_fraction`` of the stream and val the rest, or, with ``val_path``, train is
+all of ``path`` and val all of ``val_path``; the arithmetic lives in ``runner.corpus`` so the driver's sample
+counts always equal these datasets' lengths.
 
 Files larger than RAM are fine: local files are memory-mapped, any other URL (s3://, gs://, memory://, ...) is
 read window by window with seek + read. Nothing reads the whole file.
@@ -21,7 +22,7 @@ import torch
 from fsspec.implementations.local import LocalFileSystem
 from torch.utils.data import Dataset
 
-from runner.corpus import ITEMSIZE, default_corpus_path, num_windows, resolve_format, split_tokens
+from runner.corpus import ITEMSIZE, default_corpus_path, num_windows, token_count, token_ranges
 
 # Explicit little-endian: a .bin written on one machine must read the same on any other.
 _DTYPES = {"bytes": np.dtype(np.uint8), "uint16": np.dtype("<u2")}
@@ -108,22 +109,30 @@ class TokenWindows(Dataset):
 def make_datasets(
     data_cfg: Any, context: int, max_token: int | None = None
 ) -> tuple[TokenWindows, TokenWindows | None]:
-    """Build (train, val) datasets from a ``data: text`` config (``path``, ``format``, ``val_fraction``).
+    """Build (train, val) datasets from a ``data: text`` config (``path``, ``val_path``, ``format``,
+    ``val_fraction``).
 
-    ``data_cfg.path`` is any fsspec URL, or null for the default stdlib corpus. ``val`` is None when
-    ``val_fraction`` leaves no complete window. ``max_token`` (the model vocabulary) makes every sample check
-    its token ids. Raises ValueError when the training range is too short for one window.
+    ``data_cfg.path`` is any fsspec URL, or null for the default stdlib corpus. With ``val_path`` set, all of
+    ``path`` trains and all of ``val_path`` validates; else val is the ``val_fraction`` tail of ``path``, and
+    None when that leaves no complete window. ``max_token`` (the model vocabulary) makes every sample check
+    its token ids. Raises ValueError when the training range (or a given ``val_path``) is too short for one
+    window.
     """
     url = data_cfg.get("path") or default_corpus_path()
-    fmt = resolve_format(url, data_cfg.get("format", "auto"))
-    fs, path = fsspec.core.url_to_fs(url)
-    n_tokens = fs.size(path) // ITEMSIZE[fmt]
-    n_train, n_val = split_tokens(n_tokens, float(data_cfg.get("val_fraction", 0.1)))
-    train = TokenWindows(url, fmt, context, 0, n_train, max_token)
+    val_path = data_cfg.get("val_path") or None
+    train_range, val_range = token_ranges(url, data_cfg.get("format", "auto"),
+                                          float(data_cfg.get("val_fraction", 0.1)), val_path)
+    train, val = (TokenWindows(r.url, r.fmt, context, r.start, r.n_tokens, max_token)
+                  for r in (train_range, val_range))
     if len(train) == 0:
+        held_out = "" if val_path else f" ({train_range.n_tokens} for training)"
         raise ValueError(
-            f"{url} holds {n_tokens} {fmt} tokens ({n_train} for training): too few for one sample of "
-            f"context {context} (needs {context + 1})"
+            f"{url} holds {token_count(url, train_range.fmt)} {train_range.fmt} tokens{held_out}: too few for one"
+            f" sample of context {context} (needs {context + 1})"
         )
-    val = TokenWindows(url, fmt, context, n_train, n_val, max_token)
+    if val_path and len(val) == 0:
+        raise ValueError(
+            f"data.val_path {val_path} holds {val_range.n_tokens} {val_range.fmt} tokens: too few for one sample"
+            f" of context {context} (needs {context + 1})"
+        )
     return train, (val if len(val) > 0 else None)
