@@ -64,3 +64,79 @@ def test_help_lists_config_groups(out_root):
     for group in ("task:", "data:", "launcher:", "smoke"):
         assert group in r.stdout
     assert run_dirs(out_root.parent) == []
+
+
+# -- Hydra hygiene: every problem with the command line is a refusal (exit 2) that names the key and the fix ----
+
+@pytest.mark.parametrize("args, key, hint", [
+    (["batch.perrank=3"], "batch.perrank", "batch.per_rank"),
+    (["+train.lrr=0.1"], "train.lrr", "train.lr"),
+    (["+batch.per_rnak=4"], "batch.per_rnak", "batch.per_rank"),
+    (["~train.lr"], "~train.lr", "train.lr=<value>"),
+    (["~task.module"], "~task.module", "task.module=<value>"),
+    (["+experiment=nope"], "experiment", "fixed_global_batch"),
+    (["data=mine"], "data", "synthetic"),
+    (["train.lr=[1"], "overrides", "ddp-run --help"),
+])
+def test_command_line_mistakes_are_refused_with_the_fix(out_root, args, key, hint):
+    r = ddp_run(["device=cpu", *args], out_root)
+    assert r.returncode == 2, r.stderr
+    assert f"key:   {key}" in r.stderr and hint in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not out_root.exists()
+
+
+def test_swept_group_values_are_all_checked_before_the_first_job(out_root):
+    r = ddp_run(["-m", "task=smoke,nope", "device=cpu"], out_root)
+    assert r.returncode == 2 and "key:   task" in r.stderr and "'nope'" in r.stderr
+    assert not out_root.exists()
+
+
+def test_free_form_keys_stay_open(out_root):
+    """New keys of a task's own, and torch._inductor settings, may be added with +."""
+    r = ddp_run(["device=cpu", "dry_run=true", "+task.note=hello"], out_root)
+    assert r.returncode == 0, r.stderr
+
+
+def test_experiment_is_a_group(out_root):
+    r = ddp_run(["device=cpu", "dry_run=true", "experiment=fixed_global_batch", "world_size=1"], out_root)
+    assert r.returncode == 0, r.stderr
+    assert "global batch 32 = 8 per rank × 1 rank × 4 accumulation" in r.stdout
+
+
+def test_version_is_the_package_version(out_root):
+    from importlib.metadata import version
+
+    r = ddp_run(["--version"], out_root)
+    assert r.returncode == 0 and r.stdout.strip() == f"ddp-run {version('ddp-runner')}"
+
+
+@pytest.mark.parametrize("flag", [["--config-dir={d}"], ["--config-dir", "{d}"], ["-cd", "{d}"]])
+def test_config_dir_in_every_spelling_adds_groups(out_root, tmp_path, flag):
+    conf = tmp_path / "myconf"
+    (conf / "data").mkdir(parents=True)
+    (conf / "data" / "mine.yaml").write_text("name: synthetic\nnum_samples: 48\nseed: 3\n")
+    args = [f.format(d=conf) for f in flag]
+    r = ddp_run([*args, "data=mine", "device=cpu", "dry_run=true"], out_root)
+    assert r.returncode == 0, r.stderr
+    assert "num_samples: 48" not in r.stderr
+
+
+# -- task modules -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("source, problem", [
+    (None, "no such module"),
+    ("def make(cfg, device):\n    pass\n", "defines no build()"),
+    ("import no_such_package_xyz\n\ndef build(cfg, device):\n    pass\n", "no_such_package_xyz"),
+    ("def build(cfg, device)\n", "SyntaxError"),
+])
+def test_task_module_problems_are_refused_before_launch(out_root, tmp_path, source, problem):
+    if source is not None:
+        (tmp_path / "mytask.py").write_text(source)
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "runner", "task.module=mytask", "device=cpu", f"output.root={out_root}"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "key:   task.module" in r.stderr and problem in r.stderr, r.stderr
+    assert not out_root.exists()

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from tasks.gpt.model import GPT, lm_loss
 
@@ -153,17 +154,19 @@ def test_build_tiny_preset(tmp_path: Path) -> None:
     assert abs(loss.item() - math.log(256)) < 0.3
 
 
-def test_build_refuses_data_vocab_larger_than_model(tmp_path: Path) -> None:
-    from tasks.gpt import task as gpt
+def test_checks_refuse_data_vocab_larger_than_model(tmp_path: Path) -> None:
+    from runner.plan import PlanError
+    from tasks.gpt.checks import check
 
     text = tmp_path / "corpus.txt"
     text.write_bytes(b"hello world\n" * 100)
-    cfg = _compose("task=gpt", f"data.path={text}", "task.model.vocab=128")
-    with pytest.raises(ValueError, match=">= 256"):
-        gpt.build(cfg, torch.device("cpu"))
-    cfg = _compose("task=gpt", "data=synthetic")
-    with pytest.raises(ValueError, match="data=text"):
-        gpt.build(cfg, torch.device("cpu"))
+    cfg = OmegaConf.to_container(_compose("task=gpt", f"data.path={text}", "task.model.vocab=128"))
+    with pytest.raises(PlanError, match="at least 256") as e:
+        check(cfg)
+    assert e.value.key == "task.model.vocab"
+    cfg = OmegaConf.to_container(_compose("task=gpt", "data=synthetic"))
+    with pytest.raises(PlanError, match="data=text"):
+        check(cfg)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -9,19 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from runner.corpus import FORMAT_VOCAB, resolve_format
 from tasks.api import Config, TaskParts
 from tasks.gpt.checks import ATTENTION
 from tasks.gpt.data import make_datasets
 from tasks.gpt.model import GPT
-
-
-def data_vocab(data_cfg: Config) -> int | None:
-    """The vocabulary the data needs: ``data.vocab`` if set, else what the format implies (bytes: 256)."""
-    if data_cfg.get("vocab") is not None:
-        return int(data_cfg.vocab)
-    path = data_cfg.get("path") or "corpus.txt"  # null path = the default corpus, which is raw text
-    return FORMAT_VOCAB[resolve_format(path, data_cfg.get("format", "auto"))]
 
 
 def choose_attention(kind: str) -> None:
@@ -42,17 +33,10 @@ def choose_attention(kind: str) -> None:
 def build(cfg: Config, device: torch.device) -> TaskParts:
     """Build the GPT model on ``device`` and its (train, val) text datasets.
 
-    Raises ValueError when the data is not a token stream or its vocabulary exceeds ``task.model.vocab``.
+    The driver checked the keys and the data's vocabulary before launch (``tasks/gpt/checks.py``); every sample
+    still checks its ids against the model's vocabulary.
     """
     m = cfg.task.model
-    if cfg.data.get("name") != "text":
-        raise ValueError(f"task=gpt reads a token stream: use data=text (got data={cfg.data.get('name')!r})")
-    need = data_vocab(cfg.data)
-    if need is not None and need > m.vocab:
-        raise ValueError(
-            f"the data needs a vocabulary of {need} tokens but task.model.vocab={m.vocab}; "
-            f"set task.model.vocab >= {need} (byte-level text needs >= 256)"
-        )
     if device.type == "cuda":
         choose_attention(m.get("attention", "auto"))
     # Build straight on the device: a 124M model initialised on GPU does not wait on CPU RNG and a copy.
