@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import shlex
 import sys
@@ -18,8 +19,10 @@ from omegaconf import DictConfig, OmegaConf
 from runner import layout
 from runner.plan import Plan, PlanError, make_plan
 
-# The configs ship inside the package (conf/ in the checkout): found from any working directory.
-CONFIG_PATH = "pkg://ddp_runner_conf"
+# The configs ship inside the package (conf/ in the checkout): found from any working directory. A checkout used
+# without installing it (PYTHONPATH=<checkout>) reads its conf/ directly.
+CONFIG_PATH = ("pkg://ddp_runner_conf" if importlib.util.find_spec("ddp_runner_conf") is not None
+               else str(Path(__file__).resolve().parent.parent / "conf"))
 # Hydra writes nothing of its own and never changes directory, whichever primary config is composed (a run
 # directory's saved config.yaml, rerun with --config-dir, has no hydra section of its own).
 HYDRA_QUIET = ("hydra.output_subdir=null", "hydra.run.dir=.", "hydra.sweep.dir=.", "hydra.sweep.subdir=.",
