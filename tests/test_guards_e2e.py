@@ -135,11 +135,6 @@ def gpt_clean(tmp_path_factory: pytest.TempPathFactory, text_file: Path) -> Path
     return run
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine bug found by this test: every iter(DataLoader) draws its base seed from the global torch RNG, and the"
-    " resumed run creates its iterator after set_rng_state, so from the first step after a resume it draws one"
-    " number later than the uninterrupted run (verified: with the trainer's DataLoader given its own"
-    " torch.Generator this test passes). Remove this mark with the engine fix."))
 def test_kill_and_resume_with_dropout_is_bit_identical(tmp_path: Path, text_file: Path, gpt_clean: Path) -> None:
     """Guards against a resume that does not restore the RNG state exactly (``set_rng_state`` skipped in
     ``maybe_resume``, or a draw between the restore and the first step): the other resume tests train models

@@ -173,10 +173,14 @@ class Trainer:
             self.parts.train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=cfg.seed,
         )
         # drop_last keeps every micro-batch exactly batch.per_rank, so the global batch is what the plan says.
+        # The loader draws its workers' base seed at every iter() from a generator of its own, seeded per epoch
+        # (_micro_batches): from the global RNG, that draw would put a resumed run's dropout one number behind.
+        self.loader_rng = torch.Generator()
         self.loader = DataLoader(
             self.parts.train_set, batch_size=self.per_rank, sampler=self.sampler, drop_last=True,
             num_workers=t.num_workers, pin_memory=ctx.device.type == "cuda",
             persistent_workers=t.num_workers > 0, worker_init_fn=termination.reset_in_child,
+            generator=self.loader_rng,
         )
         self.steps_per_epoch = (self.sampler.num_samples // self.per_rank) // self.accumulation
         if self.steps_per_epoch == 0:
@@ -311,6 +315,7 @@ class Trainer:
             self.sampler.set_epoch(self.state.epoch)
             self.sampler.set_start(self.state.micro_in_epoch * self.per_rank)
             usable = self.steps_per_epoch * self.accumulation
+            self.loader_rng.manual_seed(self.cfg.seed + self.state.epoch)
             it = iter(self.loader)
             while self.state.micro_in_epoch < usable:
                 t0 = time.perf_counter()
