@@ -13,13 +13,14 @@ import hashlib
 import os
 import sys
 import sysconfig
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import fsspec
+
+from runner.osutil import atomic_write
 
 # Bytes per token of each on-disk format, and the vocabulary a format implies (None: the format implies none).
 ITEMSIZE: dict[str, int] = {"bytes": 1, "uint16": 2}
@@ -154,31 +155,18 @@ def default_corpus_path(max_bytes: int = DEFAULT_MAX_BYTES) -> str:
         return str(target)
 
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            written = 0
-            for src in _stdlib_sources(stdlib):
-                chunk = f"# file: {src.relative_to(stdlib).as_posix()}\n".encode() + src.read_bytes()
-                if not chunk.endswith(b"\n"):
-                    chunk += b"\n"
-                if written + len(chunk) > max_bytes:
-                    break
-                out.write(chunk)
-                written += len(chunk)
-            if written == 0:
-                raise RuntimeError(f"no stdlib sources fit in {max_bytes} bytes (stdlib: {stdlib})")
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; the cache is read by whoever runs this Python
-        os.replace(tmp, target)
-    except BaseException:
-        # Never leave a stray temp file behind, whatever went wrong.
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    chunks, written = [], 0
+    for src in _stdlib_sources(stdlib):
+        chunk = f"# file: {src.relative_to(stdlib).as_posix()}\n".encode() + src.read_bytes()
+        if not chunk.endswith(b"\n"):
+            chunk += b"\n"
+        if written + len(chunk) > max_bytes:
+            break
+        chunks.append(chunk)
+        written += len(chunk)
+    if written == 0:
+        raise RuntimeError(f"no stdlib sources fit in {max_bytes} bytes (stdlib: {stdlib})")
+    atomic_write(target, b"".join(chunks))  # the cache is read by whoever runs this Python: 0644
     return str(target)
 
 

@@ -6,7 +6,6 @@ a clean stop on Ctrl-C/SIGTERM that leaves no process behind, and a readable roo
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -18,6 +17,7 @@ from typing import Any
 import psutil
 
 from runner import layout
+from runner.osutil import die_with_parent
 from runner.plan import Plan
 
 # Every environment built for workers keeps NVLink multicast off (it can take shared GPUs out of service).
@@ -64,11 +64,8 @@ def worker_env(run_url: str, local_dir: str, t0: float, restarts: int = 0,
     return env
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: torchrun ends if we die
-    except OSError:
-        pass
+def _torchrun_dies_with_us() -> None:  # runs in the child between fork and exec
+    die_with_parent(signal.SIGTERM)  # torchrun's agent then stops its workers
 
 
 class Supervisor:
@@ -97,7 +94,7 @@ class Supervisor:
             with open(self.agent_log, "ab") as log:
                 # torchrun's own chatter goes to logs/torchrun.log; rank 0's console output keeps stdout.
                 self.proc = subprocess.Popen(self.cmd, env=self.env, stderr=log, start_new_session=True,
-                                             preexec_fn=_die_with_parent)
+                                             preexec_fn=_torchrun_dies_with_us)
                 tree: list[psutil.Process] = []
                 while True:
                     try:

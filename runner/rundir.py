@@ -15,6 +15,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from runner import layout
+from runner.osutil import atomic_write
 from runner.plan import PlanError
 
 
@@ -42,10 +43,7 @@ class RunDir:
             with self.fs.open(target, "w") as f:
                 f.write(text)
             return
-        tmp = f"{target}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, target)
+        atomic_write(target, text)
 
     def write_json(self, rel: str, obj: Any) -> None:
         self.write_text(rel, json.dumps(obj, indent=2, default=str, ensure_ascii=False) + "\n")

@@ -10,9 +10,10 @@ import atexit
 import contextlib
 import gc
 import os
+import signal
 import sys
 
-from runner import layout
+from runner import layout, osutil
 from tasks.engine import worker_io
 from tasks.engine.diagnostics import termination
 
@@ -22,7 +23,7 @@ def main() -> int:
     run_dir = sys.argv[1] if len(sys.argv) > 1 else os.environ[layout.ENV_RUN_DIR]
     local_dir = os.environ.get(layout.ENV_LOCAL_DIR, run_dir)
     rank = int(os.environ.get("RANK", "0"))
-    worker_io.die_with_parent()
+    osutil.die_with_parent(signal.SIGKILL)  # torchrun's agent gone: no rank may outlive it
     console = worker_io.redirect_output(local_dir, rank)
     termination.install()  # on SIGTERM, the checkpoint being written is finished first
     # An error record left by an earlier attempt (elastic restart, resume) must not pass for this one's.

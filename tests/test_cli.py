@@ -140,3 +140,33 @@ def test_task_module_problems_are_refused_before_launch(out_root, tmp_path, sour
     assert r.returncode == 2, r.stderr
     assert "key:   task.module" in r.stderr and problem in r.stderr, r.stderr
     assert not out_root.exists()
+
+
+def test_hydra_searchpath_adds_groups_too(out_root, tmp_path):
+    conf = tmp_path / "extra"
+    (conf / "data").mkdir(parents=True)
+    (conf / "data" / "mine.yaml").write_text("name: synthetic\nnum_samples: 48\nseed: 3\n")
+    r = ddp_run([f"hydra.searchpath=[file://{conf}]", "data=mine", "device=cpu", "dry_run=true"], out_root)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.slow
+def test_a_run_directory_reruns_its_exact_config(out_root, tmp_path):
+    """The run's saved config.yaml, given back with --config-dir, is not shadowed by the package's own."""
+    import json
+
+    first = ddp_run(["device=cpu", "batch.global=32", "train.lr=0.05", "world_size=1"], out_root)
+    assert first.returncode == 0, first.stderr
+    (run,) = run_dirs(out_root)
+    again_root = tmp_path / "again"
+    r = ddp_run(["--config-dir", str(run), "--config-name", "config"], again_root)
+    assert r.returncode == 0, r.stderr
+    (rerun,) = run_dirs(again_root)
+
+    def without_root(p: Path) -> list[str]:
+        return [ln for ln in (p / "config.yaml").read_text().splitlines() if "root:" not in ln]
+
+    assert without_root(rerun) == without_root(run)
+    manifest = json.loads((rerun / "run.json").read_text())
+    assert manifest["invocation"]["config_sources"][0] == str(run)
+    assert manifest["invocation"]["argv"][:3] == ["ddp-run", "--config-dir", str(run)]

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import signal
 import sys
 import time
 import traceback
 from typing import IO, Any
 
 from runner import layout
+from runner.osutil import atomic_write
 
 
 def redirect_output(local_dir: str, rank: int) -> IO[str] | None:
@@ -32,24 +31,9 @@ def redirect_output(local_dir: str, rank: int) -> IO[str] | None:
     return console
 
 
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process if its parent (torchrun's agent) dies, so none is orphaned."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        if os.getppid() == 1:  # the parent died before prctl took effect
-            os._exit(1)
-    except OSError:
-        pass
-
-
 def write_json(local_dir: str, rel: str, obj: dict[str, Any]) -> None:
     """Write a small JSON file atomically (rename), so the driver never reads half of it."""
-    path = os.path.join(local_dir, rel)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
-    os.replace(tmp, path)
+    atomic_write(os.path.join(local_dir, rel), json.dumps(obj, indent=2))
 
 
 _FAILED_AT = "_ddp_runner_failed_at"

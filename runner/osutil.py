@@ -1,0 +1,52 @@
+"""Two small operating-system helpers both sides use (standard library only: workers import this at start-up).
+
+- :func:`atomic_write`: a local file appears whole or not at all (readers never see half of it).
+- :func:`die_with_parent`: a child process is signalled when its parent dies, so none is orphaned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import tempfile
+
+_PR_SET_PDEATHSIG = 1
+
+
+def atomic_write(path: str | os.PathLike[str], data: str | bytes, mode: int = 0o644) -> None:
+    """Write ``data`` to the local file ``path`` through a temporary sibling, fsync it and rename it into place.
+
+    ``mode`` is applied before the rename (a temporary file is created owner-only). Nothing is left behind if
+    the write fails.
+    """
+    path = os.fspath(path)
+    directory, name = os.path.split(path)
+    fd, tmp = tempfile.mkstemp(dir=directory or ".", prefix=f".{name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> bool:
+    """Ask Linux to send ``sig`` to this process when its parent dies (``PR_SET_PDEATHSIG``).
+
+    Returns False where that is not available (not Linux). Exits at once if the parent is already gone (the
+    process was re-parented to init before the request took effect).
+    """
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
+    except (OSError, AttributeError):
+        return False
+    if os.getppid() == 1:
+        os._exit(1)
+    return True
