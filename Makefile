@@ -31,7 +31,7 @@ run: setup
 	$(VENV)/bin/ddp-run task=smoke $(RUN_ARGS) $(ARGS)
 
 test: $(VENV)/.installed-test
-	$(PY) -m ruff check runner tasks tests bench
+	$(PY) -m ruff check runner tasks tests bench examples
 	$(PY) -m pytest -q $(ARGS)
 
 bench: setup

@@ -127,7 +127,7 @@ def execute(cfg: DictConfig) -> int:
     print(f"ddp-run: run directory {rd.url}", flush=True)
 
     env = worker_env(rd.url, rd.local, t0, restarts=conf["launcher"].get("max_restarts", 0), task_path=task_dir)
-    sup = Supervisor(cmd, env, str(Path(rd.local, layout.LOGS, "torchrun.log")))
+    sup = Supervisor(cmd, env, str(Path(rd.local, layout.AGENT_LOG)))
     mirror = finalize.Mirror(rd) if rd.is_remote else None
     rc = sup.run(on_tick=mirror.tick if mirror else None)
     code = finalize.finish(rd, manifest, plan, rc, sup.interrupted)

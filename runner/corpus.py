@@ -20,6 +20,7 @@ from typing import Any
 
 import fsspec
 
+from runner import layout
 from runner.osutil import atomic_write
 
 # Bytes per token of each on-disk format, and the vocabulary a format implies (None: the format implies none).
@@ -222,7 +223,7 @@ def token_meta(path: str) -> dict[str, Any] | None:
     import json
 
     fs, fs_path = fsspec.core.url_to_fs(path)
-    meta_path = fs_path.rsplit("/", 1)[0] + "/meta.json" if "/" in fs_path else "meta.json"
+    meta_path = (fs_path.rsplit("/", 1)[0] + "/" if "/" in fs_path else "") + layout.TOKENS_META
     try:
         with fs.open(meta_path, "r") as f:
             meta = json.load(f)

@@ -64,7 +64,7 @@ def gpu_lines(gpus: dict[str, dict[str, float]]) -> list[str]:
 def finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupted: int | None) -> int:
     """Write the final run.json and summary.json, print the outcome, and return the driver's exit code."""
     facts, errors, logs = read_rank_files(rd.local, plan.world_size)
-    agent_log_path = Path(rd.local, layout.LOGS, "torchrun.log")
+    agent_log_path = Path(rd.local, layout.AGENT_LOG)
     agent_log = agent_log_path.read_text(errors="replace") if agent_log_path.exists() else ""
     check = completion_check(logs, plan.world_size)
     ok = rc == 0 and interrupted is None and check["all_completed"]

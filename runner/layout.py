@@ -18,6 +18,10 @@ PROFILE = "profile"  # torch.profiler traces and their summaries (train.profile.
 # Inside checkpoints/: step_<N>/ holds CKPT_STATE, and CKPT_MARKER written last commits it (complete only then).
 CKPT_STATE = "state.pt"
 CKPT_MARKER = "meta.json"
+# torchrun's own agent log, beside the ranks' logs.
+AGENT_LOG = f"{LOGS}/torchrun.log"
+# Beside token files written by ddp-tokenize: vocabulary, token counts, source and hash.
+TOKENS_META = "meta.json"
 
 # Exit code of a refused plan: bad input, nothing started.
 EXIT_REFUSED = 2

@@ -31,6 +31,8 @@ from typing import Any
 
 import fsspec
 
+from runner import layout
+
 PROG = "ddp-tokenize"
 DEFAULT_GLOBS = ("*.txt", "*.md", "*.rst", "*.py")
 DEFAULT_VOCAB = 8192
@@ -183,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
     work.mkdir(parents=True, exist_ok=True)
     done = False
     tmp_tag = f".tmp-{os.getpid()}"
-    temps = [work / f"{name}{tmp_tag}" for name in ("tokens.bin", "val.bin", "tokenizer.json", "meta.json")]
+    temps = [work / f"{name}{tmp_tag}" for name in ("tokens.bin", "val.bin", "tokenizer.json", layout.TOKENS_META)]
     try:
         enc = encode(tok, fs, sources, total, eot_id, temps[0], quiet=args.quiet)
         if enc.n_tokens == 0:
@@ -214,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
         }
         temps[3].write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         publish(out_fs, out_root, local_out, {"train.bin": temps[0], "val.bin": temps[1] if n_val else None,
-                                               "tokenizer.json": temps[2], "meta.json": temps[3]})
+                                               "tokenizer.json": temps[2], layout.TOKENS_META: temps[3]})
         done = True
     finally:
         for t in temps:
@@ -473,11 +475,11 @@ def publish(fs: Any, root: str, local: bool, files: dict[str, Path | None]) -> N
     """Put the finished files in place: meta.json removed first and written last, so that a meta.json always
     describes the files beside it. Local: atomic renames. Remote: uploads (each object appears whole)."""
     fs.makedirs(root, exist_ok=True)
-    meta = files.pop("meta.json")
+    meta = files.pop(layout.TOKENS_META)
     target = f"{root.rstrip('/')}/"
-    if fs.exists(target + "meta.json"):
-        fs.rm(target + "meta.json")
-    for name, tmp in [*files.items(), ("meta.json", meta)]:
+    if fs.exists(target + layout.TOKENS_META):
+        fs.rm(target + layout.TOKENS_META)
+    for name, tmp in [*files.items(), (layout.TOKENS_META, meta)]:
         if tmp is None:  # not produced this time: a stale one from an earlier run must not linger
             if fs.exists(target + name):
                 fs.rm(target + name)
