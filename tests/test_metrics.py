@@ -72,10 +72,11 @@ def test_step_meter_windows_pauses_and_medians():
     assert meter.medians() == {"step_time_s": None, "tokens_per_s": None, "mfu_pct": None}  # first: not counted
     meter.add_wait(0.25)
     meter.step_done()
-    with meter.paused():
+    with meter.paused("checkpoint"):
         time.sleep(0.2)
     meter.step_done()
     out = meter.close_window()
+    assert meter.excluded["checkpoint"] >= 0.2
     assert out["perf/step_time_s"] < 0.1, "time inside paused() is not a training step"
     assert out["perf/data_wait_s"] == pytest.approx(0.125)
     assert out["perf/samples_per_s"] == pytest.approx(64 / out["perf/step_time_s"])
@@ -130,3 +131,45 @@ def test_the_span_of_the_median_windows_is_recorded_in_wall_clock_time():
     start, end = meter.span_unix
     assert before <= start <= after
     assert end - start >= 0.3 and end <= time.time()  # two windows of at least 0.15 s each
+
+
+def test_a_pause_first_waits_for_the_training_work_still_queued():
+    """On a GPU the host runs ahead: when a checkpoint or a validation pauses the meter, training steps may still
+    be queued. Their device time is training time; it must not vanish into the pause (which once reported 575.6k
+    tokens/s with checkpoints against 524.7k without). The device's queue is played here by a sync that takes
+    0.3 s, the pause's own work by 0.2 s of sleep."""
+    from tasks.engine.metrics import StepMeter
+
+    drained = []
+
+    def sync() -> None:  # the first call drains 0.3 s of queued training work; later ones find the queue empty
+        if not drained:
+            time.sleep(0.3)
+        drained.append(time.perf_counter())
+
+    meter = StepMeter(samples_per_step=8, world_size=1, tokens_per_sample=None, flops_per_sample=None, peak=None,
+                      sync=sync)
+    meter.step_done()
+    meter.close_window()  # start-up window
+    t0 = time.perf_counter()
+    meter.step_done()  # the host has queued the step; the device still works on it
+    with meter.paused("checkpoint"):
+        time.sleep(0.2)
+    out = meter.close_window()
+    elapsed = time.perf_counter() - t0
+    assert len(drained) == 2, "the device is drained on entry and on exit"
+    assert 0.3 <= out["perf/step_time_s"] <= elapsed - 0.2
+    assert 0.2 <= meter.excluded["checkpoint"] < 0.3
+
+
+def test_goodput_shares_add_up_and_rates_use_the_whole_wall_clock():
+    from tasks.engine.metrics import goodput
+
+    g = goodput(wall_s=100.0, startup_s=10.0, first_step_s=20.0, excluded={"checkpoint": 5.0, "validation": 15.0},
+                samples=6400, tokens_per_sample=1024)
+    assert g["seconds"]["training"] == pytest.approx(50.0)
+    assert sum(g["shares"].values()) == pytest.approx(1.0)
+    assert g["shares"]["checkpoint"] == pytest.approx(0.05)
+    assert g["samples_per_s"] == pytest.approx(64.0) and g["tokens_per_s"] == pytest.approx(64.0 * 1024)
+    assert "tokens_per_s" not in goodput(wall_s=1.0, startup_s=0, first_step_s=0, excluded={}, samples=1,
+                                         tokens_per_sample=None)

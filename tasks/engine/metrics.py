@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 # Dense peak FLOP/s by device name fragment and compute dtype (vendor datasheets, no sparsity).
 # A device or dtype not listed gets no MFU at all: never a guess.
@@ -47,13 +47,18 @@ def scaling_efficiency(tokens_per_s_1: float, tokens_per_s_n: float, n: int) -> 
 class StepMeter:
     """Times optimizer steps in logging windows and turns a window into the perf scalars.
 
-    Time spent outside training steps (validation, checkpoint saves) is excluded with :meth:`paused`. The first
-    window holds start-up and compilation, so it is reported but left out of the medians.
+    Time spent outside training steps (validation, checkpoint saves) is excluded with :meth:`paused`, and
+    accounted by kind (:attr:`excluded`). On a GPU the host runs ahead of the device, so a pause first waits for
+    the device (``sync``): the training work still queued counts as training time, not as the pause's. The
+    first window holds start-up and compilation, so it is reported but left out of the medians.
     """
 
     def __init__(self, samples_per_step: int, world_size: int, tokens_per_sample: int | None,
-                 flops_per_sample: float | None, peak: float | None) -> None:
+                 flops_per_sample: float | None, peak: float | None,
+                 sync: Callable[[], None] | None = None) -> None:
         self.samples_per_step, self.world_size = samples_per_step, world_size
+        self.sync = sync
+        self.excluded: dict[str, float] = {}  # seconds left out of the step times, by kind
         self.tokens_per_sample, self.flops_per_sample, self.peak = tokens_per_sample, flops_per_sample, peak
         self.history: dict[str, list[float]] = {"step_time_s": [], "tokens_per_s": [], "mfu_pct": []}
         # Wall-clock (Unix) start and end of the windows in ``history``, to set beside outside samples
@@ -74,13 +79,24 @@ class StepMeter:
         self.steps += 1
 
     @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """Leave the time spent inside this block out of the step time."""
+    def paused(self, kind: str, sync: bool = True) -> Iterator[None]:
+        """Leave the time spent inside this block out of the step time, and account it as ``kind``.
+
+        With ``sync`` the device is drained on entry (queued training work is training time) and on exit (the
+        block's own device work, e.g. a validation's forward passes, is the block's time). ``sync=False`` is for
+        blocks that only take host time while nothing is queued.
+        """
+        if sync and self.sync is not None:
+            self.sync()
         t0 = time.perf_counter()
         try:
             yield
         finally:
-            self.pause_s += time.perf_counter() - t0
+            if sync and self.sync is not None:
+                self.sync()
+            dt = time.perf_counter() - t0
+            self.pause_s += dt
+            self.excluded[kind] = self.excluded.get(kind, 0.0) + dt
 
     def close_window(self, steps: int | None = None) -> dict[str, float]:
         """Perf scalars of the window since the last call (step time, throughput, MFU), then a new window.
@@ -118,3 +134,23 @@ class StepMeter:
     def medians(self) -> dict[str, float | None]:
         """Medians over every window but the first."""
         return {k: median(v) for k, v in self.history.items()}
+
+
+def goodput(*, wall_s: float, startup_s: float, first_step_s: float, excluded: dict[str, float],
+            samples: int, tokens_per_sample: int | None) -> dict[str, object]:
+    """Throughput over the whole wall-clock of a launch, and where that time went.
+
+    ``wall_s``: from the driver's start to the end of training; ``startup_s``: from the driver's start to the
+    first step's start (processes, imports, process group, model, data); ``first_step_s``: the first step
+    (compilation, warm-up); ``excluded``: checkpoint, validation and other pauses; the rest is training steps.
+    ``samples``: samples trained in this launch. Shares are fractions of ``wall_s``.
+    """
+    parts = {"startup": startup_s, "first_step": first_step_s, **excluded}
+    parts["training"] = max(0.0, wall_s - sum(parts.values()))
+    rate = samples / wall_s if wall_s > 0 else None
+    out: dict[str, object] = {"wall_s": wall_s, "samples_per_s": rate,
+                              "shares": {k: (v / wall_s if wall_s > 0 else None) for k, v in parts.items()},
+                              "seconds": parts}
+    if tokens_per_sample and rate is not None:
+        out["tokens_per_s"] = rate * tokens_per_sample
+    return out

@@ -145,7 +145,10 @@ class _Loop:
     pending: tb.PendingLog | None = None
     last: dict[str, float] = field(default_factory=dict)
     val_loss: float | None = None
-    first_step_s: float | None = None
+    first_step_s: float | None = None   # from the driver's start to the end of this launch's first step
+    start_step: int = 0                 # optimizer steps done before this launch (a resume)
+    start_unix: float = 0.0             # when this launch's first step began
+    first_step_end_unix: float | None = None
 
 
 class Trainer:
@@ -196,6 +199,7 @@ class Trainer:
             lambda s: lr_factor(s, self.total_steps, t.schedule, t.warmup_steps, t.min_lr_ratio),
         )
         self.resumed_from: str | None = None
+        self.first_commit_unix: float | None = None  # when this launch's first checkpoint was committed
         self.saver = ckpt.AsyncSaver() if (ctx.is_main and cfg.checkpoint.async_save) else None
         if self.saver is not None:  # stopped by SIGTERM (a peer failed, or Ctrl-C): finish the write in flight
             termination.on_terminate(self.saver.finish)
@@ -303,6 +307,8 @@ class Trainer:
             self.saver.save(self.ckpt_root, s.step, state, keep_last=keep, protect=protect)
         else:
             ckpt.save(self.ckpt_root, s.step, state, keep_last=keep, protect=protect)
+            if self.first_commit_unix is None:
+                self.first_commit_unix = time.time()
 
     # -- the loop --------------------------------------------------------------------------------------
 
@@ -330,7 +336,7 @@ class Trainer:
         loop = self._start_loop()
         batches = self._micro_batches()
         while self.state.step < self.total_steps:
-            with loop.meter.paused():
+            with loop.meter.paused("profile", sync=False):
                 loop.profiler.before_step(self.state.step + 1)
             for m in range(self.accumulation):
                 self.micro_step(batches, loop, first=m == 0, last=m == self.accumulation - 1)
@@ -343,7 +349,7 @@ class Trainer:
                 # The previous log step's values. Waiting for them here, with this step already queued, keeps the
                 # GPU busy while the host logs; a sync right at the log step would drain its queue.
                 self._finish_log(loop)
-            with loop.meter.paused():  # writing the trace is not a training step
+            with loop.meter.paused("profile", sync=False):  # writing the trace is not a training step
                 loop.profiler.after_step(step)
             if loop.first_step_s is None:
                 self._after_first_step(loop)
@@ -359,10 +365,10 @@ class Trainer:
                                              or step == self.total_steps):
                 self._finish_log(loop)  # the checkpoint holds the losses
             if val_due:
-                with loop.meter.paused():
+                with loop.meter.paused("validation"):
                     loop.val_loss = self.validate(loop.writer, step)
             if ckpt_due:
-                with loop.meter.paused():  # the save's blocking time is not a training step
+                with loop.meter.paused("checkpoint"):  # the save's blocking time is not a training step
                     self.checkpoint()
         return self._finish(loop)
 
@@ -370,7 +376,8 @@ class Trainer:
         ctx, t = self.ctx, self.cfg.train
         meter = metrics.StepMeter(self.per_rank * ctx.world_size * self.accumulation, ctx.world_size,
                                   self.parts.tokens_per_sample, self.parts.flops_per_sample,
-                                  metrics.peak_flops(ctx.device_name, t.precision))
+                                  metrics.peak_flops(ctx.device_name, t.precision),
+                                  sync=torch.cuda.synchronize if ctx.device.type == "cuda" else None)
         prof_cfg = t.get("profile") or {}
         profiler = profiling.StepProfiler(
             os.path.join(ctx.local_dir, layout.PROFILE), ctx.rank, self.state.step + int(prof_cfg.get("start", 0)),
@@ -378,7 +385,8 @@ class Trainer:
         )
         writer = self._writer() if self.writer_future is not None else None
         progress = Progress(ctx.console, self.total_steps, self.state.step) if ctx.is_main else None
-        return _Loop(meter, profiler, writer, progress, torch.zeros((), device=ctx.device), self.state.step)
+        return _Loop(meter, profiler, writer, progress, torch.zeros((), device=ctx.device), self.state.step,
+                     start_step=self.state.step, start_unix=time.time())
 
     def micro_step(self, batches: Any, loop: _Loop, *, first: bool, last: bool) -> None:
         """Forward and backward of one micro-batch; the strategy synchronises gradients on the ``last`` one only."""
@@ -419,13 +427,14 @@ class Trainer:
         buffers, and freeze what compilation left on the heap."""
         if self.ctx.device.type == "cuda":
             torch.cuda.synchronize()
-        loop.first_step_s = time.time() - float(os.environ.get(layout.ENV_T0, time.time()))
+        loop.first_step_end_unix = time.time()
+        loop.first_step_s = loop.first_step_end_unix - float(os.environ.get(layout.ENV_T0, time.time()))
         if self.saver is not None:  # optimizer state exists now: get the save's buffers ready
             self.saver.reserve(self.strategy.state_dict(self.optimizer))
         # Compilation leaves many long-lived Python objects; every full collection would walk them all and
         # stall this rank's host, and with DDP a stall on any rank stalls all. Frozen, they are not walked
         # again (torchtitan and Megatron manage the GC for the same reason). Measured: BENCHMARKS.md.
-        with loop.meter.paused():
+        with loop.meter.paused("gc", sync=False):  # the device was drained just above
             gc.collect()
             gc.freeze()
 
@@ -475,10 +484,12 @@ class Trainer:
         """After the last step: the final validation and checkpoint, then the summary."""
         loop.profiler.finish(self.state.step)  # when training ended inside the traced steps
         if self.parts.val_set is not None:
-            loop.val_loss = self.validate(loop.writer, self.state.step)
-        self.checkpoint()
-        if self.saver is not None:
-            self.saver.wait()
+            with loop.meter.paused("validation"):
+                loop.val_loss = self.validate(loop.writer, self.state.step)
+        with loop.meter.paused("checkpoint"):
+            self.checkpoint()
+            if self.saver is not None:
+                self.saver.wait()
         if loop.progress is not None:
             loop.progress.close()
         summary = {
@@ -491,12 +502,30 @@ class Trainer:
             # Each rank's GPU: medians over the logging windows but the first (compilation); empty without NVML.
             "gpus": {str(r): gpu_telemetry.medians(ws[1:] or ws) for r, ws in sorted(self.gpu_windows.items())},
             "time_to_first_step_s": loop.first_step_s,
+            "goodput": self._goodput(loop),
             "resumed_from": self.resumed_from,
             "losses": self.state.losses,
         }
         if loop.writer is not None:
             loop.writer.close()
         return summary
+
+    def _goodput(self, loop: _Loop) -> dict[str, Any]:
+        """Throughput over this launch's whole wall-clock (from the driver's start), the shares of start-up,
+        the first step (compilation), checkpoints, validation and training, and the time to the first committed
+        checkpoint."""
+        now = time.time()
+        t0 = float(os.environ.get(layout.ENV_T0, loop.start_unix))
+        first_end = loop.first_step_end_unix or now
+        steps = self.state.step - loop.start_step
+        out = metrics.goodput(
+            wall_s=now - t0, startup_s=loop.start_unix - t0, first_step_s=first_end - loop.start_unix,
+            excluded={k: v for k, v in loop.meter.excluded.items() if v > 0},
+            samples=steps * self.per_rank * self.ctx.world_size * self.accumulation,
+            tokens_per_sample=self.parts.tokens_per_sample)
+        committed = self.saver.first_commit_unix if self.saver is not None else self.first_commit_unix
+        out["time_to_first_checkpoint_s"] = committed - t0 if committed is not None else None
+        return out
 
     def close(self) -> None:
         """Finish the checkpoint in flight and stop DataLoader worker processes now, not at interpreter exit."""

@@ -78,6 +78,7 @@ class AsyncSaver:
         self._failed: str = ""
         self._pool: dict[_Key, torch.Tensor] = {}
         self.last_url: str | None = None
+        self.first_commit_unix: float | None = None  # when the first save of this saver was committed
 
     @property
     def pending(self) -> bool:
@@ -127,6 +128,8 @@ class AsyncSaver:
                     ev.synchronize()
                 faults.slow_save(step)
                 self.last_url = save(ckpt_root, step, snap, keep_last=keep_last, protect=protect)
+                if self.first_commit_unix is None:
+                    self.first_commit_unix = time.time()
             except BaseException as e:  # noqa: BLE001 - stored and re-raised in the training thread
                 self._error = e
                 self._failed = url
