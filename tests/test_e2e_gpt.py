@@ -50,6 +50,15 @@ def test_gpt_two_ranks_trains_and_logs_every_scalar_per_optimizer_step(tmp_path)
 
     missing = set(SCALARS) - set(tb)
     assert not missing, f"missing scalars {missing}; have {sorted(tb)}"
+    # The HPARAMS tab lists loss, step time and throughput beside the plan, each a scalar the run logs.
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    acc = EventAccumulator(str(run / "tb"))
+    acc.Reload()
+    content = acc.PluginTagToContent("hparams")["_hparams_/experiment"]
+    metric_tags = {m.name.tag for m in plugin_data_pb2.HParamsPluginData.FromString(content).experiment.metric_infos}
+    assert metric_tags == {"train/loss", "val/loss", "perf/step_time_s", "perf/samples_per_s", "perf/tokens_per_s"}
+    assert metric_tags <= set(tb)
     for tag in set(SCALARS) - {"val/loss"}:
         assert _steps(tb[tag]) == list(range(1, steps + 1)), tag  # x = optimizer step
     assert [v for _, v in tb["train/loss"]] == pytest.approx(losses)

@@ -74,13 +74,18 @@ def open_writer(logdir: str) -> Any:
     return SummaryWriter(logdir)
 
 
-def write_plan(writer: Any, plan: dict[str, int], hparams: dict[str, Any]) -> None:
+# The scalars the HPARAMS tab shows beside each run's settings (their latest values).
+HPARAM_METRICS = ("train/loss", "val/loss", "perf/step_time_s", "perf/samples_per_s", "perf/tokens_per_s")
+
+
+def write_plan(writer: Any, plan: dict[str, int], hparams: dict[str, Any], tokens: bool = True) -> None:
     """The plan as a TEXT entry and the run's settings in the HPARAMS tab, so the global batch sits beside the
-    curves."""
+    curves; loss, step time and throughput are the tab's metrics (tokens/s only for a task with tokens)."""
     text = (explain(plan["global_batch"], plan["per_rank_batch"], plan["world_size"], plan["accumulation"])
             + "\n\n| key | value |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in plan.items()))
     writer.add_text("plan", text, 0)
     from torch.utils.tensorboard.summary import hparams as hp
 
-    for event in hp({**plan, **hparams}, {"train/loss": 0.0}):
+    metrics = {k: 0.0 for k in HPARAM_METRICS if tokens or k != "perf/tokens_per_s"}
+    for event in hp({**plan, **hparams}, metrics):
         writer._get_file_writer().add_summary(event)

@@ -544,7 +544,7 @@ class Trainer:
                 "accumulation": self.accumulation,
                 "global_batch": self.per_rank * self.ctx.world_size * self.accumulation}
         tb.write_plan(writer, plan, {"task": cfg.task.name, "lr": cfg.train.lr, "precision": cfg.train.precision,
-                                     "device": cfg.device})
+                                     "device": cfg.device}, tokens=bool(self.parts.tokens_per_sample))
         return writer
 
 
