@@ -1,0 +1,92 @@
+"""ddp-compare: the arithmetic on its own, and a report over real runs (a 1-vs-2-rank fixed-global-batch sweep
+of the tiny GPT, and a run that failed)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ddp_run, load_json, run_dirs
+
+from runner import compare
+
+
+def test_scaling_efficiency_is_per_rank_throughput_against_the_baseline():
+    assert compare.scaling_efficiency(190.0, 2, 100.0, 1) == pytest.approx(0.95)
+    assert compare.scaling_efficiency(400.0, 4, 190.0, 2) == pytest.approx(400 / 4 / (190 / 2))
+    assert compare.scaling_efficiency(None, 2, 100.0, 1) is None
+
+
+def test_loss_steps_follow_the_logging_interval_and_end_at_the_last_step():
+    assert compare.loss_at_steps([3.0, 2.0, 1.5], 5, 12) == [(5, 3.0), (10, 2.0), (12, 1.5)]
+    assert compare.loss_at_steps([3.0, 2.0], 5, 10) == [(5, 3.0), (10, 2.0)]
+
+
+def test_time_to_target_gpu_hours_and_cost():
+    pts = [(10, 3.0), (20, 2.5), (30, 2.0)]
+    assert compare.time_to_target(pts, 2.5, step_time_s=0.5, first_step_s=30.0) == pytest.approx(30 + 19 * 0.5)
+    assert compare.time_to_target(pts, 1.0, step_time_s=0.5) is None  # never reached
+    assert compare.gpu_hours(3600.0, 2) == pytest.approx(2.0)
+    assert compare.cost(2.0, 2.5) == pytest.approx(5.0)
+    assert compare.cost(None, 2.5) is None
+
+
+def test_config_differences_leave_out_what_a_scaling_study_changes():
+    a = {"world_size": 1, "batch": {"accumulation": 2, "per_rank": 8}, "train": {"lr": 0.1}}
+    b = {"world_size": 2, "batch": {"accumulation": 1, "per_rank": 8}, "train": {"lr": 0.2}, "extra": 1}
+    diff = compare.config_differences({"a": a, "b": b})
+    assert diff == {"train.lr": {"a": 0.1, "b": 0.2}, "extra": {"a": "<absent>", "b": 1}}
+
+
+def test_bottleneck_names_data_wait_and_the_slow_gpu():
+    run = compare.Run(path=Path("x"), name="x", status="completed", world=2, device="cuda", global_batch=64,
+                      task="gpt", step_time_s=0.1, data_wait_s=0.02,
+                      gpus={"0": {"sm_clock_mhz": 1800.0}, "1": {"sm_clock_mhz": 1700.0}})
+    text = compare.bottleneck(run, 0.9)
+    assert text.startswith("2 GPUs: 90% scaling efficiency")
+    assert "20% of each step waits for data" in text and "rank 1's GPU clocks 6% below rank 0's" in text
+    failed = compare.Run(path=Path("y"), name="y", status="failed", world=2, device="cpu", global_batch=16,
+                         task="gpt", failure="rank 1: RuntimeError: boom")
+    assert compare.bottleneck(failed, None) == "2 ranks: failed: rank 1: RuntimeError: boom."
+
+
+@pytest.mark.slow
+def test_report_over_a_fixed_global_batch_sweep_and_a_failed_run(tmp_path):
+    root = tmp_path / "outputs"
+    common = ["task=gpt", "device=cpu", "train.max_steps=12", "train.log_every=2", "batch.global=16"]
+    r = ddp_run(["-m", "world_size=1,2", *common], root)
+    assert r.returncode == 0, r.stderr
+    failed_root = tmp_path / "failed"
+    f = ddp_run([*common, "world_size=2", "train.lr=0.002"], failed_root, env={"DDP_RUNNER_FAULT": "raise@1:3"})
+    assert f.returncode != 0
+    (sweep,) = {p.parent for p in run_dirs(root)}
+    (failed,) = run_dirs(failed_root)
+    out = tmp_path / "report"
+    res = subprocess.run([sys.executable, "-m", "runner.compare", str(sweep), str(failed), "--out", str(out),
+                          "--price", "3"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    for name in ("report.md", "report.csv", "throughput.png", "loss_vs_step.png", "loss_vs_time.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert (out / "throughput.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = {row["run"]: row for row in csv.DictReader((out / "report.csv").open())}
+    assert set(table) == {p.name for p in run_dirs(root)} | {failed.name}
+    assert table[failed.name]["status"] == "failed" and "rank 1" in table[failed.name]["bottleneck"]
+    for run in run_dirs(root):  # the numbers are the runs' own
+        summary, manifest = load_json(run / "summary.json"), load_json(run / "run.json")
+        row = table[run.name]
+        assert int(row["world"]) == manifest["plan"]["world_size"] and int(row["global_batch"]) == 16
+        assert float(row["rate"]) == pytest.approx(summary["median"]["tokens_per_s"], rel=1e-6)
+        assert float(row["final_loss"]) == pytest.approx(summary["losses"][-1])
+        if row["gpu_hours"]:
+            assert float(row["cost"]) == pytest.approx(3 * float(row["gpu_hours"]))
+    w1 = next(r for r in table.values() if r["world"] == "1")
+    w2 = next(r for r in table.values() if r["world"] == "2" and r["status"] == "completed")
+    assert float(w2["efficiency"]) == pytest.approx(float(w2["rate"]) / 2 / float(w1["rate"]))
+    report = (out / "report.md").read_text()
+    assert "other settings differ: train.lr" in report  # the failed run used another learning rate
+    assert "| failed ⚠ |" in report
+    assert json.dumps(table)  # parses as plain data
