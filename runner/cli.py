@@ -29,7 +29,8 @@ HYDRA_QUIET = ("hydra.output_subdir=null", "hydra.run.dir=.", "hydra.sweep.dir=.
                "hydra.job.chdir=false", "hydra/job_logging=none", "hydra/hydra_logging=none")
 
 # Worst exit code over the jobs of this invocation (a sweep runs several in one process).
-_state: dict[str, Any] = {"exit": 0, "sweep_dir": None, "argv": None, "jobs": 0, "stderr": None}
+_state: dict[str, Any] = {"exit": 0, "sweep_dir": None, "argv": None, "jobs": 0, "stderr": None,
+                          "swept": [], "records": [], "job": {}}
 
 
 def inductor_settings() -> dict[str, Any]:
@@ -41,6 +42,7 @@ def inductor_settings() -> dict[str, Any]:
 
 def refuse(err: PlanError) -> int:
     """Print a refusal the user can act on; return the refusal exit code."""
+    _state["job"]["reason"] = f"refused: {err.key}={err.value!r}: {err.problem}"
     print(f"ddp-run: refused: {err.key}={err.value!r}: {err.problem}.\n"
           f"  key:   {err.key}\n  value: {err.value!r}\n  fix:   {err.fix}\n"
           "Nothing was started and no run directory was created.", file=sys.stderr)
@@ -129,6 +131,7 @@ def execute(cfg: DictConfig) -> int:
     env = worker_env(rd.url, rd.local, t0, restarts=conf["launcher"].get("max_restarts", 0), task_path=task_dir)
     sup = Supervisor(cmd, env, str(Path(rd.local, layout.AGENT_LOG)))
     mirror = finalize.Mirror(rd) if rd.is_remote else None
+    _state["job"]["run_dir"] = rd.url
     rc = sup.run(on_tick=mirror.tick if mirror else None)
     code = finalize.finish(rd, manifest, plan, rc, sup.interrupted)
     if mirror:
@@ -221,7 +224,10 @@ def _new_run_dir(conf: dict[str, Any], plan: Plan, started: datetime):
             sweep = rundir.create_sweep_dir(root, started)
             _state["sweep_dir"] = sweep
             print(f"ddp-run: sweep directory {sweep}", flush=True)
-        name = f"{hc.job.num}_{task}_w{plan.world_size}"
+        from runner import sweep
+
+        values = sweep.job_values(hc.overrides.task, _state["swept"])
+        name = sweep.job_dir_name(hc.job.num, task, plan.world_size, values)
         return rundir.create_run_dir(root, task, plan.world_size, started, parent=_state["sweep_dir"], name=name)
     return rundir.create_run_dir(root, task, plan.world_size, started)
 
@@ -230,7 +236,10 @@ def _new_run_dir(conf: dict[str, Any], plan: Plan, started: datetime):
 def _app(cfg: DictConfig) -> None:
     sys.stderr.write(_restore_stderr())  # what Hydra said while composing (warnings), now that it succeeded
     _state["jobs"] += 1
+    _state["job"] = {"root": cfg.output.root}
     code = execute(cfg)
+    if HydraConfig.get().mode == RunMode.MULTIRUN:
+        _record_job(code)
     if code == layout.EXIT_REFUSED and not (HydraConfig.initialized() and
                                            HydraConfig.get().mode == RunMode.MULTIRUN):
         sys.exit(code)
@@ -276,7 +285,20 @@ def main() -> None:
     except PlanError as err:
         sys.exit(refuse(err))
     given = {a.split("=", 1)[0] for a in cli.overrides}
-    sys.argv = [sys.argv[0], *args, *(o for o in HYDRA_QUIET if o.split("=", 1)[0] not in given)]
+    quiet = [o for o in HYDRA_QUIET if o.split("=", 1)[0] not in given]
+    if cli.multirun:
+        import tempfile
+
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        from runner import sweep
+
+        _state["swept"] = sweep.swept_keys(OverridesParser.create().parse_overrides(cli.overrides))
+        # Hydra's own record of the sweep (multirun.yaml) goes to a private folder, then into the sweep directory.
+        _state["hydra_dir"] = tempfile.mkdtemp(prefix="ddp-run-sweep-")
+        quiet = [o if not o.startswith("hydra.sweep.dir=") else f"hydra.sweep.dir={_state['hydra_dir']}"
+                 for o in quiet]
+    sys.argv = [sys.argv[0], *args, *quiet]
     if not cli.multirun and not any(a.startswith("hydra.mode=") for a in args):
         _skip_mode_probe()
     # Hydra reports a config it cannot compose with exit code 1 and its own text; held back here, and turned
@@ -295,7 +317,71 @@ def main() -> None:
         sys.exit(refuse(err))
     finally:
         _restore_stderr()
+        if cli.multirun:
+            _write_sweep_record()
     sys.exit(_state["exit"])
+
+
+def _record_job(code: int) -> None:
+    """Remember how this job of the sweep ended (refused, failed or completed) and its headline figures."""
+    import json
+
+    import fsspec
+
+    from runner import sweep
+
+    hc = HydraConfig.get()
+    job = _state["job"]
+    record: dict[str, Any] = {"job": hc.job.num, "values": sweep.job_values(hc.overrides.task, _state["swept"]),
+                              "overrides": list(hc.overrides.task), "exit_code": code}
+    if "run_dir" not in job:
+        record.update(status="refused" if code == layout.EXIT_REFUSED else "not run", reason=job.get("reason"))
+    else:
+        record["run_dir"] = job["run_dir"]
+        try:
+            with fsspec.open(layout.join(job["run_dir"], layout.SUMMARY), "r") as f:
+                summary = json.load(f)
+        except (OSError, ValueError):
+            summary = None
+        record["status"] = (summary or {}).get("status", "failed")
+        record["figures"] = sweep.headline(summary)
+    _state["records"].append(record)
+
+
+def _write_sweep_record() -> None:
+    """sweep.json, sweep.md and Hydra's multirun.yaml into the sweep directory (made now if every job was
+    refused, so that the refusals leave a trace)."""
+    import json
+    import shutil
+
+    import fsspec
+
+    from runner import rundir, sweep
+
+    records, hydra_dir = _state["records"], _state.get("hydra_dir")
+    try:
+        if not records:
+            return
+        root = _state["job"].get("root")
+        if _state["sweep_dir"] is None:
+            _state["sweep_dir"] = rundir.create_sweep_dir(str(root), datetime.now())
+        fs, _ = fsspec.core.url_to_fs(str(root))
+        base = _state["sweep_dir"]
+        command = _state["argv"] or ["ddp-run"]
+        fs.pipe_file(layout.join(base, sweep.SWEEP_JSON), json.dumps(
+            {"command": command, "swept": _state["swept"], "jobs": records}, indent=2, default=str).encode())
+        fs.pipe_file(layout.join(base, sweep.SWEEP_MD), sweep.markdown(records, _state["swept"], command).encode())
+        record = Path(hydra_dir or "", sweep.HYDRA_RECORD)
+        if hydra_dir and record.is_file():
+            fs.put_file(str(record), layout.join(base, sweep.HYDRA_RECORD))
+        done = sum(r["status"] == "completed" for r in records)
+        print(f"ddp-run: sweep: {done} of {len(records)} jobs completed; {layout.join(base, sweep.SWEEP_MD)}",
+              flush=True)
+    except (OSError, PlanError) as exc:
+        print(f"ddp-run: warning: the sweep record could not be written ({exc})", file=sys.stderr, flush=True)
+    finally:
+        if hydra_dir:
+            shutil.rmtree(hydra_dir, ignore_errors=True)
 
 
 def _restore_stderr() -> str:

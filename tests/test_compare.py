@@ -90,3 +90,33 @@ def test_report_over_a_fixed_global_batch_sweep_and_a_failed_run(tmp_path):
     assert "other settings differ: train.lr" in report  # the failed run used another learning rate
     assert "| failed ⚠ |" in report
     assert json.dumps(table)  # parses as plain data
+
+
+def test_sweep_job_names_carry_the_swept_values():
+    from runner import sweep
+
+    assert sweep.job_values(["world_size=2", "train.lr=0.1", "device=cpu"], ["world_size", "train.lr"]) == {
+        "world_size": "2", "train.lr": "0.1"}
+    assert sweep.job_dir_name(3, "gpt", 2, {"world_size": "2", "train.lr": "0.1"}) == "3_gpt_w2_lr=0.1"
+    assert sweep.job_dir_name(0, "gpt", 1, {"data.path": "/a b/c"}) == "0_gpt_w1_path=-a-b-c"
+
+
+@pytest.mark.slow
+def test_a_sweep_records_every_job_even_a_refused_one(tmp_path):
+    import tempfile
+
+    root = tmp_path / "outputs"
+    cwd_record = Path(tempfile.gettempdir(), "multirun.yaml")  # ddp_run's working directory
+    before = cwd_record.stat().st_mtime_ns if cwd_record.exists() else None
+    r = ddp_run(["-m", "world_size=1,2", "batch.global=24", "device=cpu", "train.lr=0.01,0.02"], root)
+    assert r.returncode == 2, r.stderr  # some job was refused: the sweep says so in its exit code
+    (sweep_dir,) = [p for p in root.glob("*/*_sweep")]
+    record = json.loads((sweep_dir / "sweep.json").read_text())
+    status = {(j["values"]["world_size"], j["values"]["train.lr"]): j["status"] for j in record["jobs"]}
+    assert status == {("1", "0.01"): "completed", ("1", "0.02"): "completed",
+                      ("2", "0.01"): "refused", ("2", "0.02"): "refused"}
+    names = sorted(p.name for p in sweep_dir.iterdir() if p.is_dir())
+    assert names == ["0_smoke_w1_lr=0.01", "1_smoke_w1_lr=0.02"]
+    assert (sweep_dir / "multirun.yaml").is_file() and "refused" in (sweep_dir / "sweep.md").read_text()
+    after = cwd_record.stat().st_mtime_ns if cwd_record.exists() else None
+    assert before == after, "Hydra's multirun.yaml landed in the working directory"
