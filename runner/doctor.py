@@ -181,8 +181,11 @@ def visible_mapping(gpus: Sequence[Gpu], visible: str | None) -> tuple[str, str,
         return WARN, f"CUDA_VISIBLE_DEVICES={visible!r} is set but this host shows no GPU (no driver)", mapping
     if visible is None:
         return OK, f"CUDA_VISIBLE_DEVICES unset: all {len(gpus)} visible, local rank {arrow}", mapping
-    entries = [e.strip() for e in visible.split(",")]
-    listed = entries[: entries.index("")] if "" in entries else entries
+    listed = []
+    for entry in (e.strip() for e in visible.split(",")):
+        if not entry or re.fullmatch(r"-\d+", entry):
+            break  # an empty or negative entry ends the list on purpose ("-1" is the usual way to hide all GPUs)
+        listed.append(entry)
     if not listed:
         return WARN, "CUDA_VISIBLE_DEVICES is empty: it hides every GPU (CPU-only run)", mapping
     if len(chosen) < len(listed):
@@ -406,6 +409,7 @@ def _bench_worker(rank: int, nranks: int, init_file: str, out: str, backend: str
         return float(t.item())
 
     try:
+        slowest(0.0)  # the first collective sets up the communicator: keep that out of the warm-up timing
         rows = []
         for size in sizes:
             x = torch.zeros(max(1, size // 4), dtype=torch.float32, device=device)
@@ -441,6 +445,7 @@ def measure_bandwidth(device: str, nproc: int, sizes: Sequence[int], warmup: int
     on GPUs they are spawned (CUDA cannot be forked once initialised).
     """
     import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import ProcessException
 
     backend = "nccl" if device == "cuda" else "gloo"
     budget = 1.0 if device == "cuda" else 0.4  # seconds of timed all-reduces per size, at most
@@ -453,11 +458,11 @@ def measure_bandwidth(device: str, nproc: int, sizes: Sequence[int], warmup: int
                                  start_method="spawn" if device == "cuda" else "fork")
         deadline = time.monotonic() + timeout_s
         try:
-            while not ctx.join(timeout=max(0.0, min(1.0, deadline - time.monotonic()))):
+            while not ctx.join(timeout=max(0.0, min(1.0, deadline - time.monotonic())), grace_period=1.0):
                 if time.monotonic() >= deadline:
                     raise RuntimeError(f"all-reduce did not finish in {timeout_s:.0f} s: a hang (rerun with "
                                        "NCCL_DEBUG=INFO to see where it stops)")
-        except mp.ProcessException as e:
+        except ProcessException as e:
             raise RuntimeError(f"rank {e.error_index} failed: {_last_line(str(e))}\n{e}") from None
         finally:
             for p in ctx.processes:  # ours: the workers this call started, stopped by their own handles
@@ -553,6 +558,9 @@ def full_report(bandwidth: bool = True, device: str = "auto", nproc: int | None 
                             f"{cuda_count} CUDA device(s): an all-reduce needs at least 2"))
         return _report(checks)
     n = nproc or (cuda_count if use == "cuda" else 2)
+    if use == "cuda" and n > cuda_count:
+        checks.append(Check("bandwidth", FAIL, f"--nproc {n}: only {cuda_count} CUDA devices (one process a GPU)"))
+        return _report(checks)
     gpu_name = visible.data["mapping"][0]["name"] if visible.data["mapping"] else None
     say(f"all-reduce bandwidth ({'NCCL' if use == 'cuda' else 'gloo'}, {n} processes)")
     checks.append(bandwidth_check(use, n, sizes or (GPU_SIZES if use == "cuda" else CPU_SIZES), gpu_name,

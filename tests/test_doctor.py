@@ -133,6 +133,8 @@ def test_visible_mapping_follows_cuda_rules() -> None:
     status, text, _ = doctor.visible_mapping(host, "1,1")
     assert status == FAIL and "repeats" in text, text
     assert doctor.visible_mapping(host, "")[0] == WARN
+    assert doctor.visible_mapping(host, "-1")[0] == WARN  # hides every GPU, on purpose
+    assert [m["physical_index"] for m in doctor.visible_mapping(host, "1,-1,0")[2]] == [1]
     assert doctor.visible_mapping(host, None)[0] == OK
     assert doctor.visible_mapping([], None)[0] == SKIPPED
     assert doctor.visible_mapping([], "0")[0] == WARN  # a scheduler's value on a host with no driver
@@ -226,6 +228,20 @@ def test_table_on_this_host(capsys: pytest.CaptureFixture[str], monkeypatch: pyt
                  "gloo             ok", "bandwidth        ok       gloo on 2 CPU processes: busbw"):
         assert line in out, out
     assert "no reference figure" in out and out.rstrip().endswith("overall: ok")
+
+
+def test_a_failing_or_hanging_rank_is_a_failed_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The CPU workers are forked from this process, so they run the patched arithmetic.
+    def broken(*_args: object) -> tuple[float, float]:
+        raise RuntimeError("simulated collective failure")
+
+    monkeypatch.setattr(doctor, "allreduce_bandwidth", broken)
+    check = doctor.bandwidth_check("cpu", 2, [4096], None, None, timeout_s=60)
+    assert check.status == FAIL and "failed: RuntimeError: simulated collective failure" in check.summary, check
+
+    monkeypatch.setattr(doctor, "allreduce_bandwidth", lambda *_a: __import__("time").sleep(60))
+    check = doctor.bandwidth_check("cpu", 2, [4096], None, None, timeout_s=2)
+    assert check.status == FAIL and "did not finish in 2 s" in check.summary, check
 
 
 def test_usage_errors_exit_2() -> None:
