@@ -15,6 +15,7 @@ module for :func:`cheap_report` at no cost.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import json
 import os
@@ -25,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -454,8 +455,9 @@ def measure_bandwidth(device: str, nproc: int, sizes: Sequence[int], warmup: int
         args = (nproc, os.path.join(tmp, "store"), out, backend, list(sizes), warmup, iters, budget, bench_env())
         from runner.doctor import _bench_worker as worker  # by its module name, also under `python -m`
 
-        ctx = mp.start_processes(worker, args=args, nprocs=nproc, join=False,
-                                 start_method="spawn" if device == "cuda" else "fork")
+        with _env_added(args[-1]):  # in the workers' environment from their first instruction
+            ctx = mp.start_processes(worker, args=args, nprocs=nproc, join=False,
+                                     start_method="spawn" if device == "cuda" else "fork")
         deadline = time.monotonic() + timeout_s
         try:
             while not ctx.join(timeout=max(0.0, min(1.0, deadline - time.monotonic())), grace_period=1.0):
@@ -473,6 +475,17 @@ def measure_bandwidth(device: str, nproc: int, sizes: Sequence[int], warmup: int
             raise RuntimeError("the workers ended without a result")
         with open(out) as f:
             return json.load(f)
+
+
+@contextlib.contextmanager
+def _env_added(env: dict[str, str]) -> Iterator[None]:
+    """Set ``env`` in this process's environment for the block (children started in it inherit it)."""
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k in env:
+            os.environ.pop(k, None)
 
 
 def _last_line(text: str) -> str:

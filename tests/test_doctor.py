@@ -230,6 +230,25 @@ def test_table_on_this_host(capsys: pytest.CaptureFixture[str], monkeypatch: pyt
     assert "no reference figure" in out and out.rstrip().endswith("overall: ok")
 
 
+def test_workers_run_with_nvlink_multicast_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    from runner.launch import SAFE_ENV
+
+    for k in SAFE_ENV:
+        monkeypatch.delenv(k, raising=False)
+    real = doctor.allreduce_bandwidth
+
+    def checked(*args: float) -> tuple[float, float]:  # runs in each (forked) worker
+        missing = {k: v for k, v in SAFE_ENV.items() if os.environ.get(k) != v}
+        if missing:
+            raise RuntimeError(f"worker environment lacks {missing}")
+        return real(*args)
+
+    monkeypatch.setattr(doctor, "allreduce_bandwidth", checked)
+    check = doctor.bandwidth_check("cpu", 2, [4096], None, None, timeout_s=60)
+    assert check.status == OK, check
+    assert not set(SAFE_ENV) & set(os.environ)  # added for the workers only
+
+
 def test_a_failing_or_hanging_rank_is_a_failed_check(monkeypatch: pytest.MonkeyPatch) -> None:
     # The CPU workers are forked from this process, so they run the patched arithmetic.
     def broken(*_args: object) -> tuple[float, float]:
