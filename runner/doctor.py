@@ -531,16 +531,18 @@ def _report(checks: Sequence[Check]) -> dict[str, Any]:
     return {"status": overall(checks), "checks": [asdict(c) for c in checks]}
 
 
-def cheap_report(gpu: bool = False) -> dict[str, Any]:
+def cheap_report(gpu: bool = False, host_gpus: Sequence[Gpu] | None = None) -> dict[str, Any]:
     """The checks cheap enough for every run, for run.json: host, /dev/shm, environment, and — only when ``gpu``
     (a GPU run is planned) — nvidia-smi's devices, topology and the visible-device mapping.
 
-    Never imports torch and measures nothing; its subprocesses are nvidia-smi alone, and only with ``gpu``.
-    Returns ``{"status": ok|warn|fail, "checks": [{"name", "status", "summary", "data"}, ...]}``.
+    Never imports torch and measures nothing; its subprocesses are nvidia-smi alone (each well under 0.1 s on a
+    2×H200 host), and only with ``gpu``. ``host_gpus``: every GPU of the host as ``runner.devices._all_gpus()``
+    returns it, when the caller has it already (saves one nvidia-smi call). Returns
+    ``{"status": ok|warn|fail, "checks": [{"name", "status", "summary", "data"}, ...]}``, JSON-ready.
     """
     checks = [host_check(), shm_check(), env_check(os.environ)]
     if gpu:
-        checks += [devices_check(), topology_check(), visible_check()]
+        checks += [devices_check(), topology_check(), visible_check(host_gpus)]
     else:
         checks.append(Check("visible devices", SKIPPED, "no GPU run planned",
                             {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES")}))
