@@ -1,0 +1,304 @@
+"""ddp-doctor: parsing and busbw arithmetic as pure functions, the visible-device mapping and topology through a
+fake ``nvidia-smi`` first on PATH, the real command on this CPU host (gloo all-reduce in 2 real processes), and
+``cheap_report`` staying cheap (no torch import)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runner import doctor
+from runner.devices import visible_gpus
+from runner.doctor import FAIL, OK, SKIPPED, WARN, MiB
+from runner.plan import Gpu
+
+ROOT = Path(__file__).resolve().parent.parent
+UUID0 = "GPU-1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901"
+UUID1 = "GPU-9f8e7d6c-5b4a-3928-1706-f5e4d3c2b1a0"
+
+SMI_L = f"GPU 0: NVIDIA H200 (UUID: {UUID0})\nGPU 1: NVIDIA H200 (UUID: {UUID1})\n"
+SMI_QUERY = f"0, NVIDIA H200, {UUID0}\n1, NVIDIA H200, {UUID1}\n"
+# As nvidia-smi 580 prints it: tab-separated, underlined header, legend after the matrix.
+TOPO_NVLINK = ("\x1b[4m\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n"
+               "GPU0\t X \tNV18\t0-31\t0\t\tN/A\n"
+               "GPU1\tNV18\t X \t0-31\t0\t\tN/A\n\n"
+               "Legend:\n\n  X    = Self\n"
+               "  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes "
+               "(e.g., QPI/UPI)\n"
+               "  PIX  = Connection traversing at most a single PCIe bridge\n"
+               "  NV#  = Connection traversing a bonded set of # NVLinks\n")
+TOPO_PCIE_NIC = ("\tGPU0\tGPU1\tGPU2\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"
+                 "GPU0\t X \tPIX\tSYS\tNODE\t0-15\t0\t\tN/A\n"
+                 "GPU1\tPIX\t X \tSYS\tNODE\t0-15\t0\t\tN/A\n"
+                 "GPU2\tSYS\tSYS\t X \tSYS\t16-31\t1\t\tN/A\n"
+                 "NIC0\tNODE\tNODE\tSYS\t X \n\nNIC Legend:\n\n  NIC0: mlx5_0\n")
+
+
+def _escaped(text: str) -> str:
+    """``text`` as printf's %b argument on one line (tabs, newlines and the escape byte spelled out)."""
+    return text.replace("\t", "\\t").replace("\n", "\\n").replace("\x1b", "\\033")
+
+
+@pytest.fixture
+def fake_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fake ``nvidia-smi`` (two H200s on NVLink) first on PATH; FAKE_SMI_TOPO_RESTRICTED=1 makes ``topo -m``
+    fail as it does in some containers."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    restricted = 'echo "Failed to run topology: Insufficient Permissions" >&2; exit 4'  # as some containers answer
+    smi.write_text("\n".join([
+        "#!/bin/sh",
+        'case "$*" in',
+        f"  -L) printf '%b' '{_escaped(SMI_L)}' ;;",
+        f"  '--query-gpu=index,name,uuid --format=csv,noheader') printf '%b' '{_escaped(SMI_QUERY)}' ;;",
+        f"  'topo -m') if [ -n \"$FAKE_SMI_TOPO_RESTRICTED\" ]; then {restricted}; fi",
+        f"    printf '%b' '{_escaped(TOPO_NVLINK)}' ;;",
+        '  *) echo "fake nvidia-smi: unexpected arguments: $*" >&2; exit 2 ;;',
+        "esac", ""]))
+    smi.chmod(smi.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("FAKE_SMI_TOPO_RESTRICTED", raising=False)
+    return smi
+
+
+def _check(report: dict, name: str) -> dict:
+    return next(c for c in report["checks"] if c["name"] == name)
+
+
+# --- pure functions ---------------------------------------------------------------------------------------------
+
+def test_busbw_follows_nccl_tests() -> None:
+    # 512 MiB in 1 ms: algbw = 536.87 GB/s; busbw = algbw × 2(n−1)/n
+    algbw, busbw = doctor.allreduce_bandwidth(512 * MiB, 1e-3, 2)
+    assert algbw == pytest.approx(536.870912)
+    assert busbw == pytest.approx(algbw)  # n=2: factor 1
+    assert doctor.allreduce_bandwidth(1e9, 1.0, 8) == pytest.approx((1.0, 1.75))
+    assert doctor.allreduce_bandwidth(1e9, 1.0, 4)[1] == pytest.approx(1.5)
+    assert doctor.allreduce_bandwidth(1e9, 1.0, 1)[1] == 0.0  # one rank: nothing crosses a link
+    with pytest.raises(ValueError):
+        doctor.allreduce_bandwidth(1e9, 0.0, 2)
+
+
+def test_sizes_parse_in_binary_units() -> None:
+    assert [doctor.parse_size(s) for s in ("1M", "4MB", "512MiB", "1G", "64k", "4096")] == [
+        MiB, 4 * MiB, 512 * MiB, 1 << 30, 64 << 10, 4096]
+    assert doctor.human_bytes(512 * MiB) == "512 MiB" and doctor.human_bytes(6) == "6 B"
+    for bad in ("", "12T", "-1M", "2"):
+        with pytest.raises(ValueError):
+            doctor.parse_size(bad)
+
+
+def test_smi_list_and_topology_parse() -> None:
+    mig = SMI_L + "  MIG 1g.18gb     Device  0: (UUID: MIG-aaaa-bbbb)\n"
+    gpus = doctor.parse_smi_list(mig)
+    assert [(g["index"], g["name"], g["uuid"]) for g in gpus] == [(0, "NVIDIA H200", UUID0), (1, "NVIDIA H200", UUID1)]
+    assert gpus[1]["mig"] == [{"profile": "1g.18gb", "device": 0, "uuid": "MIG-aaaa-bbbb"}]
+
+    nv = doctor.parse_topology(TOPO_NVLINK)
+    assert nv == {"gpus": ["GPU0", "GPU1"], "links": {"GPU0-GPU1": "NV18"}, "nvlink_all_pairs": True}
+    pcie = doctor.parse_topology(TOPO_PCIE_NIC)  # NIC rows and columns are not GPU links
+    assert pcie["links"] == {"GPU0-GPU1": "PIX", "GPU0-GPU2": "SYS", "GPU1-GPU2": "SYS"}
+    assert pcie["nvlink_all_pairs"] is False
+    with pytest.raises(ValueError):
+        doctor.parse_topology("Topology is not supported in this environment\n")
+
+
+def test_reference_figure_only_for_matching_hardware() -> None:
+    nv = doctor.parse_topology(TOPO_NVLINK)
+    assert doctor.reference_for("NVIDIA H200", 2, 512 * MiB, nv).busbw_gbps == 315.0
+    assert doctor.reference_for("NVIDIA H200", 2, 512 * MiB, None) is not None  # topology not visible
+    assert doctor.reference_for("NVIDIA H200", 2, 512 * MiB, doctor.parse_topology(TOPO_PCIE_NIC)) is None
+    assert doctor.reference_for("NVIDIA H200", 4, 512 * MiB, nv) is None
+    assert doctor.reference_for("NVIDIA H200", 2, 64 * MiB, nv) is None
+    assert doctor.reference_for("NVIDIA A100-SXM4-80GB", 2, 512 * MiB, nv) is None
+
+
+def test_visible_mapping_follows_cuda_rules() -> None:
+    host = [Gpu(0, "NVIDIA H200", UUID0), Gpu(1, "NVIDIA H200", UUID1)]
+    status, text, mapping = doctor.visible_mapping(host, "1,0")
+    assert status == OK and [m["physical_index"] for m in mapping] == [1, 0], text
+    status, _, mapping = doctor.visible_mapping(host, UUID1[:12])  # a UUID prefix, as CUDA accepts
+    assert status == OK and [m["physical_index"] for m in mapping] == [1]
+    status, text, mapping = doctor.visible_mapping(host, "0,5")
+    assert status == FAIL and "'5'" in text and "names no GPU" in text and len(mapping) == 1, text
+    status, text, _ = doctor.visible_mapping(host, "1,1")
+    assert status == FAIL and "repeats" in text, text
+    assert doctor.visible_mapping(host, "")[0] == WARN
+    assert doctor.visible_mapping(host, "-1")[0] == WARN  # hides every GPU, on purpose
+    assert [m["physical_index"] for m in doctor.visible_mapping(host, "1,-1,0")[2]] == [1]
+    assert doctor.visible_mapping(host, None)[0] == OK
+    assert doctor.visible_mapping([], None)[0] == SKIPPED
+    assert doctor.visible_mapping([], "0")[0] == WARN  # a scheduler's value on a host with no driver
+
+
+def test_environment_and_shm_judgements(tmp_path: Path) -> None:
+    assert doctor.env_check({}).status == OK
+    assert doctor.env_check({"NCCL_P2P_DISABLE": "1"}).status == WARN
+    assert doctor.env_check({"NCCL_NVLS_ENABLE": "1"}).status == WARN
+    ok = doctor.env_check({"NCCL_NVLS_ENABLE": "0", "TORCH_DISTRIBUTED_DEBUG": "DETAIL", "HOME": "/x"})
+    assert ok.status == OK and set(ok.data["variables"]) == {"NCCL_NVLS_ENABLE", "TORCH_DISTRIBUTED_DEBUG"}
+    assert doctor.shm_check(str(tmp_path), minimum=1 << 62).status == WARN  # smaller than asked: warn
+    assert doctor.shm_check(str(tmp_path / "absent")).status == WARN
+    assert doctor.overall([doctor.Check("a", OK, ""), doctor.Check("b", SKIPPED, "")]) == OK
+    assert doctor.overall([doctor.Check("a", WARN, ""), doctor.Check("b", FAIL, "")]) == FAIL
+
+
+# --- a fake nvidia-smi ------------------------------------------------------------------------------------------
+
+def test_mapping_and_topology_through_fake_nvidia_smi(fake_smi: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    assert [g.physical_index for g in visible_gpus()] == [1, 0]  # what the driver records as the mapping
+    report = doctor.cheap_report(gpu=True)
+    devices, topo, vis = (_check(report, n) for n in ("devices", "topology", "visible devices"))
+    assert devices["status"] == OK and devices["summary"] == "2 × NVIDIA H200"
+    assert topo["status"] == OK and topo["data"]["links"] == {"GPU0-GPU1": "NV18"}
+    assert vis["status"] == OK and [(m["local_rank"], m["physical_index"], m["uuid"]) for m in vis["data"]["mapping"]
+                                    ] == [(0, 1, UUID1), (1, 0, UUID0)]
+    text = doctor.render(report)
+    assert "0 → GPU1" in text and "GPU0-GPU1: NV18" in text
+
+    monkeypatch.setenv("FAKE_SMI_TOPO_RESTRICTED", "1")
+    topo = doctor.topology_check()
+    assert topo.status == WARN and topo.summary.startswith("not visible") and "absent" not in topo.summary
+
+
+def test_doctor_fails_on_a_device_that_does_not_exist(fake_smi: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,7")
+    assert doctor.main(["--json", "--no-bandwidth"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    vis = _check(report, "visible devices")
+    assert report["status"] == FAIL and vis["status"] == FAIL and "'7'" in vis["summary"]
+    assert [m["physical_index"] for m in vis["data"]["mapping"]] == [0]
+    # CPU torch sees no CUDA device although nvidia-smi shows one: said, not hidden
+    assert _check(report, "torch")["status"] == WARN
+    assert _check(report, "bandwidth")["status"] == SKIPPED
+
+
+# --- the real command on this host --------------------------------------------------------------------------------
+
+def _doctor(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return subprocess.run([sys.executable, "-m", "runner.doctor", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+no_driver = pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this host has an NVIDIA driver")
+
+
+@no_driver
+def test_json_on_this_host_measures_gloo_in_two_processes() -> None:
+    proc = _doctor("--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["status"] in (OK, WARN)
+    devices, topo = _check(report, "devices"), _check(report, "topology")
+    assert devices["status"] == SKIPPED and devices["summary"].startswith("no NVIDIA driver found")
+    assert topo["summary"].startswith("not visible") and "absent" not in topo["summary"]
+    assert _check(report, "gloo")["status"] == OK
+    assert _check(report, "host")["data"]["cpus"] >= 1
+    shm = _check(report, "/dev/shm")
+    assert shm["data"]["size_bytes"] > 0
+    bw = _check(report, "bandwidth")
+    assert bw["status"] == OK, bw
+    assert bw["data"]["backend"] == "gloo" and bw["data"]["nranks"] == 2
+    assert [r["bytes"] for r in bw["data"]["rows"]] == [1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB]
+    assert all(r["busbw_gbps"] > 0 and r["iters"] >= 3 for r in bw["data"]["rows"])
+    assert all(r["reference_busbw_gbps"] is None for r in bw["data"]["rows"])
+    assert bw["data"]["seconds"] < 10, "the CPU measurement must stay short"
+
+
+@no_driver
+def test_table_on_this_host(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # In this process (torch is imported once for the suite); the --json test above runs `python -m`.
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert doctor.main(["--sizes", "1M,2M"]) == 0
+    out = capsys.readouterr().out
+    for line in ("devices          skipped  no NVIDIA driver found", "topology         skipped  not visible",
+                 "gloo             ok", "bandwidth        ok       gloo on 2 CPU processes: busbw"):
+        assert line in out, out
+    assert "no reference figure" in out and out.rstrip().endswith("overall: ok")
+
+
+def test_workers_run_with_nvlink_multicast_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    from runner.launch import SAFE_ENV
+
+    for k in SAFE_ENV:
+        monkeypatch.delenv(k, raising=False)
+    real = doctor.allreduce_bandwidth
+
+    def checked(*args: float) -> tuple[float, float]:  # runs in each (forked) worker
+        missing = {k: v for k, v in SAFE_ENV.items() if os.environ.get(k) != v}
+        if missing:
+            raise RuntimeError(f"worker environment lacks {missing}")
+        return real(*args)
+
+    monkeypatch.setattr(doctor, "allreduce_bandwidth", checked)
+    check = doctor.bandwidth_check("cpu", 2, [4096], None, None, timeout_s=60)
+    assert check.status == OK, check
+    assert not set(SAFE_ENV) & set(os.environ)  # added for the workers only
+
+
+def test_a_failing_or_hanging_rank_is_a_failed_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The CPU workers are forked from this process, so they run the patched arithmetic.
+    def broken(*_args: object) -> tuple[float, float]:
+        raise RuntimeError("simulated collective failure")
+
+    monkeypatch.setattr(doctor, "allreduce_bandwidth", broken)
+    check = doctor.bandwidth_check("cpu", 2, [4096], None, None, timeout_s=60)
+    assert check.status == FAIL and "failed: RuntimeError: simulated collective failure" in check.summary, check
+
+    monkeypatch.setattr(doctor, "allreduce_bandwidth", lambda *_a: __import__("time").sleep(60))
+    check = doctor.bandwidth_check("cpu", 2, [4096], None, None, timeout_s=2)
+    assert check.status == FAIL and "did not finish in 2 s" in check.summary, check
+
+
+def test_usage_errors_exit_2() -> None:
+    with pytest.raises(SystemExit) as e:
+        doctor.main(["--sizes", "12T"])
+    assert e.value.code == 2
+    assert doctor.main(["--nproc", "1"]) == 2
+
+
+# --- cheap_report ---------------------------------------------------------------------------------------------------
+
+CHEAP = """
+import json, sys, time
+from runner.doctor import cheap_report
+t = time.perf_counter()
+report = cheap_report(gpu={gpu})
+print(json.dumps({{"seconds": time.perf_counter() - t, "torch": "torch" in sys.modules, "report": report}}))
+"""
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_cheap_report_is_cheap_and_never_imports_torch(gpu: bool, fake_smi: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": "1"}
+    proc = subprocess.run([sys.executable, "-c", CHEAP.format(gpu=gpu)], env=env, capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["torch"] is False
+    assert out["seconds"] < 0.5, out["seconds"]
+    report = out["report"]
+    json.dumps(report)  # run.json can hold it as is
+    names = [c["name"] for c in report["checks"]]
+    assert {"host", "/dev/shm", "environment", "visible devices"} <= set(names)
+    assert "bandwidth" not in names and "torch" not in names
+    vis = _check(report, "visible devices")
+    if gpu:
+        assert vis["status"] == OK and vis["data"]["mapping"][0]["physical_index"] == 1
+        assert _check(report, "topology")["data"]["nvlink_all_pairs"] is True
+    else:
+        assert vis["status"] == SKIPPED and vis["data"]["CUDA_VISIBLE_DEVICES"] == "1"
+        assert "devices" not in names
