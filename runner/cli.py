@@ -117,10 +117,12 @@ def execute(cfg: DictConfig) -> int:
         rundir.prepare_continue(rd)
     cmd = torchrun_command(plan, conf["launcher"], rd.url)
     rd.write_text(layout.CONFIG, OmegaConf.to_yaml(OmegaConf.create(conf)))
+    from runner.doctor import cheap_report
     from runner.manifest import initial_manifest
 
     manifest = initial_manifest(plan, cmd, task, started, invocation=_invocation(task_dir),
                                 data=data_prep.describe(conf["data"]))
+    manifest["doctor"] = cheap_report(gpu=plan.device == "cuda")  # the preflight checks that cost no time
     if continuing:
         previous = rd.read_json(layout.MANIFEST)
         manifest["started"] = previous.get("started", manifest["started"])

@@ -60,6 +60,8 @@ def workdir(tmp_path: Path) -> Path:
 def test_version_and_help_from_anywhere(venv: Path, workdir: Path) -> None:
     r = _run([str(venv / "bin/ddp-run"), "--version"], cwd=workdir)
     assert r.stdout.strip() == "ddp-run 0.1.0"
+    for tool in ("ddp-tokenize", "ddp-compare", "ddp-doctor"):
+        assert _run([str(venv / "bin" / tool), "--help"], cwd=workdir).stdout.startswith("usage:"), tool
     r = _run([str(venv / "bin/ddp-run"), "--help"], cwd=workdir)
     for group in ("task:", "data:", "launcher:", "smoke", "gpt2_small"):
         assert group in r.stdout
@@ -73,6 +75,7 @@ def test_smoke_run_from_a_directory_with_stray_modules(venv: Path, workdir: Path
     assert manifest["status"] == "completed"
     assert manifest["versions"]["ddp_runner"] == "0.1.0"
     assert manifest["git"] is None  # installed, not a checkout
+    assert manifest["doctor"]["status"] == "ok"  # the preflight checks that cost nothing, every run
     assert manifest["invocation"]["task_preset"] == "smoke"
     assert manifest["invocation"]["overrides"] == ["task=smoke", "device=cpu", "world_size=2", "output.root=out"]
     assert str(venv) in manifest["command"][0]  # the venv's own python runs torchrun and the workers
