@@ -84,7 +84,9 @@ def execute(cfg: DictConfig) -> int:
                 conf = OmegaConf.to_container(OmegaConf.create(f.read().decode()), resolve=True)
             conf["dry_run"] = bool(cfg.dry_run)
             _warn_ignored_overrides(rd.url)
-            recorded = rd.read_json(layout.MANIFEST).get("invocation", {}).get("task_dir")
+            previous = rd.read_json(layout.MANIFEST)
+            _check_no_live_driver(rd.url, previous)
+            recorded = previous.get("invocation", {}).get("task_dir")
             task_dirs = [recorded] if recorded else []
         else:
             conf = OmegaConf.to_container(cfg, resolve=True)
@@ -129,7 +131,8 @@ def execute(cfg: DictConfig) -> int:
     env = worker_env(rd.url, rd.local, t0, restarts=conf["launcher"].get("max_restarts", 0), task_path=task_dir)
     sup = Supervisor(cmd, env, str(Path(rd.local, layout.AGENT_LOG)))
     mirror = finalize.Mirror(rd) if rd.is_remote else None
-    rc = sup.run(on_tick=mirror.tick if mirror else None)
+    ticks = [finalize.Heartbeat(rd, manifest).tick, *([mirror.tick] if mirror else [])]
+    rc = sup.run(on_tick=lambda: [tick() for tick in ticks])
     code = finalize.finish(rd, manifest, plan, rc, sup.interrupted)
     if mirror:
         mirror.flush()
@@ -164,6 +167,18 @@ def _is_run_dir(url: str) -> bool:
     except (OSError, ValueError, ImportError) as exc:
         raise PlanError("resume", url, f"cannot be read ({type(exc).__name__}: {exc})",
                         "use resume=auto, resume=never, a run directory or a checkpoints/step_<N> path") from exc
+
+
+def _check_no_live_driver(run_url: str, manifest: dict[str, Any]) -> None:
+    """One writer per run directory: refuse to continue a run whose driver is still alive (runner/status.py);
+    a ``lost`` one (its driver killed or its host gone) may be continued."""
+    from runner import status
+
+    if status.status_of(manifest) == layout.STATUS_RUNNING:
+        who = status.describe_driver(manifest)
+        raise PlanError("resume", run_url, f"is still running: its driver is {who}; one driver per run directory",
+                        f"wait for it to end, or stop it (Ctrl-C, or kill -INT {manifest['driver'].get('pid')}"
+                        f" on {manifest['driver'].get('host')}) and resume then")
 
 
 def _warn_ignored_overrides(run_url: str) -> None:
