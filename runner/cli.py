@@ -207,11 +207,21 @@ def _check_resume_source(resume: str, plan: Plan) -> None:
             path = path.rsplit("/", 1)[0]
         if not fs.exists(path):
             raise PlanError("resume", resume, "no such run directory or checkpoint", fix)
-        # A checkpoint counts only once its commit marker exists (see tasks/checkpoint.py).
+        # A checkpoint counts only once its commit marker exists (see tasks/engine/checkpoint/storage.py), and
+        # loads only if its state.pt has the size meta.json records (the workers check its sha256 too). A
+        # checkpoint named explicitly must pass; of a directory's, one must (the workers take the newest that does).
         if fs.exists(layout.join(path, layout.CKPT_MARKER)):
             run = path.rsplit("/", 2)[0]  # <run>/checkpoints/step_<N>
-        elif fs.glob(layout.join(path, "step_*", layout.CKPT_MARKER)):
+            if problem := _checkpoint_size_problem(fs, path):
+                raise PlanError("resume", resume, f"fails its integrity check: {problem}",
+                                "resume from an older checkpoints/step_<N>, or from the run directory (its newest"
+                                " checkpoint that passes is taken)")
+        elif markers := fs.glob(layout.join(path, "step_*", layout.CKPT_MARKER)):
             run = path.rsplit("/", 1)[0]  # <run>/checkpoints
+            problems = [p for m in markers if (p := _checkpoint_size_problem(fs, m.rsplit("/", 1)[0]))]
+            if len(problems) == len(markers):
+                raise PlanError("resume", resume, "holds no checkpoint that passes its integrity check: "
+                                + "; ".join(problems), fix)
         else:
             raise PlanError("resume", resume, "holds no complete checkpoint (no step_<N>/meta.json)", fix)
         manifest = layout.join(run, layout.MANIFEST)
@@ -224,6 +234,24 @@ def _check_resume_source(resume: str, plan: Plan) -> None:
         raise PlanError("world_size", plan.world_size,
                         f"the checkpoint's run used world_size={ws}; per-rank RNG states and the data"
                         " order would not carry over", f"resume with world_size={ws}")
+
+
+def _checkpoint_size_problem(fs: Any, ckpt_dir: str) -> str | None:
+    """Why a committed checkpoint cannot load, as far as the driver checks (meta.json readable, state.pt of the
+    recorded size); None when it passes. The driver never hashes: the workers verify sha256 when they load."""
+    import json
+
+    name = ckpt_dir.rstrip("/").rsplit("/", 1)[-1]
+    try:
+        expected = json.loads(fs.cat_file(layout.join(ckpt_dir, layout.CKPT_MARKER))).get("bytes")
+        size = fs.size(layout.join(ckpt_dir, layout.CKPT_STATE))
+    except FileNotFoundError:
+        return f"{name}: {layout.CKPT_STATE} is missing"
+    except (ValueError, AttributeError):
+        return f"{name}: {layout.CKPT_MARKER} is not valid"
+    if size != expected:
+        return f"{name}: {layout.CKPT_STATE} is {size} bytes, {layout.CKPT_MARKER} says {expected}"
+    return None
 
 
 def _new_run_dir(conf: dict[str, Any], plan: Plan, started: datetime):
