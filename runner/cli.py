@@ -86,7 +86,9 @@ def execute(cfg: DictConfig) -> int:
                 conf = OmegaConf.to_container(OmegaConf.create(f.read().decode()), resolve=True)
             conf["dry_run"] = bool(cfg.dry_run)
             _warn_ignored_overrides(rd.url)
-            recorded = rd.read_json(layout.MANIFEST).get("invocation", {}).get("task_dir")
+            previous = rd.read_json(layout.MANIFEST)
+            _check_no_live_driver(rd.url, previous)
+            recorded = previous.get("invocation", {}).get("task_dir")
             task_dirs = [recorded] if recorded else []
         else:
             conf = OmegaConf.to_container(cfg, resolve=True)
@@ -134,7 +136,8 @@ def execute(cfg: DictConfig) -> int:
     sup = Supervisor(cmd, env, str(Path(rd.local, layout.AGENT_LOG)))
     mirror = finalize.Mirror(rd) if rd.is_remote else None
     _state["job"]["run_dir"] = rd.url
-    rc = sup.run(on_tick=mirror.tick if mirror else None)
+    ticks = [finalize.Heartbeat(rd, manifest).tick, *([mirror.tick] if mirror else [])]
+    rc = sup.run(on_tick=lambda: [tick() for tick in ticks])
     code = finalize.finish(rd, manifest, plan, rc, sup.interrupted)
     if mirror:
         mirror.flush()
@@ -171,6 +174,18 @@ def _is_run_dir(url: str) -> bool:
                         "use resume=auto, resume=never, a run directory or a checkpoints/step_<N> path") from exc
 
 
+def _check_no_live_driver(run_url: str, manifest: dict[str, Any]) -> None:
+    """One writer per run directory: refuse to continue a run whose driver is still alive (runner/status.py);
+    a ``lost`` one (its driver killed or its host gone) may be continued."""
+    from runner import status
+
+    if status.status_of(manifest) == layout.STATUS_RUNNING:
+        who = status.describe_driver(manifest)
+        raise PlanError("resume", run_url, f"is still running: its driver is {who}; one driver per run directory",
+                        f"wait for it to end, or stop it (Ctrl-C, or kill -INT {manifest['driver'].get('pid')}"
+                        f" on {manifest['driver'].get('host')}) and resume then")
+
+
 def _warn_ignored_overrides(run_url: str) -> None:
     """``resume=<run dir>`` runs that run's own config: say which command-line overrides have no effect."""
     if not HydraConfig.initialized():
@@ -197,11 +212,21 @@ def _check_resume_source(resume: str, plan: Plan) -> None:
             path = path.rsplit("/", 1)[0]
         if not fs.exists(path):
             raise PlanError("resume", resume, "no such run directory or checkpoint", fix)
-        # A checkpoint counts only once its commit marker exists (see tasks/checkpoint.py).
+        # A checkpoint counts only once its commit marker exists (see tasks/engine/checkpoint/storage.py), and
+        # loads only if its state.pt has the size meta.json records (the workers check its sha256 too). A
+        # checkpoint named explicitly must pass; of a directory's, one must (the workers take the newest that does).
         if fs.exists(layout.join(path, layout.CKPT_MARKER)):
             run = path.rsplit("/", 2)[0]  # <run>/checkpoints/step_<N>
-        elif fs.glob(layout.join(path, "step_*", layout.CKPT_MARKER)):
+            if problem := _checkpoint_size_problem(fs, path):
+                raise PlanError("resume", resume, f"fails its integrity check: {problem}",
+                                "resume from an older checkpoints/step_<N>, or from the run directory (its newest"
+                                " checkpoint that passes is taken)")
+        elif markers := fs.glob(layout.join(path, "step_*", layout.CKPT_MARKER)):
             run = path.rsplit("/", 1)[0]  # <run>/checkpoints
+            problems = [p for m in markers if (p := _checkpoint_size_problem(fs, m.rsplit("/", 1)[0]))]
+            if len(problems) == len(markers):
+                raise PlanError("resume", resume, "holds no checkpoint that passes its integrity check: "
+                                + "; ".join(problems), fix)
         else:
             raise PlanError("resume", resume, "holds no complete checkpoint (no step_<N>/meta.json)", fix)
         manifest = layout.join(run, layout.MANIFEST)
@@ -214,6 +239,24 @@ def _check_resume_source(resume: str, plan: Plan) -> None:
         raise PlanError("world_size", plan.world_size,
                         f"the checkpoint's run used world_size={ws}; per-rank RNG states and the data"
                         " order would not carry over", f"resume with world_size={ws}")
+
+
+def _checkpoint_size_problem(fs: Any, ckpt_dir: str) -> str | None:
+    """Why a committed checkpoint cannot load, as far as the driver checks (meta.json readable, state.pt of the
+    recorded size); None when it passes. The driver never hashes: the workers verify sha256 when they load."""
+    import json
+
+    name = ckpt_dir.rstrip("/").rsplit("/", 1)[-1]
+    try:
+        expected = json.loads(fs.cat_file(layout.join(ckpt_dir, layout.CKPT_MARKER))).get("bytes")
+        size = fs.size(layout.join(ckpt_dir, layout.CKPT_STATE))
+    except FileNotFoundError:
+        return f"{name}: {layout.CKPT_STATE} is missing"
+    except (ValueError, AttributeError):
+        return f"{name}: {layout.CKPT_MARKER} is not valid"
+    if size != expected:
+        return f"{name}: {layout.CKPT_STATE} is {size} bytes, {layout.CKPT_MARKER} says {expected}"
+    return None
 
 
 def _new_run_dir(conf: dict[str, Any], plan: Plan, started: datetime):

@@ -62,7 +62,37 @@ def gpu_lines(gpus: dict[str, dict[str, float]]) -> list[str]:
 
 
 def finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupted: int | None) -> int:
-    """Write the final run.json and summary.json, print the outcome, and return the driver's exit code."""
+    """Write the final run.json and summary.json, print the outcome, and return the driver's exit code.
+
+    A failure while doing so (a full disk, a lost remote store) never escapes as a traceback: it ends with one
+    console line, a non-zero exit code and, where run.json can still be written, ``status: failed`` with
+    ``finalize_error``. Where it cannot, run.json keeps ``running`` and readers see the run as ``lost`` once this
+    driver has exited (runner/status.py).
+    """
+    step = ["reading the rank files"]  # what finalising was doing, for the message
+    try:
+        return _finish(rd, manifest, plan, rc, interrupted, step)
+    except Exception as exc:  # noqa: BLE001 - whatever it was, the driver must end with a true status
+        return _finalize_failed(rd, manifest, rc, interrupted, step[0], exc)
+
+
+def outcome(ok: bool, interrupted: int | None) -> str:
+    """The final status of a run whose workers have ended."""
+    if interrupted is not None:
+        return layout.STATUS_INTERRUPTED
+    return layout.STATUS_COMPLETED if ok else layout.STATUS_FAILED
+
+
+def _exit_code(ok: bool, rc: int, interrupted: int | None) -> int:
+    if ok:
+        return 0
+    if interrupted is not None:
+        return 128 + interrupted
+    return rc if rc > 0 else 1
+
+
+def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupted: int | None,
+            step: list[str]) -> int:
     facts, errors, logs = read_rank_files(rd.local, plan.world_size)
     agent_log_path = Path(rd.local, layout.AGENT_LOG)
     agent_log = agent_log_path.read_text(errors="replace") if agent_log_path.exists() else ""
@@ -76,7 +106,7 @@ def finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupte
                  "message": reason, "traceback": agent_log.strip().splitlines()[-12:]}
     rank0 = facts.get(0, {})
     manifest.update(
-        status=layout.STATUS_COMPLETED if ok else layout.STATUS_FAILED,
+        status=outcome(ok, interrupted),
         ended=datetime.now().isoformat(timespec="seconds"),
         exit_codes=_exit_codes(facts, errors, agent_log, plan.world_size),
         torchrun_exit_code=rc,
@@ -86,6 +116,7 @@ def finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupte
     )
     manifest["versions"]["nccl"] = rank0.get("nccl")
     manifest["versions"]["cuda"] = rank0.get("cuda")
+    step[0] = f"writing {layout.MANIFEST}"
     rd.write_json(layout.MANIFEST, manifest)
     train = (rank0.get("summary") or {}) if ok else {}
     summary = {
@@ -97,7 +128,9 @@ def finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupte
         **{k: v for k, v in train.items() if k != "losses"},
         "losses": train.get("losses"),
     }
+    step[0] = f"writing {layout.SUMMARY}"
     rd.write_json(layout.SUMMARY, summary)
+    step[0] = "reporting"
     if ok:
         fin = train.get("final", {})
         loss = fin.get("train/loss")
@@ -110,13 +143,61 @@ def finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupte
             print(line, flush=True)
         return 0
     where = f"rank {cause['rank']}" if cause.get("rank") is not None else "the launcher"
-    print(f"ddp-run: FAILED: earliest error on {where}: {cause['type']}: {cause['message']}", file=sys.stderr)
+    label = "INTERRUPTED" if interrupted is not None else "FAILED"
+    print(f"ddp-run: {label}: earliest error on {where}: {cause['type']}: {cause['message']}", file=sys.stderr)
     for line in cause.get("traceback", [])[-6:]:
         print(f"    {line}", file=sys.stderr)
     print(f"ddp-run: rank logs: {layout.join(rd.url, layout.LOGS)}", file=sys.stderr, flush=True)
-    if interrupted is not None:
-        return 128 + interrupted
-    return rc if rc > 0 else 1
+    return _exit_code(ok, rc, interrupted)
+
+
+def _finalize_failed(rd: RunDir, manifest: dict[str, Any], rc: int, interrupted: int | None, step: str,
+                     exc: Exception) -> int:
+    """Record (if still possible) and report a failure while finalising; return a non-zero exit code."""
+    error = f"{type(exc).__name__}: {exc}"
+    manifest.update(status=layout.STATUS_FAILED, ended=datetime.now().isoformat(timespec="seconds"),
+                    torchrun_exit_code=rc, finalize_error={"while": step, "error": error,
+                                                           "interrupted_by": interrupted})
+    try:
+        rd.write_json(layout.MANIFEST, manifest)
+        recorded = f"{layout.MANIFEST} records it"
+    except Exception as again:  # noqa: BLE001 - the store is gone: say so, readers will see the run as lost
+        recorded = (f"{layout.MANIFEST} could not be updated either ({type(again).__name__});"
+                    " readers will see the run as lost")
+    print(f"ddp-run: FAILED while finalising ({step}) in {rd.url}: {error}; {recorded}",
+          file=sys.stderr, flush=True)
+    code = _exit_code(False, rc, interrupted)
+    return code if code != 0 else 1
+
+
+class Heartbeat:
+    """Refreshes the driver's heartbeat in run.json while it supervises (readers on other hosts rely on it).
+
+    Called from the supervisor's tick (every ~0.5 s) but writes at most every ``every_s``: one small atomic
+    write, no measurable cost. A failed write only warns (once): the run itself is not at stake.
+    """
+
+    def __init__(self, rd: RunDir, manifest: dict[str, Any], every_s: float | None = None) -> None:
+        from runner.status import heartbeat_every_s
+
+        self.rd, self.manifest = rd, manifest
+        self.every_s = heartbeat_every_s() if every_s is None else every_s
+        self.last = time.monotonic()
+        self.warned = False
+
+    def tick(self) -> None:
+        """Write a fresh heartbeat if ``every_s`` has passed since the last one."""
+        if time.monotonic() - self.last < self.every_s:
+            return
+        self.last = time.monotonic()
+        self.manifest["driver"]["heartbeat"] = time.time()
+        try:
+            self.rd.write_json(layout.MANIFEST, self.manifest)
+        except Exception as exc:  # noqa: BLE001 - a full disk or a store blip must not stop training
+            if not self.warned:
+                print(f"ddp-run: warning: could not refresh the heartbeat in {layout.MANIFEST}: {exc}",
+                      file=sys.stderr, flush=True)
+                self.warned = True
 
 
 class Mirror:

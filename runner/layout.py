@@ -29,6 +29,10 @@ EXIT_REFUSED = 2
 STATUS_RUNNING = "running"
 STATUS_COMPLETED = "completed"
 STATUS_FAILED = "failed"
+# Stopped by Ctrl-C / SIGTERM to the driver (exit 128 + signal).
+STATUS_INTERRUPTED = "interrupted"
+# Never written: what a reader makes of a `running` run whose driver is gone (runner/status.py).
+STATUS_LOST = "lost"
 
 # Environment variable through which the driver tells workers where the run directory is.
 ENV_RUN_DIR = "DDP_RUNNER_RUN_DIR"
@@ -44,6 +48,8 @@ ENV_TASK_PATH = "DDP_RUNNER_TASK_PATH"
 ENV_FAULT = "DDP_RUNNER_FAULT"
 ENV_SLOW_SAVE = "DDP_RUNNER_SLOW_SAVE"
 ENV_CKPT_TEST_PAUSE = "DDP_RUNNER_CKPT_TEST_PAUSE"
+# Test-only: seconds between the driver's heartbeats in run.json (default runner/status.py HEARTBEAT_S).
+ENV_HEARTBEAT_S = "DDP_RUNNER_HEARTBEAT_S"
 
 
 def join(base: str, *parts: str) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 from runner import layout
 from runner.plan import Plan
+from runner.status import this_driver
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent  # a checkout (conf/, tasks/, runner/), or site-packages
 COMPLETED_LINE = re.compile(r"^rank (\d+) device (\S+) completed$", re.M)
@@ -55,6 +56,8 @@ def initial_manifest(plan: Plan, command: list[str], task: str, started: datetim
         "versions": {"ddp_runner": _version("ddp-runner"), "python": platform.python_version(),
                      "torch": _version("torch"), "hydra": _version("hydra-core"), "nccl": None},
         "host": socket.gethostname(),
+        # Who writes this run directory, and that it is still alive (runner/status.py): refreshed while it runs.
+        "driver": this_driver(),
         "devices": [
             {"local_rank": i, "physical_index": g.physical_index, "name": g.name, "uuid": g.uuid}
             for i, g in enumerate(plan.gpus)

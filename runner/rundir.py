@@ -86,8 +86,9 @@ def prepare_continue(rd: RunDir) -> None:
     """Get an existing run directory ready to be continued in place by a new launch.
 
     Error records of the earlier attempt are removed (they would otherwise be taken for this attempt's root
-    cause); for a remote run the earlier logs are staged locally, so that the new attempt appends to them and
-    the mirror does not overwrite them with only the new lines.
+    cause), and so are temporary files a killed driver left; for a remote run the earlier logs are staged
+    locally, so that the new attempt appends to them and the mirror does not overwrite them with only the new
+    lines.
     """
     logs = layout.join(rd.path, layout.LOGS)
     if rd.is_remote:
@@ -99,6 +100,10 @@ def prepare_continue(rd: RunDir) -> None:
                 target = os.path.join(rd.local, layout.LOGS, *rel.split("/"))
                 os.makedirs(os.path.dirname(target), exist_ok=True)
                 rd.fs.get_file(remote, target)
+    # A driver killed in the middle of an atomic write leaves its temporary sibling (osutil.atomic_write).
+    for name in (layout.MANIFEST, layout.SUMMARY, layout.CONFIG):
+        for p in glob.glob(os.path.join(rd.local, f".{name}.*.tmp")):
+            os.remove(p)
     for remote in rd.fs.glob(layout.join(logs, "rank*.error.json")):
         rd.fs.rm_file(remote)
     for p in glob.glob(os.path.join(rd.local, layout.LOGS, "rank*.error.json")):

@@ -222,31 +222,46 @@ class Trainer:
         left = (t.epochs - s.epoch) * self.steps_per_epoch * self.accumulation - s.micro_in_epoch
         return s.step + max(0, left) // self.accumulation
 
-    def _resume_source(self) -> str | None:
-        """Newest complete checkpoint of this run (elastic restart / continue in place), else ``resume``.
+    def _resume_sources(self) -> tuple[list[str], bool]:
+        """Where to resume from: candidate checkpoints newest first, and whether the one candidate was named
+        explicitly (then its failure is the answer; otherwise an older complete one is the fallback).
 
         A run's own checkpoints always win, whatever ``resume`` says: they are this run's progress (an elastic
         restart of a ``resume=never`` run must not start over and then have keep_last delete its fresh
         checkpoints as "older" than the previous attempt's). ``resume`` says where a run with none starts.
         """
         resume = str(self.cfg.resume)
-        own = ckpt.latest(self.ckpt_root)
-        if own is not None or resume in ("auto", "never"):
-            return own
+        own = [url for _, url in reversed(ckpt.list_complete(self.ckpt_root))]
+        if own or resume in ("auto", "never"):
+            return own, False
         if ckpt.is_checkpoint(resume):
-            return resume
-        found = ckpt.latest(resume) or ckpt.latest(layout.join(resume, layout.CHECKPOINTS))
-        if found is None:
+            return [resume], True
+        found = ckpt.list_complete(resume) or ckpt.list_complete(layout.join(resume, layout.CHECKPOINTS))
+        if not found:
             raise ValueError(f"resume={resume!r}: no complete checkpoint there. Fix: point resume at a"
                              " run directory with checkpoints/step_<N>, a checkpoint, or use resume=never")
-        return found
+        return [url for _, url in reversed(found)], False
 
     def maybe_resume(self) -> None:
-        """Load model, optimizer, scheduler, scaler, progress and this rank's RNG state from a checkpoint."""
-        src = self._resume_source()
-        if src is None:
+        """Load model, optimizer, scheduler, scaler, progress and this rank's RNG state from a checkpoint.
+
+        A candidate that fails its integrity check (size or sha256 against meta.json) is passed over for the next
+        older complete one, and the log says so; a checkpoint named explicitly is not.
+        """
+        sources, explicit = self._resume_sources()
+        if not sources:
             return
-        state = ckpt.load(src, map_location="cpu")
+        if explicit:
+            src, state, skipped = sources[0], ckpt.load(sources[0], map_location="cpu"), []
+        else:
+            state, src, skipped = ckpt.load_first_good(sources, map_location="cpu")
+        for url, reason in skipped:
+            if self.ctx.is_main:  # every rank makes the same choice from the same files; rank 0 says it
+                msg = (f"{url.rstrip('/').rsplit('/', 1)[-1]} failed its integrity check ({reason});"
+                       f" resuming from {src.rstrip('/').rsplit('/', 1)[-1]}")
+                self._say(msg)  # the rank log
+                if self.ctx.console is not None:  # and the user's console: a checkpoint was passed over
+                    print(f"warning: {msg}", file=self.ctx.console, flush=True)
         self._check_compatible(state, src)
         self.strategy.load_state_dict(state, self.optimizer)
         self.scheduler.load_state_dict(state["scheduler"])

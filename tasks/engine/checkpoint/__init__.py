@@ -11,11 +11,12 @@ from tasks.engine.checkpoint.storage import (
     latest,
     list_complete,
     load,
+    load_first_good,
     save,
     step_url,
 )
 
 __all__ = [
     "AsyncSaver", "CheckpointError", "META_FILE", "STATE_FILE", "cleanup_partial", "is_checkpoint", "latest",
-    "list_complete", "load", "rng_state", "save", "set_rng_state", "step_url",
+    "list_complete", "load", "load_first_good", "rng_state", "save", "set_rng_state", "step_url",
 ]

@@ -289,8 +289,9 @@ def save(ckpt_root: str, step: int, state: dict, *, keep_last: int,
 
     The checkpoint becomes visible only once complete. Afterwards retention keeps the newest ``keep_last``
     complete checkpoints (``keep_last <= 0`` keeps all), never deletes a URL in ``protect`` (e.g. the
-    checkpoint this run resumed from), never counts partial ones, and removes partial/temp leftovers no newer
-    than the checkpoint just written. Saving a step that already exists replaces it.
+    checkpoint this run resumed from) nor the one just written (it is known good; a newer one left by an earlier
+    attempt may have failed its integrity check), never counts partial ones, and removes partial/temp leftovers
+    no newer than the checkpoint just written. Saving a step that already exists replaces it.
     """
     name = _step_dir_name(step)
     fs, root = _fs(ckpt_root)
@@ -327,7 +328,7 @@ def save(ckpt_root: str, step: int, state: dict, *, keep_last: int,
         nbytes, digest = _write_payload(fs, f"{final}/{STATE_FILE}", state, local=False)
         faults.pause_before_commit(step, url)
         fs.pipe_file(f"{final}/{META_FILE}", _meta_bytes(step, nbytes, digest))
-    _apply_retention(fs, root, keep_last, protect)
+    _apply_retention(fs, root, keep_last, protect | {url})
     return url
 
 
@@ -380,3 +381,20 @@ def load(url: str, map_location: Any = "cpu", *, verify: bool = True) -> dict:
         ) from None
     except (RuntimeError, EOFError, ValueError) as e:
         raise CheckpointError(f"{url}: {STATE_FILE} could not be read: {e}") from e
+
+
+def load_first_good(urls: list[str], map_location: Any = "cpu") -> tuple[dict, str, list[tuple[str, str]]]:
+    """Load the first of ``urls`` (newest first) that passes its integrity check and loads.
+
+    Returns ``(state, url, skipped)`` where ``skipped`` lists ``(url, reason)`` for each one passed over (size or
+    sha256 differ from meta.json, unreadable, unsafe). Raises ``CheckpointError`` naming every reason when none
+    loads. Used by ``resume=auto`` and ``resume=<run dir>``; a checkpoint named explicitly is loaded with
+    :func:`load` alone, so that its failure is the answer.
+    """
+    skipped: list[tuple[str, str]] = []
+    for url in urls:
+        try:
+            return load(url, map_location), url, skipped
+        except CheckpointError as e:
+            skipped.append((url, str(e)))
+    raise CheckpointError("no checkpoint passed its integrity check: " + "; ".join(r for _, r in skipped))
