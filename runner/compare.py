@@ -20,6 +20,7 @@ from typing import Any
 
 from runner import layout
 from runner.plan import flatten
+from runner.status import status_of
 
 DEFAULT_PRICE = 2.50  # USD per GPU-hour: a round on-demand figure for a data-centre GPU; --price sets yours
 # Keys that a fixed-global-batch study changes on purpose, or that only say where a run wrote.
@@ -190,7 +191,7 @@ def load_run(path: Path) -> Run:
     failure = (f"rank {cause.get('rank')}: {cause.get('type')}: {str(cause.get('message'))[:120]}"
                if cause else None)
     return Run(
-        path=path, name=path.name, status=summary.get("status") or manifest.get("status", "unknown"),
+        path=path, name=path.name, status=summary.get("status") or status_of(manifest),
         world=int(plan.get("world_size") or 0), device=str(plan.get("device", "cpu")),
         global_batch=gb, task=manifest.get("task"), config=config,
         losses=[v for v in (summary.get("losses") or []) if v is not None and math.isfinite(v)],

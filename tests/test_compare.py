@@ -120,3 +120,14 @@ def test_a_sweep_records_every_job_even_a_refused_one(tmp_path):
     assert (sweep_dir / "multirun.yaml").is_file() and "refused" in (sweep_dir / "sweep.md").read_text()
     after = cwd_record.stat().st_mtime_ns if cwd_record.exists() else None
     assert before == after, "Hydra's multirun.yaml landed in the working directory"
+
+
+def test_a_run_whose_driver_is_gone_reads_as_lost(tmp_path):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({
+        "status": "running", "plan": {"world_size": 2, "global_batch": 16},
+        "driver": {"host": "another-host", "pid": 1, "started": 0.0, "heartbeat": 0.0}}))
+    loaded = compare.load_run(run)
+    assert loaded.status == "lost"
+    assert compare.bottleneck(loaded, None).startswith("2 ranks: lost")
