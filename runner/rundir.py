@@ -59,9 +59,14 @@ class RunDir:
             shutil.rmtree(self.local, ignore_errors=True)
 
 
-def _unwritable(root: str, exc: Exception) -> PlanError:
-    return PlanError("output.root", root, f"cannot be written ({type(exc).__name__}: {exc})",
-                     "point output.root at a writable directory or bucket, e.g. output.root=outputs")
+def _unwritable(root: str, exc: BaseException) -> PlanError:
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    fix = "point output.root at a writable directory or bucket, e.g. output.root=outputs"
+    if "credential" in first.lower():
+        fix = ("give the storage its credentials (for s3://: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a"
+               " profile, or an instance role), or " + fix)
+    return PlanError("output.root", root, f"cannot be written ({type(exc).__name__}: {first})", fix)
+
 
 
 def _staging(path: str) -> str:
@@ -137,10 +142,10 @@ def _dated(root_path: str, now: datetime) -> str:
 
 def create_sweep_dir(root: str, now: datetime) -> str:
     """Make ``<root>/<YYYY-MM-DD>/<HH-MM-SS>_sweep[_<n>]`` (a filesystem path) for the jobs of one sweep."""
-    fs, root_path = fsspec.core.url_to_fs(root)
     try:
+        fs, root_path = fsspec.core.url_to_fs(root)
         return _claim(fs, _dated(root_path, now), f"{now.strftime('%H-%M-%S')}_sweep")
-    except OSError as exc:
+    except Exception as exc:  # a backend's own error types too (botocore's NoCredentialsError is no OSError)
         raise _unwritable(root, exc) from exc
 
 
@@ -152,17 +157,20 @@ def create_run_dir(root: str, task: str, world_size: int, now: datetime, parent:
     inside its sweep directory. Raises :class:`PlanError` when the root cannot be written, leaving
     nothing behind.
     """
-    fs, root_path = fsspec.core.url_to_fs(root)
+    try:
+        fs, root_path = fsspec.core.url_to_fs(root)
+        parent_path = parent or _dated(root_path, now)
+        made_parent = not fs.exists(parent_path)
+    except Exception as exc:  # a backend's own error types too (botocore's NoCredentialsError is no OSError)
+        raise _unwritable(root, exc) from exc
     local_fs = isinstance(fs, LocalFileSystem)
-    parent_path = parent or _dated(root_path, now)
-    made_parent = not fs.exists(parent_path)
     try:
         path = _claim(fs, parent_path, name or layout.run_name(now.strftime("%H-%M-%S"), task, world_size))
         for sub in (layout.LOGS, layout.TB, layout.CHECKPOINTS):
             fs.makedirs(layout.join(path, sub), exist_ok=True)
         if not local_fs:  # prove the bucket accepts writes now, not at the first checkpoint
             fs.pipe_file(layout.join(path, layout.MANIFEST), b"{}")
-    except OSError as exc:
+    except Exception as exc:  # a backend's own error types too: a refusal with its first line, not a traceback
         if made_parent and local_fs:
             shutil.rmtree(parent_path, ignore_errors=True)
         raise _unwritable(root, exc) from exc

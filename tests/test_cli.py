@@ -170,3 +170,18 @@ def test_a_run_directory_reruns_its_exact_config(out_root, tmp_path):
     manifest = json.loads((rerun / "run.json").read_text())
     assert manifest["invocation"]["config_sources"][0] == str(run)
     assert manifest["invocation"]["argv"][:3] == ["ddp-run", "--config-dir", str(run)]
+
+
+def test_an_object_store_without_credentials_is_refused_in_one_sentence(out_root, tmp_path):
+    env = {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "AWS_SESSION_TOKEN": "", "AWS_PROFILE": "",
+           "AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": str(tmp_path / "none"),
+           "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
+    import os
+    import subprocess
+    import sys
+
+    full = {k: v for k, v in {**os.environ, **env}.items() if v != ""}
+    r = subprocess.run([sys.executable, "-m", "runner", "device=cpu", "output.root=s3://ddp-runner-no-such-bucket/x"],
+                       capture_output=True, text=True, timeout=120, env=full, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "key:   output.root" in r.stderr and "credentials" in r.stderr and "Traceback" not in r.stderr
