@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import os
 import shlex
 import sys
 import time
@@ -110,6 +111,10 @@ def execute(cfg: DictConfig) -> int:
         print(OmegaConf.to_yaml(OmegaConf.create({"plan": plan.to_manifest()})))
         return 0
 
+    if conf["output"].get("private"):
+        # Everything this driver, torchrun and the workers create from here on (they inherit the umask) is
+        # owner-only: the run directory, logs, TensorBoard files, checkpoints.
+        os.umask(0o077)
     if not continuing:
         try:
             rd = _new_run_dir(conf, plan, started)
@@ -148,8 +153,6 @@ def execute(cfg: DictConfig) -> int:
 def _invocation(task_dir: str | None) -> dict[str, Any]:
     """How this run was asked for, so that it can be reproduced: the command line, the overrides, the task
     preset and where the task module was found."""
-    import os
-
     hc = HydraConfig.get() if HydraConfig.initialized() else None
     return {
         "argv": _state["argv"] or ["ddp-run", *sys.argv[1:]],

@@ -167,7 +167,7 @@ def default_corpus_path(max_bytes: int = DEFAULT_MAX_BYTES) -> str:
         written += len(chunk)
     if written == 0:
         raise RuntimeError(f"no stdlib sources fit in {max_bytes} bytes (stdlib: {stdlib})")
-    atomic_write(target, b"".join(chunks))  # the cache is read by whoever runs this Python: 0644
+    atomic_write(target, b"".join(chunks), mode=0o644)  # read by whoever runs this Python
     return str(target)
 
 

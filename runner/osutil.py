@@ -15,12 +15,27 @@ import tempfile
 _PR_SET_PDEATHSIG = 1
 
 
-def atomic_write(path: str | os.PathLike[str], data: str | bytes, mode: int = 0o644) -> None:
+def current_umask() -> int:
+    """This process's umask, read without changing it (``os.umask`` can only be read by setting it, which races
+    with other threads creating files)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
+def atomic_write(path: str | os.PathLike[str], data: str | bytes, mode: int | None = None) -> None:
     """Write ``data`` to the local file ``path`` through a temporary sibling, fsync it and rename it into place.
 
-    ``mode`` is applied before the rename (a temporary file is created owner-only). Nothing is left behind if
-    the write fails.
+    ``mode`` is applied before the rename (a temporary file is created owner-only); by default the mode a plain
+    ``open`` would give, 0o666 less the umask. Nothing is left behind if the write fails.
     """
+    if mode is None:
+        mode = 0o666 & ~current_umask()
     path = os.fspath(path)
     directory, name = os.path.split(path)
     fd, tmp = tempfile.mkstemp(dir=directory or ".", prefix=f".{name}.", suffix=".tmp")

@@ -206,7 +206,8 @@ def make_plan(
     if _get(cfg, "train.ddp_comm") == "bf16" and backend != "nccl":
         raise PlanError("train.ddp_comm", "bf16", f"bf16 gradient all-reduce needs NCCL; this run uses {backend}",
                         "use train.ddp_comm=fp32 (or run on GPUs with backend=nccl)")
-    for key in ("train.compile", "train.gpu_telemetry", "train.ddp_split_graph", "checkpoint.async_save"):
+    for key in ("train.compile", "train.gpu_telemetry", "train.ddp_split_graph", "checkpoint.async_save",
+                "output.private"):
         value = _get(cfg, key)
         if value is not None and not isinstance(value, bool):
             raise PlanError(key, value, "must be true or false", f"use {key}=true or {key}=false")

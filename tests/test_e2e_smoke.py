@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -158,3 +159,27 @@ def test_error_record_keeps_the_time_of_failure_not_of_writing(tmp_path):
     worker_io.record_error(str(tmp_path), 1, exc)
     record = load_json(tmp_path / "logs" / "rank1.error.json")
     assert record["time"] <= failed_at and record["type"] == "RuntimeError"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("private", [True, False])
+def test_private_run_directories_are_owner_only_whatever_the_umask(tmp_path, private):
+    """output.private=true: every file and folder of the run (logs, TensorBoard, checkpoints, run.json) is
+    owner-only even under a permissive umask; without it, files follow the umask as a plain open() would."""
+    import stat
+
+    root = tmp_path / "outputs"
+    cmd = [sys.executable, "-m", "runner", "device=cpu", "world_size=2", "checkpoint.every_steps=4",
+           f"output.private={str(private).lower()}", f"output.root={root}"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                       preexec_fn=lambda: os.umask(0o022))
+    assert r.returncode == 0, r.stderr
+    (run,) = run_dirs(root)
+    paths = [run, *run.rglob("*")]
+    assert any(p.name == "state.pt" for p in paths) and any("tfevents" in p.name for p in paths)
+    open_to_others = [str(p) for p in paths if stat.S_IMODE(p.stat().st_mode) & 0o077]
+    if private:
+        assert open_to_others == []
+    else:
+        assert stat.S_IMODE((run / "run.json").stat().st_mode) == 0o644
+        assert stat.S_IMODE((run / "config.yaml").stat().st_mode) == 0o644
