@@ -1,9 +1,16 @@
-"""The shell's arguments, checked before Hydra composes and before anything starts.
+"""The shell's arguments, checked before anything starts.
 
 Hydra reports an unknown key, a missing config option or bad override syntax with exit code 1 and no fix, and it
-silently accepts ``+train.lrr=0.1`` under a section the runner owns. Here the same composition is done once, in
-the same search path (``--config-dir`` in both spellings, ``hydra.searchpath``), and each problem becomes a
-refusal that names the key, the value and the fix (exit 2), with the nearest valid key for a misspelling.
+silently accepts ``+train.lrr=0.1`` under a section the runner owns. Here each such problem becomes a refusal
+that names the key, the value and the fix (exit 2), with the nearest valid key for a misspelling:
+
+- :func:`diagnose` redoes a composition Hydra failed, in the same search path (``--config-dir`` in both
+  spellings, ``hydra.searchpath``), and says which override is wrong (only after a failure, so a valid command
+  line is composed once, by Hydra);
+- :func:`check_composed` refuses what Hydra accepted but the runner must not (``+`` under owned sections, ``~`` on
+  needed keys);
+- :func:`check_sweep_groups` checks every value of a swept group before the first job;
+- :func:`user_dir_first` puts a ``--config-dir`` folder holding a primary config ahead of the package's own.
 """
 
 from __future__ import annotations
