@@ -431,8 +431,9 @@ def _bench_worker(rank: int, nranks: int, init_file: str, out: str, backend: str
             rows.append({"bytes": nbytes, "iters": count, "time_us": seconds * 1e6, "algbw_gbps": algbw,
                          "busbw_gbps": busbw})
             del x
-        if rank == 0:
-            atomic_write(out, json.dumps({"backend": backend, "nranks": nranks, "rows": rows}))
+        if rank == 0:  # with the variables the measurement ran under (NVLink multicast off, …)
+            seen = {k: os.environ[k] for k in sorted(os.environ) if k.startswith(("NCCL_", "NVSHMEM_", "TORCH_"))}
+            atomic_write(out, json.dumps({"backend": backend, "nranks": nranks, "rows": rows, "env": seen}))
     finally:
         dist.destroy_process_group()
 
@@ -442,8 +443,9 @@ def measure_bandwidth(device: str, nproc: int, sizes: Sequence[int], warmup: int
     """Start ``nproc`` real processes with a real process group (NCCL on GPUs, gloo on CPU) and time all-reduces.
 
     Returns rank 0's result; raises RuntimeError naming the cause when the group or a collective fails or hangs.
-    On CPU the workers are forked from this process, which has imported torch already, so they start at once;
-    on GPUs they are spawned (CUDA cannot be forked once initialised).
+    The workers are spawned, never forked: a fork of a process whose torch has started threads can deadlock in
+    the child (seen: gloo workers forked from a process that had run other torch work hung), and CUDA cannot be
+    forked once initialised.
     """
     import torch.multiprocessing as mp
     from torch.multiprocessing.spawn import ProcessException
@@ -456,8 +458,7 @@ def measure_bandwidth(device: str, nproc: int, sizes: Sequence[int], warmup: int
         from runner.doctor import _bench_worker as worker  # by its module name, also under `python -m`
 
         with _env_added(args[-1]):  # in the workers' environment from their first instruction
-            ctx = mp.start_processes(worker, args=args, nprocs=nproc, join=False,
-                                     start_method="spawn" if device == "cuda" else "fork")
+            ctx = mp.start_processes(worker, args=args, nprocs=nproc, join=False, start_method="spawn")
         deadline = time.monotonic() + timeout_s
         try:
             while not ctx.join(timeout=max(0.0, min(1.0, deadline - time.monotonic())), grace_period=1.0):
