@@ -32,6 +32,7 @@ from typing import Any
 import fsspec
 
 from runner import layout
+from runner.plan import PlanError
 
 PROG = "ddp-tokenize"
 DEFAULT_GLOBS = ("*.txt", "*.md", "*.rst", "*.py")
@@ -48,12 +49,11 @@ BATCH_BYTES = 16 << 20
 DEFAULT_TRAIN_BYTES = 1 << 30  # a BPE learns its merges well from a GB; more costs memory and minutes
 
 
-class UsageError(Exception):
-    """A refusal the user can act on: the option, the value given, what is wrong, and the fix."""
+class UsageError(PlanError):
+    """A refusal of an option (the runner's refusal: key, value, problem, fix), worded for a shell."""
 
-    def __init__(self, option: str, value: Any, problem: str, fix: str) -> None:
-        self.option, self.value, self.problem, self.fix = option, value, problem, fix
-        super().__init__(f"{option}={value}: {problem}. Fix: {fix}")
+    def __str__(self) -> str:
+        return f"{self.key}={self.value}: {self.problem}. Fix: {self.fix}"
 
 
 @dataclass(frozen=True)
