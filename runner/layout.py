@@ -76,3 +76,6 @@ def run_name(time_hms: str, task: str, world_size: int, n: int = 0) -> str:
     """Directory name of one run: ``<HH-MM-SS>_<task>_w<world_size>[_<n>]``."""
     base = f"{time_hms}_{task}_w{world_size}"
     return base if n == 0 else f"{base}_{n}"
+# Where TCPStore servers listen (runner/netbind.py): unset = the address of the store's host name; "any" = every
+# interface (torch's own behaviour).
+ENV_STORE_BIND = "DDP_RUNNER_STORE_BIND"
