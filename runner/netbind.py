@@ -85,14 +85,19 @@ def install() -> None:
                           " TCPStore listens on all interfaces (set the rendezvous endpoint to this host's"
                           " address to bind it)", file=sys.stderr, flush=True)
                 else:
-                    sock = bound_socket(addr, int(kw.get("port") or 0))
+                    try:
+                        sock = bound_socket(addr, int(kw.get("port") or 0))
+                    except OSError as exc:  # as TCPStore says it (callers fall back to a client on RuntimeError)
+                        raise RuntimeError(f"cannot listen on {addr}:{kw.get('port')}: {exc}") from exc
                     kw["port"] = sock.getsockname()[1]
                     kw["master_listen_fd"] = sock.detach()  # the store owns the descriptor from here on
             super().__init__(**kw)
 
-    import torch.distributed.elastic.rendezvous.c10d_rendezvous_backend as c10d_backend
-    import torch.distributed.rendezvous as rendezvous
+    import importlib
 
     dist.TCPStore = BoundTCPStore  # dynamic_rendezvous and elastic.utils call dist.TCPStore
-    for module in (rendezvous, c10d_backend):
-        module.TCPStore = BoundTCPStore  # these imported the name at import time
+    # These imported the name at import time (by module name: the attribute torch.distributed.rendezvous is a
+    # function of the same name).
+    for name in ("torch.distributed.rendezvous", "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend"):
+        importlib.import_module(name)
+        sys.modules[name].TCPStore = BoundTCPStore

@@ -92,6 +92,7 @@ def _device_label(ctx: Context) -> str:
 def _facts(ctx: Context, **extra: Any) -> dict[str, Any]:
     facts: dict[str, Any] = {
         "rank": ctx.rank, "local_rank": ctx.local_rank, "host": socket.gethostname(), "pid": os.getpid(),
+        "node_rank": int(os.environ.get("GROUP_RANK", "0")),
         "device": _device_label(ctx), "device_name": ctx.device_name,
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "torch": torch.__version__, "backend": dist.get_backend() if dist.is_initialized() else None,
