@@ -53,6 +53,8 @@ ENV_TASK_PATH = "DDP_RUNNER_TASK_PATH"
 # Where TCPStore servers listen (runner/netbind.py): unset = the address of the store's host name; "any" = every
 # interface (torch's own behaviour).
 ENV_STORE_BIND = "DDP_RUNNER_STORE_BIND"
+# Multi-node runs: the node's name (its launcher.node_rank, or host-pid), which its workers log and record.
+ENV_NODE = "DDP_RUNNER_NODE"
 # Test-only fault injection, read once by tasks/engine/diagnostics/faults.py.
 ENV_FAULT = "DDP_RUNNER_FAULT"
 ENV_SLOW_SAVE = "DDP_RUNNER_SLOW_SAVE"

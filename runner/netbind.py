@@ -77,7 +77,7 @@ def install() -> None:
         _ddp_runner_bound = True
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
-            kw = dict(zip(_ARGS, args)) | kwargs
+            kw = dict(zip(_ARGS, args, strict=False)) | kwargs
             if kw.get("is_master") and kw.get("master_listen_fd") is None:
                 addr = listen_address(str(kw.get("host_name", "")))
                 if addr is None:

@@ -27,8 +27,9 @@ def main() -> int:
     osutil.die_with_parent(signal.SIGKILL)  # torchrun's agent gone: no rank may outlive it
     console = worker_io.redirect_output(local_dir, rank)
     if os.environ.get("LOCAL_WORLD_SIZE", "1") != os.environ.get("WORLD_SIZE", "1"):  # several nodes
-        print(f"ddp-run: rank {rank} on node {os.environ.get('GROUP_RANK')} (host {socket.gethostname()},"
-              f" local rank {os.environ.get('LOCAL_RANK')})", flush=True)
+        node = os.environ.get(layout.ENV_NODE) or os.environ.get("GROUP_RANK")
+        print(f"ddp-run: rank {rank} on node {node} (host {socket.gethostname()}, local rank"
+              f" {os.environ.get('LOCAL_RANK')}, group rank {os.environ.get('GROUP_RANK')})", flush=True)
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         netbind.install()  # rank 0 hosts the job's store itself: on its host's address only
     termination.install()  # on SIGTERM, the checkpoint being written is finished first

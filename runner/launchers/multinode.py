@@ -83,19 +83,22 @@ def command(plan: Plan, launcher: Mapping[str, Any], run_url: str) -> list[str]:
     rank = launcher.get("node_rank")
     if rank is not None:
         # Node 0 hosts the rendezvous store; said explicitly, so that nodes sharing a host never race for it.
-        cmd += [f"--node-rank={rank}", f"--rdzv-conf=is_host={'true' if rank == 0 else 'false'}"]
+        # (--node-rank is not passed: the c10d rendezvous assigns group ranks itself and ignores it.)
+        cmd.append(f"--rdzv-conf=is_host={'true' if rank == 0 else 'false'}")
     if addr := local_addr(launcher):
         cmd.append(f"--local-addr={addr}")
     return cmd + worker_tail(run_url)
 
 
 def env(launcher: Mapping[str, Any]) -> dict[str, str]:
-    """Variables the agents and workers need (added only where the user has not set them): gloo and NCCL on
-    loopback when every node is on this host. On a cluster the user names the interface (README)."""
+    """Variables the agents and workers need (added only where the user has not set them): this node's name, and
+    gloo and NCCL on loopback when every node is on this host. On a cluster the user names the interface
+    (README)."""
     lo = loopback_interface()
+    out = {layout.ENV_NODE: node_name(launcher)}
     if _is_loopback(endpoint_host(launcher)) and lo:
-        return {"GLOO_SOCKET_IFNAME": lo, "NCCL_SOCKET_IFNAME": lo}
-    return {}
+        out.update(GLOO_SOCKET_IFNAME=lo, NCCL_SOCKET_IFNAME=lo)
+    return out
 
 
 def node_name(launcher: Mapping[str, Any]) -> str:
