@@ -160,6 +160,16 @@ def execute(cfg: DictConfig) -> int:
         manifest["continued"] = previous.get("continued", []) + [started.isoformat(timespec="seconds")]
     rd.write_json(layout.MANIFEST, manifest)
     print(f"ddp-run: run directory {rd.url}", flush=True)
+    if launcher.get("name") == "slurm":  # the job's own driver runs torchrun; this one submits and follows
+        from runner.launchers import slurm
+
+        _state["job"]["run_dir"] = rd.url
+        try:
+            return slurm.submit_and_follow(rd, manifest, launcher, task)
+        except PlanError as err:
+            rd.remove()
+            _state["job"].pop("run_dir")
+            return refuse(err)
 
     extra = multinode.env(launcher) if multi else local.env() if launcher.get("name", "local") == "local" else {}
     env = worker_env(rd.url, rd.local, t0, restarts=launcher.get("max_restarts", 0), task_path=task_dir,

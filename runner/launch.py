@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from runner.launchers import local, multinode
+from runner.launchers import local, multinode, slurm
 from runner.plan import Plan
 from runner.supervise import GRACE_S, SAFE_ENV, Supervisor, worker_env
 
@@ -27,6 +27,8 @@ def torchrun_command(plan: Plan, launcher: Mapping[str, Any], run_url: str) -> l
     name = launcher.get("name", "local")
     if name == "local":
         return local.command(plan, launcher, run_url)
-    if name in ("multinode", "slurm"):
+    if name == "multinode":
         return multinode.command(plan, launcher, run_url)
+    if name == "slurm":
+        return slurm.command(plan, launcher, run_url)
     raise ValueError(f"launcher={name!r}: unknown launcher. Fix: use launcher=local, multinode or slurm")

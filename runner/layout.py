@@ -37,6 +37,8 @@ STATUS_COMPLETED = "completed"
 STATUS_FAILED = "failed"
 # Stopped by Ctrl-C / SIGTERM to the driver (exit 128 + signal).
 STATUS_INTERRUPTED = "interrupted"
+# Submitted to a scheduler (launcher=slurm), not started yet.
+STATUS_QUEUED = "queued"
 # Never written: what a reader makes of a `running` run whose driver is gone (runner/status.py).
 STATUS_LOST = "lost"
 

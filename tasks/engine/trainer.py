@@ -86,8 +86,9 @@ def setup(run_dir: str, local_dir: str, console: IO[str] | None, cfg: Config) ->
 
 
 def _node() -> str:
-    """This rank's node: the name its driver gave it (multi-node runs), else torchrun's group rank."""
-    return os.environ.get(layout.ENV_NODE) or os.environ.get("GROUP_RANK", "0")
+    """This rank's node: the name its driver gave it (multi-node runs), its Slurm node index, else torchrun's group
+    rank."""
+    return os.environ.get(layout.ENV_NODE) or os.environ.get("SLURM_NODEID") or os.environ.get("GROUP_RANK", "0")
 
 
 def _device_label(ctx: Context) -> str:
