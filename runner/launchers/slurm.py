@@ -215,11 +215,18 @@ def _plan_of(manifest: Mapping[str, Any]) -> Plan:
     return Plan(**p)
 
 
-def _head_node() -> str:
+def _job_nodes() -> list[str]:
+    """The job's node names, first node first."""
     nodelist = os.environ.get("SLURM_JOB_NODELIST", "")
     r = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=60)
-    hosts = r.stdout.split()
-    return hosts[0] if hosts else os.environ.get("SLURMD_NODENAME", "localhost")
+    return r.stdout.split() or [os.environ.get("SLURMD_NODENAME", "localhost")]
+
+
+def _node_addr(node: str) -> str:
+    """The address Slurm reaches ``node`` at (its NodeAddr: the other nodes reach the rendezvous there)."""
+    r = subprocess.run(["scontrol", "show", "node", "-o", node], capture_output=True, text=True, timeout=60)
+    fields = dict(f.split("=", 1) for f in r.stdout.split() if "=" in f)
+    return fields.get("NodeAddr") or node
 
 
 def job_main(run_url: str) -> int:
@@ -248,10 +255,9 @@ def job_main(run_url: str) -> int:
         rd.local = rundir._staging(rd.path)
     plan = _plan_of(manifest)
     job_id = os.environ.get("SLURM_JOB_ID", "")
-    head = _head_node()
+    hosts = _job_nodes()
+    head = _node_addr(hosts[0])
     cmd = command(plan, launcher, rd.url, head=head, job_id=job_id, local_dir=rd.local)
-    hosts = subprocess.run(["scontrol", "show", "hostnames", os.environ.get("SLURM_JOB_NODELIST", "")],
-                           capture_output=True, text=True, timeout=60).stdout.split()
     for key in ("status", "ended", "exit_codes", "torchrun_exit_code", "finalize_error"):
         manifest.pop(key, None)
     manifest.update(status=layout.STATUS_RUNNING, driver=this_driver(), command=cmd,
