@@ -458,9 +458,22 @@ def _record_job(code: int) -> None:
                 summary = json.load(f)
         except (OSError, ValueError):
             summary = None
-        record["status"] = (summary or {}).get("status", "failed")
+        record["status"] = (summary or {}).get("status") or _manifest_status(job["run_dir"])
         record["figures"] = sweep.headline(summary)
     _state["records"].append(record)
+
+
+def _manifest_status(run_dir: str) -> str:
+    """A job's status from its run.json when it has no summary yet (e.g. queued on Slurm); "failed" if unreadable."""
+    import json
+
+    import fsspec
+
+    try:
+        with fsspec.open(layout.join(run_dir, layout.MANIFEST), "r") as f:
+            return str(json.load(f).get("status") or "failed")
+    except (OSError, ValueError):
+        return "failed"
 
 
 def _write_sweep_record() -> None:
