@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "scancel")
@@ -121,18 +120,16 @@ def stop(d: Path) -> None:
                 pass
     deadline = time.monotonic() + 20
     for pid in pids:
-        while pid and time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
+        while pid and time.monotonic() < deadline and _alive(pid):
             time.sleep(0.2)
 
 
-def cluster(d: Path) -> Iterator[dict[str, str]]:
-    """Start, yield the environment, stop."""
-    env = start(d)
+def _alive(pid: int) -> bool:
+    import psutil
+
     try:
-        yield env
-    finally:
-        stop(d)
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE  # a daemon's zombie waits for init to reap it
+    except psutil.NoSuchProcess:
+        return False
+
+
