@@ -109,6 +109,18 @@ def start(d: Path, cpus: int = 2, timeout: float = 60) -> dict[str, str]:
     raise RuntimeError(f"local Slurm did not come up: sinfo says {r.stdout!r}; logs in {d}")
 
 
+def drain(env: dict[str, str], timeout: float = 60) -> None:
+    """Cancel this cluster's jobs and wait until Slurm has none left: a job step still reporting its end when its
+    slurmd stops would linger."""
+    subprocess.run(["scancel", "--full", f"--user={os.geteuid()}"], env=env, timeout=60, check=False)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, env=env, timeout=30)
+        if r.returncode == 0 and not r.stdout.strip():
+            return
+        time.sleep(0.5)
+
+
 def stop(d: Path) -> None:
     """Stop what :func:`start` started, by the pids the daemons wrote (slurmd's first: they hold the jobs)."""
     pids = [_pid(d / f"slurmd-{n}.pid") for n in NODES] + [_pid(d / "slurmctld.pid"), _pid(d / "munged.pid")]
