@@ -20,12 +20,14 @@ import sys
 import time
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner import layout
 from runner.launchers.local import LOOPBACK, agent_prefix, loopback_interface, worker_tail
 from runner.plan import Plan, PlanError
-from runner.rundir import RunDir
+
+if TYPE_CHECKING:  # fsspec is imported only when a run directory is opened
+    from runner.rundir import RunDir
 
 POLL_S = 0.5
 # After its own agent ends, how long node 0 waits for the other nodes' drivers to record their end.

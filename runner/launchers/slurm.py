@@ -29,12 +29,14 @@ import time
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner import layout
 from runner.launchers.local import agent_prefix, worker_tail
 from runner.plan import Gpu, Plan, PlanError
-from runner.rundir import RunDir
+
+if TYPE_CHECKING:  # fsspec is imported only when a run directory is opened
+    from runner.rundir import RunDir
 
 POLL_S = 1.0
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL",
