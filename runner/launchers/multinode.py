@@ -235,7 +235,14 @@ def follow(rd: RunDir, plan: Plan, launcher: Mapping[str, Any], env_: dict[str, 
     write_node(rd, node, record)
     print(f"ddp-run: node {node} joined {rd.url}", flush=True)
     sup = Supervisor(cmd, env_, str(Path(rd.local, layout.node_agent_log(node))))
-    rc = sup.run()
+    mirror = None
+    if rd.is_remote:  # this node's rank logs and facts are written locally: copy them into the shared tree
+        from runner.finalize import Mirror
+
+        mirror = Mirror(rd)
+    rc = sup.run(on_tick=mirror.tick if mirror else None)
+    if mirror:
+        mirror.flush()
     write_node(rd, node, node_end(record, rc, sup.interrupted))
     if sup.interrupted is not None:
         return 128 + sup.interrupted
