@@ -111,7 +111,8 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
         exit_codes=_exit_codes(facts, errors, agent_log, plan.world_size),
         torchrun_exit_code=rc,
         restarts=max((f.get("restart_count", 0) for f in facts.values()), default=0),
-        ranks={str(r): {k: f.get(k) for k in ("host", "device", "device_name", "cuda_visible_devices", "pid")}
+        ranks={str(r): {k: f.get(k) for k in ("host", "node", "device", "device_name", "cuda_visible_devices",
+                                              "pid")}
                for r, f in sorted(facts.items())},
     )
     manifest["versions"]["nccl"] = rank0.get("nccl")

@@ -18,8 +18,14 @@ PROFILE = "profile"  # torch.profiler traces and their summaries (train.profile.
 # Inside checkpoints/: step_<N>/ holds CKPT_STATE, and CKPT_MARKER written last commits it (complete only then).
 CKPT_STATE = "state.pt"
 CKPT_MARKER = "meta.json"
-# torchrun's own agent log, beside the ranks' logs.
+# torchrun's own agent log, beside the ranks' logs (a multi-node run: one per node, see node_agent_log).
 AGENT_LOG = f"{LOGS}/torchrun.log"
+# Multi-node runs: each node's driver records its host, devices and outcome in nodes/<node>.json.
+NODES = "nodes"
+# Slurm runs: the batch script the runner wrote and what Slurm said about the job.
+SLURM_SCRIPT = "slurm/job.sbatch"
+SLURM_JOB = "slurm/job.json"
+SLURM_LOG = "slurm/job-%j.out"
 # Beside token files written by ddp-tokenize: vocabulary, token counts, source and hash.
 TOKENS_META = "meta.json"
 
@@ -31,6 +37,8 @@ STATUS_COMPLETED = "completed"
 STATUS_FAILED = "failed"
 # Stopped by Ctrl-C / SIGTERM to the driver (exit 128 + signal).
 STATUS_INTERRUPTED = "interrupted"
+# Submitted to a scheduler (launcher=slurm), not started yet.
+STATUS_QUEUED = "queued"
 # Never written: what a reader makes of a `running` run whose driver is gone (runner/status.py).
 STATUS_LOST = "lost"
 
@@ -44,6 +52,11 @@ ENV_T0 = "DDP_RUNNER_T0"
 # Directories (os.pathsep-separated) that workers append to sys.path to import a task module found there by the
 # driver: appended, not prepended, so a stray file in the user's directory cannot shadow an installed module.
 ENV_TASK_PATH = "DDP_RUNNER_TASK_PATH"
+# Where TCPStore servers listen (runner/netbind.py): unset = the address of the store's host name; "any" = every
+# interface (torch's own behaviour).
+ENV_STORE_BIND = "DDP_RUNNER_STORE_BIND"
+# Multi-node runs: the node's name (its launcher.node_rank, or host-pid), which its workers log and record.
+ENV_NODE = "DDP_RUNNER_NODE"
 # Test-only fault injection, read once by tasks/engine/diagnostics/faults.py.
 ENV_FAULT = "DDP_RUNNER_FAULT"
 ENV_SLOW_SAVE = "DDP_RUNNER_SLOW_SAVE"
@@ -70,6 +83,22 @@ def rank_facts(rank: int) -> str:
 def rank_error(rank: int) -> str:
     """Relative path of the error record a failing rank leaves (time, type, traceback tail)."""
     return f"{LOGS}/rank{rank}.error.json"
+
+
+def node_record(node: str | int) -> str:
+    """Relative path of one node's record in a multi-node run (``node``: its node rank, or host-pid)."""
+    return f"{NODES}/{node}.json"
+
+
+def node_agent_log(node: str | int) -> str:
+    """Relative path of one node's torchrun agent log in a multi-node run."""
+    return f"{LOGS}/torchrun.node{node}.log"
+
+
+def job_run_name(job_id: str, task: str, world_size: int) -> str:
+    """Directory name of a multi-node run, ``<rdzv_id>_<task>_w<world_size>``, directly under the output root:
+    every node computes the same path from the same command line, whenever it starts."""
+    return f"{job_id}_{task}_w{world_size}"
 
 
 def run_name(time_hms: str, task: str, world_size: int, n: int = 0) -> str:

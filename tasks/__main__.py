@@ -11,9 +11,10 @@ import contextlib
 import gc
 import os
 import signal
+import socket
 import sys
 
-from runner import layout, osutil
+from runner import layout, netbind, osutil
 from tasks.engine import worker_io
 from tasks.engine.diagnostics import termination
 
@@ -25,6 +26,12 @@ def main() -> int:
     rank = int(os.environ.get("RANK", "0"))
     osutil.die_with_parent(signal.SIGKILL)  # torchrun's agent gone: no rank may outlive it
     console = worker_io.redirect_output(local_dir, rank)
+    if os.environ.get("LOCAL_WORLD_SIZE", "1") != os.environ.get("WORLD_SIZE", "1"):  # several nodes
+        node = os.environ.get(layout.ENV_NODE) or os.environ.get("GROUP_RANK")
+        print(f"ddp-run: rank {rank} on node {node} (host {socket.gethostname()}, local rank"
+              f" {os.environ.get('LOCAL_RANK')}, group rank {os.environ.get('GROUP_RANK')})", flush=True)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        netbind.install()  # rank 0 hosts the job's store itself: on its host's address only
     termination.install()  # on SIGTERM, the checkpoint being written is finished first
     # An error record left by an earlier attempt (elastic restart, resume) must not pass for this one's.
     with contextlib.suppress(FileNotFoundError):

@@ -85,13 +85,23 @@ def setup(run_dir: str, local_dir: str, console: IO[str] | None, cfg: Config) ->
     return Context(rank, local_rank, world_size, device, run_dir, local_dir, console, name)
 
 
+def _node() -> str:
+    """This rank's node: the name its driver gave it (multi-node runs), its Slurm node index, else torchrun's group
+    rank."""
+    return os.environ.get(layout.ENV_NODE) or os.environ.get("SLURM_NODEID") or os.environ.get("GROUP_RANK", "0")
+
+
 def _device_label(ctx: Context) -> str:
-    return f"{ctx.device.type}:{ctx.local_rank}"
+    label = f"{ctx.device.type}:{ctx.local_rank}"
+    if os.environ.get("LOCAL_WORLD_SIZE", "1") != os.environ.get("WORLD_SIZE", "1"):  # several nodes
+        return f"node{_node()}/{label}"
+    return label
 
 
 def _facts(ctx: Context, **extra: Any) -> dict[str, Any]:
     facts: dict[str, Any] = {
         "rank": ctx.rank, "local_rank": ctx.local_rank, "host": socket.gethostname(), "pid": os.getpid(),
+        "node": _node(),
         "device": _device_label(ctx), "device_name": ctx.device_name,
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "torch": torch.__version__, "backend": dist.get_backend() if dist.is_initialized() else None,

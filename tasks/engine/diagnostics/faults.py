@@ -4,7 +4,7 @@ Tests rehearse failures by setting environment variables for the workers (names 
 
 - ``DDP_RUNNER_FAULT=<kind>@<rank>:<step>[,…]``: after optimizer step ``step`` on ``rank``, ``raise`` an
   exception, ``kill`` the process (SIGKILL) or ``hang`` (sleep). Only the first attempt of a run is faulted, so an
-  elastic restart can be shown to recover.
+  elastic restart (or a requeued Slurm job) can be shown to recover.
 - ``DDP_RUNNER_SLOW_SAVE=<step>:<seconds>``: hold that step's background checkpoint write.
 - ``DDP_RUNNER_CKPT_TEST_PAUSE=<seconds>``: print a line to stderr and sleep between a checkpoint's payload and
   its commit, so a test can SIGKILL a process in the middle of a save.
@@ -36,7 +36,8 @@ class Faults:
         """Parse the test variables (an elastic restart's attempt gets no step faults)."""
         at: dict[tuple[int, int], str] = {}
         spec = env.get(layout.ENV_FAULT, "")
-        if spec and env.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+        first = env.get("TORCHELASTIC_RESTART_COUNT", "0") == "0" and env.get("SLURM_RESTART_COUNT", "0") in ("0", "")
+        if spec and first:
             for one in spec.split(","):
                 kind, _, where = one.partition("@")
                 r, _, s = where.partition(":")
