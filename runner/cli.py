@@ -54,7 +54,7 @@ def refuse(err: PlanError) -> int:
 def _plan(cfg: dict[str, Any], task_dirs: list[str]) -> tuple[Plan, str | None]:
     """The plan for a composed config (refusing it with PlanError), and the directory the workers must search
     for the task module (None when it is installed). ``task_dirs``: where else to look (a continued run's)."""
-    from runner import data_prep, task_module
+    from runner import data_prep, diagnostics, task_module
     from runner.devices import visible_gpus
 
     task_dir = task_module.locate(cfg["task"].get("module"), extra=task_dirs)
@@ -63,6 +63,7 @@ def _plan(cfg: dict[str, Any], task_dirs: list[str]) -> tuple[Plan, str | None]:
     task_module.run_checks(cfg, task_dir)
     plan = make_plan(cfg, gpus, train_samples=train_samples,
                      inductor_settings=inductor_settings() if cfg.get("train", {}).get("inductor") else None)
+    diagnostics.check(cfg, plan.world_size)
     # The resolved config holds what the plan decided: workers run exactly this.
     cfg["batch"]["accumulation"] = plan.accumulation
     cfg["device"], cfg["backend"], cfg["world_size"] = plan.device, plan.backend, plan.world_size
@@ -86,6 +87,10 @@ def execute(cfg: DictConfig) -> int:
             with rd.fs.open(layout.join(rd.path, layout.CONFIG)) as f:
                 conf = OmegaConf.to_container(OmegaConf.create(f.read().decode()), resolve=True)
             conf["dry_run"] = bool(cfg.dry_run)
+            from runner import diagnostics
+
+            if diagnostics.without_fault(conf):  # a rehearsal fault strikes once, not again in the continued run
+                print("ddp-run: note: the run's fault.* is not repeated when it is continued", file=sys.stderr)
             _warn_ignored_overrides(rd.url)
             previous = rd.read_json(layout.MANIFEST)
             _check_no_live_driver(rd.url, previous)
@@ -137,13 +142,22 @@ def execute(cfg: DictConfig) -> int:
     rd.write_json(layout.MANIFEST, manifest)
     print(f"ddp-run: run directory {rd.url}", flush=True)
 
+    from runner import diagnostics
+    from runner.watchdog import Watchdog
+
     env = worker_env(rd.url, rd.local, t0, restarts=conf["launcher"].get("max_restarts", 0), task_path=task_dir)
+    env.update(diagnostics.worker_env(conf, plan.backend))
+    diagnostics.prepare(rd.local, conf)
     sup = Supervisor(cmd, env, str(Path(rd.local, layout.AGENT_LOG)))
     mirror = finalize.Mirror(rd) if rd.is_remote else None
     _state["job"]["run_dir"] = rd.url
-    ticks = [finalize.Heartbeat(rd, manifest).tick, *([mirror.tick] if mirror else [])]
+    watch = Watchdog(rd.local, rd.url, plan.world_size, float(conf.get("watchdog", {}).get("timeout_s") or 0),
+                     lambda: sup.proc)
+    ticks = [finalize.Heartbeat(rd, manifest).tick, watch.tick, *([mirror.tick] if mirror else [])]
     rc = sup.run(on_tick=lambda: [tick() for tick in ticks])
-    code = finalize.finish(rd, manifest, plan, rc, sup.interrupted)
+    watch.tick(judge=False)  # processes that ended since the last tick
+    diagnostics.tidy(rd.local)
+    code = finalize.finish(rd, manifest, plan, rc, sup.interrupted, watch=watch.observations())
     if mirror:
         mirror.flush()
     print(rd.url, flush=True)

@@ -25,6 +25,10 @@ def main() -> int:
     rank = int(os.environ.get("RANK", "0"))
     osutil.die_with_parent(signal.SIGKILL)  # torchrun's agent gone: no rank may outlive it
     console = worker_io.redirect_output(local_dir, rank)
+    if os.environ.get(layout.ENV_DEBUG):  # before torch is imported: its C++ logs go to the private debug log
+        from tasks.engine.diagnostics import debug
+
+        debug.apply(local_dir, rank)
     termination.install()  # on SIGTERM, the checkpoint being written is finished first
     # An error record left by an earlier attempt (elastic restart, resume) must not pass for this one's.
     with contextlib.suppress(FileNotFoundError):
