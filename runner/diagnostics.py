@@ -40,27 +40,36 @@ def check(conf: Mapping[str, Any], world_size: int) -> None:
     if not isinstance(debug, bool):
         raise PlanError("debug", debug, "must be true or false", "use debug=true or debug=false")
     fault = conf.get("fault") or {}
-    kind = fault.get("kind")
-    if kind is None:
+    if fault.get("kind") is None:
         return
+    also = fault.get("also") or []
+    if not isinstance(also, list) or not all(isinstance(f, Mapping) for f in also):
+        raise PlanError("fault.also", also, "must be a list of faults with the keys kind, rank, step (slow_s)",
+                        "e.g. fault.also=[{kind:hang,rank:0,step:5}]")
+    max_steps = (conf.get("train") or {}).get("max_steps")
+    for key, f in [("fault", fault), *((f"fault.also[{i}]", f) for i, f in enumerate(also))]:
+        _check_fault(key, f, world_size, max_steps)
+
+
+def _check_fault(key: str, fault: Mapping[str, Any], world_size: int, max_steps: Any) -> None:
+    kind = fault.get("kind")
     if kind not in FAULT_KINDS:
-        raise PlanError("fault.kind", kind, "unknown fault", f"use one of {', '.join(FAULT_KINDS)}, or null (off)")
+        raise PlanError(f"{key}.kind", kind, "unknown fault", f"use one of {', '.join(FAULT_KINDS)}, or null (off)")
     rank = fault.get("rank")
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
-        raise PlanError("fault.rank", rank, f"not a rank of this run (world_size={world_size})",
+        raise PlanError(f"{key}.rank", rank, f"not a rank of this run (world_size={world_size})",
                         f"use a rank from 0 to {world_size - 1}")
     step = fault.get("step")
     if isinstance(step, bool) or not isinstance(step, int) or step < 1:
-        raise PlanError("fault.step", step, "must be an optimizer step >= 1 (the fault strikes after it)",
-                        "e.g. fault.step=3")
-    max_steps = (conf.get("train") or {}).get("max_steps")
+        raise PlanError(f"{key}.step", step, "must be an optimizer step >= 1 (the fault strikes after it)",
+                        f"e.g. {key}.step=3")
     if isinstance(max_steps, int) and step > max_steps:
-        raise PlanError("fault.step", step, f"after the last step (train.max_steps={max_steps}): it would never"
-                        " strike", f"use fault.step={max_steps} or lower")
+        raise PlanError(f"{key}.step", step, f"after the last step (train.max_steps={max_steps}): it would never"
+                        " strike", f"use {key}.step={max_steps} or lower")
     slow = fault.get("slow_s")
     if kind == "slow" and (not _number(slow) or slow <= 0):
-        raise PlanError("fault.slow_s", slow, "fault.kind=slow needs a positive number of seconds per step",
-                        "e.g. fault.slow_s=5")
+        raise PlanError(f"{key}.slow_s", slow, "fault.kind=slow needs a positive number of seconds per step",
+                        f"e.g. {key}.slow_s=5")
 
 
 def without_fault(conf: dict[str, Any]) -> bool:

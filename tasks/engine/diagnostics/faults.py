@@ -11,6 +11,9 @@ restart can be shown to recover):
 - ``hang``: the rank sleeps forever (the watchdog, or the collective timeout, ends the run);
 - ``slow``: from that step on, the rank sleeps ``fault.slow_s`` after every step, and the others wait for it.
 
+``fault.also`` lists more faults (same keys) that strike in the same launch, e.g. one rank fails while another
+is stuck.
+
 Test-only hooks for checkpoint tests (environment variables named in ``runner/layout.py``):
 
 - ``DDP_RUNNER_SLOW_SAVE=<step>:<seconds>``: hold that step's background checkpoint write.
@@ -36,13 +39,20 @@ KINDS = ("exception", "oom", "sigkill", "hang", "slow")
 
 
 @dataclass(frozen=True)
+class Fault:
+    """One rehearsal fault: ``kind`` strikes ``rank`` after optimizer step ``step``."""
+
+    kind: str
+    rank: int
+    step: int
+    slow_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class Faults:
     """The faults this process will inject."""
 
-    kind: str | None = None  # one of KINDS, or None
-    rank: int = 0
-    step: int = 0
-    slow_s: float = 0.0
+    at_step: tuple[Fault, ...] = ()
     slow_save: tuple[int, float] | None = None  # (step, seconds)
     commit_pause_s: float | None = None
 
@@ -69,15 +79,20 @@ def configure(fault: Mapping[str, Any] | None, env: Mapping[str, str] = os.envir
     global _active
     if not fault or not fault.get("kind") or env.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
         return
-    _active = Faults(str(fault["kind"]), int(fault.get("rank", 0)), int(fault.get("step", 1)),
-                     float(fault.get("slow_s") or 0.0), _active.slow_save, _active.commit_pause_s)
+    specs = [fault, *(fault.get("also") or [])]  # ``fault.also``: more faults at once (one fails, one is stuck)
+    at = tuple(Fault(str(f["kind"]), int(f.get("rank", 0)), int(f.get("step", 1)), float(f.get("slow_s") or 0.0))
+               for f in specs)
+    _active = Faults(at, _active.slow_save, _active.commit_pause_s)
 
 
 def after_step(rank: int, step: int) -> None:
     """Inject the configured fault if this is its rank and step (``slow``: this step or any later one)."""
-    f = _active
-    if f.kind is None or rank != f.rank or step < f.step or (step > f.step and f.kind != "slow"):
-        return
+    for f in _active.at_step:
+        if rank == f.rank and (step == f.step or (f.kind == "slow" and step > f.step)):
+            _inject(f, rank, step)
+
+
+def _inject(f: Fault, rank: int, step: int) -> None:
     where = f"injected fault on rank {rank} at step {step} (fault.kind={f.kind})"
     if f.kind == "exception":
         raise RuntimeError(where)
