@@ -63,6 +63,7 @@ def _plan(cfg: dict[str, Any], task_dirs: list[str]) -> tuple[Plan, str | None]:
     task_module.run_checks(cfg, task_dir)
     plan = make_plan(cfg, gpus, train_samples=train_samples,
                      inductor_settings=inductor_settings() if cfg.get("train", {}).get("inductor") else None)
+    diagnostics.resolve(cfg)
     diagnostics.check(cfg, plan.world_size)
     # The resolved config holds what the plan decided: workers run exactly this.
     cfg["batch"]["accumulation"] = plan.accumulation

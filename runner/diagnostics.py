@@ -24,13 +24,25 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+WATCHDOG_MAX_AUTO_S = 120.0
+
+
+def resolve(conf: dict[str, Any]) -> None:
+    """``watchdog.timeout_s: auto`` becomes half the collective timeout, at most 120 s (the workers see a number)."""
+    wd = conf.setdefault("watchdog", {})
+    if wd.get("timeout_s", "auto") == "auto":
+        timeout = conf.get("timeout_s")
+        wd["timeout_s"] = min(WATCHDOG_MAX_AUTO_S, timeout / 2) if _number(timeout) and timeout > 0 \
+            else WATCHDOG_MAX_AUTO_S
+
+
 def check(conf: Mapping[str, Any], world_size: int) -> None:
     """Refuse bad ``watchdog.*``, ``fault.*`` or ``debug`` values (PlanError: key, value, problem, fix)."""
     timeout = conf.get("timeout_s")
     wd = (conf.get("watchdog") or {}).get("timeout_s", 0)
     if not _number(wd) or wd < 0:
         raise PlanError("watchdog.timeout_s", wd, "must be a number of seconds >= 0",
-                        "e.g. watchdog.timeout_s=120 (0 turns the hang watchdog off)")
+                        "e.g. watchdog.timeout_s=120, or auto (half of timeout_s, at most 120 s), or 0 (off)")
     if wd and _number(timeout) and wd >= timeout:
         raise PlanError("watchdog.timeout_s", wd, f"not below the collective timeout timeout_s={timeout}: the"
                         " collective timeout would end the run first, without stacks or the stuck rank's name",

@@ -9,14 +9,13 @@ import stat
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
+from conftest import ROOT, ddp_run
 
 from runner import diagnostics, layout, rootcause
 from runner.plan import PlanError
 from runner.watchdog import read_progress, top_frame
-from tests.conftest import ROOT, ddp_run
 
 BASE = {"timeout_s": 600, "watchdog": {"timeout_s": 120}, "debug": False, "train": {"max_steps": 10},
         "fault": {"kind": None, "rank": 1, "step": 3, "slow_s": 5.0, "also": []}}
@@ -52,6 +51,10 @@ def test_bad_diagnostics_settings_are_refused_with_key_and_fix(changes, key):
 
 
 def test_good_settings_pass_and_a_continued_run_drops_the_fault():
+    for timeout, expected in ((600, 120), (60, 30)):
+        conf = _conf(timeout_s=timeout, watchdog__timeout_s="auto")
+        diagnostics.resolve(conf)
+        assert conf["watchdog"]["timeout_s"] == expected
     diagnostics.check(_conf(watchdog__timeout_s=0), world_size=2)
     conf = _conf(fault__kind="slow", fault__rank=0)
     diagnostics.check(conf, world_size=2)
