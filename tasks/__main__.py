@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import faulthandler
 import gc
 import os
 import signal
@@ -30,6 +31,8 @@ def main() -> int:
 
         debug.apply(local_dir, rank)
     termination.install()  # on SIGTERM, the checkpoint being written is finished first
+    # A crash in native code (SIGSEGV, SIGABRT, …) leaves every thread's Python stack in the rank log.
+    faulthandler.enable(file=sys.stderr, all_threads=True)
     # An error record left by an earlier attempt (elastic restart, resume) must not pass for this one's.
     with contextlib.suppress(FileNotFoundError):
         os.remove(os.path.join(local_dir, layout.rank_error(rank)))

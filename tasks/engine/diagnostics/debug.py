@@ -4,7 +4,8 @@ The driver turns the libraries' debug output on in the workers' environment (run
 TORCH_DISTRIBUTED_DEBUG=DETAIL, TORCH_CPP_LOG_LEVEL=INFO, NCCL_DEBUG=INFO). Here, before torch is imported, this
 rank sends its C-level stderr (where torch's C++ logs go) to ``logs/debug/rank<R>.log`` and NCCL's to
 ``logs/debug/rank<R>.nccl.log``: owner-only (they hold topology and addresses), whatever the umask, and never on
-the console. Python's own ``sys.stderr`` (tracebacks, warnings) stays in the rank's ordinary log.
+the console. Python's own ``sys.stderr`` (tracebacks, warnings) stays in the rank's ordinary log. torch is imported
+here, after the redirection, to work around a crash of DDP under DETAIL (see :func:`_skip_ddp_construction_log`).
 """
 
 from __future__ import annotations
@@ -35,3 +36,16 @@ def apply(local_dir: str, rank: int) -> None:
     os.dup2(fd, 2)
     os.close(fd)
     sys.stderr = os.fdopen(python_stderr, "w", buffering=1)
+    _skip_ddp_construction_log()
+
+
+def _skip_ddp_construction_log() -> None:
+    """With TORCH_DISTRIBUTED_DEBUG=DETAIL the process group is wrapped for collective checks, and DDP's
+    construction-time usage log (``Logger.set_construction_data_and_log``) then crashes the process with SIGSEGV
+    (torch 2.13, CPU/gloo; a plain DDP script shows it). In debug mode that one log call is skipped: DDP itself and
+    the DETAIL checks are unchanged."""
+    import torch.distributed as dist
+
+    logger = getattr(dist, "Logger", None)
+    if logger is not None and hasattr(logger, "set_construction_data_and_log"):
+        logger.set_construction_data_and_log = lambda *_args, **_kwargs: None

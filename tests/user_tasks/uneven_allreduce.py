@@ -1,4 +1,4 @@
-"""A task of the user's own (run from this folder as ``task.module=collective_mismatch``) whose ranks call
+"""A task of the user's own (run from this folder as ``task.module=uneven_allreduce``) whose ranks call
 mismatched collectives: rank 1 all-reduces a tensor of another shape than rank 0's. With debug=true
 (TORCH_DISTRIBUTED_DEBUG=DETAIL) torch checks every collective's fingerprint across ranks and names the mismatch.
 """
