@@ -42,8 +42,12 @@ def classify_error(err: Mapping[str, Any]) -> str:
 
 
 def _where_in_traceback(lines: list[str]) -> str | None:
+    """The innermost frame in the user's or the project's code (not a library's), else the innermost one."""
     found = [m for line in lines for m in [_WHERE.search(line)] if m]
-    return f"{found[-1].group(1)}:{found[-1].group(2)} in {found[-1].group(3)}" if found else None
+    own = [m for m in found if "site-packages" not in m.group(1) and not m.group(1).startswith("<")
+           and "/lib/python3" not in m.group(1)]
+    m = (own or found or [None])[-1]
+    return f"{m.group(1)}:{m.group(2)} in {m.group(3)}" if m else None
 
 
 def _signal_name(code: int | None) -> str | None:
