@@ -128,10 +128,14 @@ class Watchdog:
                 with contextlib.suppress(psutil.Error):
                     self.procs[r] = psutil.Process(p["pid"])
         self._watch_processes()
-        if self.hang is not None:
+        if self.hang is not None or self.ended_at is not None:
             self._escalate(now)
         elif judge and self.timeout_s > 0 and (stale := self._stale(now)):
-            self._on_hang(stale, now)
+            failed = [r for r in range(self.world_size) if Path(self.local_dir, layout.rank_error(r)).exists()]
+            if failed:  # not a hang: a rank failed and the run is slow to end (a teardown waiting on a peer)
+                self._end(f"rank {failed[0]} failed and the run has not ended {self.timeout_s:g} s later")
+            else:
+                self._on_hang(stale, now)
 
     def _watch_processes(self) -> None:
         for r, proc in self.procs.items():
@@ -151,6 +155,14 @@ class Watchdog:
         if not any(p.get("step", 0) > p.get("start_step", 0) for p in self.progress.values()):
             return []  # nobody has finished a step of this launch yet
         return [r for r in live if now - self.seen[r][1] >= self.timeout_s]
+
+    def _end(self, why: str) -> None:
+        """SIGTERM to torchrun (its stop path); SIGKILL follows after END_GRACE_S."""
+        self.say(f"ddp-run: watchdog: {why}; ending it")
+        proc = self.torchrun()
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        self.ended_at = time.monotonic()
 
     def _escalate(self, now: float) -> None:
         proc = self.torchrun()
