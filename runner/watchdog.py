@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import shutil
 import signal
@@ -221,7 +222,8 @@ class Watchdog:
                            "no_progress_s": round(now - self.seen[r][1], 1) if r in self.seen else None,
                            "stopped": r in stopped, "top_frame": frames.get(r),
                            "stack": layout.rank_stack(r) if frames.get(r) else None,
-                           "native_stack": layout.rank_stack(r, "native") if r in native else None}
+                           "native_stack": layout.rank_stack(r, "native") if native.get(r) == "saved"
+                           else native.get(r, "py-spy not installed")}
                   for r, q in sorted(self.progress.items())}
         idle = round(now - self.seen[rank][1], 1)
         state = "stopped (SIGSTOP: it cannot run a signal handler)" if rank in stopped else "not stopped"
@@ -239,29 +241,36 @@ class Watchdog:
                  f" {frames.get(rank) or 'unknown'}; stacks: {layout.join(self.run_url, layout.STACKS)}."
                  " Ending the run.")
 
-    def _py_spy(self) -> set[int]:
-        """Native and Python frames of every live rank with py-spy, when installed; the ranks it answered for."""
-        exe = shutil.which("py-spy")
+    def _py_spy(self) -> dict[int, str]:
+        """Native and Python frames of every live rank with py-spy, when installed (on PATH or beside this Python):
+        rank -> ``saved``, or why not (py-spy may lack ptrace permission, or not know this Python build)."""
+        exe = shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
         if exe is None:
-            return set()
+            return {}
         running = {}
         for r, proc in self.procs.items():
             if r in self.gone:
                 continue
-            out = open(Path(self.local_dir, layout.rank_stack(r, "native")), "w")  # noqa: SIM115 - closed below
+            path = Path(self.local_dir, layout.rank_stack(r, "native"))
+            out = open(path, "w")  # noqa: SIM115 - closed below
             running[r] = (subprocess.Popen([exe, "dump", "--native", "--pid", str(proc.pid)], stdout=out,
-                                           stderr=subprocess.STDOUT), out)
+                                           stderr=subprocess.STDOUT), out, path)
         deadline = time.monotonic() + PYSPY_TIMEOUT_S
-        done = set()
-        for r, (p, out) in running.items():
+        result: dict[int, str] = {}
+        for r, (p, out, path) in running.items():
             try:
-                if p.wait(timeout=max(0.1, deadline - time.monotonic())) == 0:
-                    done.add(r)
+                rc = p.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 p.kill()
-                p.wait()
+                rc = p.wait()
             out.close()
-        return done
+            if rc == 0:
+                result[r] = "saved"
+            else:  # keep the reason, not a file of error text beside the stacks
+                lines = path.read_text(errors="replace").strip().splitlines()
+                result[r] = f"py-spy failed (exit {rc}): {lines[0] if lines else 'no output'}"
+                path.unlink(missing_ok=True)
+        return result
 
     def _wait_for_stacks(self) -> dict[int, str | None]:
         """Each rank's top frame (main thread) once its faulthandler dump is there (up to STACK_WAIT_S)."""

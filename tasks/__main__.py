@@ -43,10 +43,22 @@ def main() -> int:
         return 0
     except BaseException as exc:  # noqa: B036 - every failure, KeyboardInterrupt too, is recorded
         worker_io.record_error(local_dir, rank, exc)
+        _torchrun_error_file(exc)
         import traceback
 
         traceback.print_exc()
         return 1
+
+
+def _torchrun_error_file(exc: BaseException) -> None:
+    """Also leave torchrun's own error file (``TORCHELASTIC_ERROR_FILE``, as its ``@record`` would), so that
+    torchrun's failure report shows this rank's traceback instead of "To enable traceback see …"."""
+    if not os.environ.get("TORCHELASTIC_ERROR_FILE") or not isinstance(exc, Exception):
+        return
+    with contextlib.suppress(Exception):  # its report only; the runner's own record is written above
+        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+        ErrorHandler().record_exception(exc)
 
 
 def fast_exit(code: int) -> None:
