@@ -268,7 +268,7 @@ class Watchdog:
                 result[r] = "saved"
             else:  # keep the reason, not a file of error text beside the stacks
                 lines = path.read_text(errors="replace").strip().splitlines()
-                result[r] = f"py-spy failed (exit {rc}): {lines[0] if lines else 'no output'}"
+                result[r] = f"py-spy failed (exit {rc}): {lines[-1] if lines else 'no output'}"
                 path.unlink(missing_ok=True)
         return result
 
