@@ -17,7 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from runner import layout
+from runner import diagnostics, layout
 from runner.plan import Plan, PlanError, make_plan
 
 # The configs ship inside the package (conf/ in the checkout): found from any working directory. A checkout used
@@ -67,6 +67,8 @@ def _plan(cfg: dict[str, Any], task_dirs: list[str]) -> tuple[Plan, str | None]:
         from runner.launchers import launcher_check
 
         launcher_check(cfg["launcher"])
+    diagnostics.resolve(cfg)
+    diagnostics.check(cfg, plan.world_size)
     # The resolved config holds what the plan decided: workers run exactly this.
     cfg["batch"]["accumulation"] = plan.accumulation
     cfg["device"], cfg["backend"], cfg["world_size"] = plan.device, plan.backend, plan.world_size
@@ -92,6 +94,8 @@ def execute(cfg: DictConfig) -> int:
             with rd.fs.open(layout.join(rd.path, layout.CONFIG)) as f:
                 conf = OmegaConf.to_container(OmegaConf.create(f.read().decode()), resolve=True)
             conf["dry_run"] = bool(cfg.dry_run)
+            if diagnostics.without_fault(conf):  # a rehearsal fault strikes once, not again in the continued run
+                print("ddp-run: note: the run's fault.* is not repeated when it is continued", file=sys.stderr)
             _warn_ignored_overrides(rd.url)
             previous = rd.read_json(layout.MANIFEST)
             _check_no_live_driver(rd.url, previous)
@@ -138,6 +142,7 @@ def execute(cfg: DictConfig) -> int:
                 return refuse(err)
             env = worker_env(rd.url, rd.local, t0, restarts=launcher.get("max_restarts", 0), task_path=task_dir,
                              extra=multinode.env(launcher))
+            env.update(diagnostics.worker_env(conf, plan.backend))
             return multinode.follow(rd, plan, launcher, env)
     elif not continuing:
         try:
@@ -171,9 +176,13 @@ def execute(cfg: DictConfig) -> int:
             _state["job"].pop("run_dir")
             return refuse(err)
 
+    from runner.watchdog import Watchdog
+
     extra = multinode.env(launcher) if multi else local.env() if launcher.get("name", "local") == "local" else {}
     env = worker_env(rd.url, rd.local, t0, restarts=launcher.get("max_restarts", 0), task_path=task_dir,
                      extra=extra)
+    env.update(diagnostics.worker_env(conf, plan.backend))
+    diagnostics.prepare(rd.local, conf)
     node = multinode.node_name(launcher) if multi else None
     if multi:
         record = multinode.node_start(plan, launcher, node, cmd)
@@ -181,12 +190,16 @@ def execute(cfg: DictConfig) -> int:
     sup = Supervisor(cmd, env, str(Path(rd.local, layout.node_agent_log(node) if multi else layout.AGENT_LOG)))
     mirror = finalize.Mirror(rd) if rd.is_remote else None
     _state["job"]["run_dir"] = rd.url
-    ticks = [finalize.Heartbeat(rd, manifest).tick, *([mirror.tick] if mirror else [])]
+    watch = Watchdog(rd.local, rd.url, plan.world_size, float(conf.get("watchdog", {}).get("timeout_s") or 0),
+                     lambda: sup.proc)
+    ticks = [finalize.Heartbeat(rd, manifest).tick, watch.tick, *([mirror.tick] if mirror else [])]
     rc = sup.run(on_tick=lambda: [tick() for tick in ticks])
+    watch.tick(judge=False)  # processes that ended since the last tick
+    diagnostics.tidy(rd.local)
     if multi:
         multinode.write_node(rd, node, multinode.node_end(record, rc, sup.interrupted))
         nodes = multinode.collect(rd, plan_node_range(conf)[0])
-    code = finalize.finish(rd, manifest, plan, rc, sup.interrupted)
+    code = finalize.finish(rd, manifest, plan, rc, sup.interrupted, watch=watch.observations())
     if multi:
         multinode.blame(rd, manifest, nodes)
     if mirror:

@@ -57,10 +57,20 @@ ENV_TASK_PATH = "DDP_RUNNER_TASK_PATH"
 ENV_STORE_BIND = "DDP_RUNNER_STORE_BIND"
 # Multi-node runs: the node's name (its launcher.node_rank, or host-pid), which its workers log and record.
 ENV_NODE = "DDP_RUNNER_NODE"
-# Test-only fault injection, read once by tasks/engine/diagnostics/faults.py.
-ENV_FAULT = "DDP_RUNNER_FAULT"
+# Test-only checkpoint hooks, read once by tasks/engine/diagnostics/faults.py (rehearsal faults are config: fault.*).
 ENV_SLOW_SAVE = "DDP_RUNNER_SLOW_SAVE"
 ENV_CKPT_TEST_PAUSE = "DDP_RUNNER_CKPT_TEST_PAUSE"
+# Set by the driver when debug=true: the worker sends its C-level stderr (torch's C++ logs) to its private debug log.
+ENV_DEBUG = "DDP_RUNNER_DEBUG"
+# Diagnostics (runner/watchdog.py, tasks/engine/diagnostics/): each rank's progress (step, phase), rewritten at most
+# about once a second; every rank's stacks when the watchdog finds one stuck; its record of the hang; private
+# debug logs (debug=true).
+PROGRESS = f"{LOGS}/progress"
+STACKS = f"{LOGS}/stacks"
+HANG_RECORD = f"{LOGS}/hang.json"
+DEBUG_LOGS = f"{LOGS}/debug"
+# Created by the driver when it finds a hang: ranks on NCCL then dump the flight recorder (best effort).
+DUMP_REQUEST = f"{STACKS}/.dump-requested"
 # Test-only: seconds between the driver's heartbeats in run.json (default runner/status.py HEARTBEAT_S).
 ENV_HEARTBEAT_S = "DDP_RUNNER_HEARTBEAT_S"
 
@@ -99,6 +109,23 @@ def job_run_name(job_id: str, task: str, world_size: int) -> str:
     """Directory name of a multi-node run, ``<rdzv_id>_<task>_w<world_size>``, directly under the output root:
     every node computes the same path from the same command line, whenever it starts."""
     return f"{job_id}_{task}_w{world_size}"
+
+
+def rank_progress(rank: int) -> str:
+    """Relative path of a rank's progress record (pid, optimizer step, phase, when the phase began)."""
+    return f"{PROGRESS}/rank{rank}.json"
+
+
+def rank_stack(rank: int, kind: str = "py") -> str:
+    """Relative path of a rank's stack dump: ``py`` (faulthandler, every thread), ``native`` (py-spy) or
+    ``nccl`` (NCCL's flight recorder, pickled)."""
+    suffix = {"py": "txt", "native": "native.txt", "nccl": "nccl_trace.pkl"}[kind]
+    return f"{STACKS}/rank{rank}.{suffix}"
+
+
+def rank_debug_log(rank: int, what: str = "torch") -> str:
+    """Relative path of a rank's private debug log (debug=true): ``torch`` (C++ and torch.distributed) or ``nccl``."""
+    return f"{DEBUG_LOGS}/rank{rank}.log" if what == "torch" else f"{DEBUG_LOGS}/rank{rank}.{what}.log"
 
 
 def run_name(time_hms: str, task: str, world_size: int, n: int = 0) -> str:

@@ -76,7 +76,8 @@ def test_killing_one_node_fails_the_run_naming_it_and_a_restart_resumes(out_root
     port = free_port()
     args = ["task=smoke", "train.max_steps=6", "checkpoint.every_steps=2", "checkpoint.async_save=false"]
     # Rank 1 (node 1) hangs after step 3: step_2 is committed, and the job waits on node 1.
-    nodes = [start_node(r, out_root, port, "exp2", *args, env={layout.ENV_FAULT: "hang@1:3"}) for r in (0, 1)]
+    hang = ["fault.kind=hang", "fault.rank=1", "fault.step=3"]
+    nodes = [start_node(r, out_root, port, "exp2", *args, *hang) for r in (0, 1)]
     deadline = time.monotonic() + 120
     agent = None
     while time.monotonic() < deadline and agent is None:

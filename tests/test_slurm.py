@@ -142,8 +142,8 @@ def test_ctrl_c_while_waiting_cancels_the_job(slurm, out_root):
 def test_a_requeued_job_resumes_from_its_checkpoint(slurm, out_root):
     # Rank 0 hangs after step 5 on the first attempt only: step_4 is committed, then the job is requeued.
     args = [*SMOKE, "launcher.wait=false", "train.max_steps=8", "checkpoint.every_steps=2",
-            "checkpoint.async_save=false"]
-    r = ddp_run(args, out_root, env={**slurm, layout.ENV_FAULT: "hang@0:5"})
+            "checkpoint.async_save=false", "fault.kind=hang", "fault.rank=0", "fault.step=5"]
+    r = ddp_run(args, out_root, env=slurm)
     assert r.returncode == 0, r.stdout + r.stderr
     [run] = run_dirs(out_root)
     job_id = load_json(run / layout.SLURM_JOB)["job_id"]

@@ -235,10 +235,11 @@ def job_main(run_url: str) -> int:
     """The job's driver (the batch step): run every node's agent through srun into ``run_url``, then finalise."""
     from omegaconf import OmegaConf
 
-    from runner import finalize, rundir
+    from runner import diagnostics, finalize, rundir
     from runner.launchers import multinode
     from runner.status import this_driver
     from runner.supervise import Supervisor, worker_env
+    from runner.watchdog import Watchdog
 
     t0 = time.time()
     rd = rundir.open_run_dir(run_url)
@@ -273,11 +274,17 @@ def job_main(run_url: str) -> int:
                      extra=extra)
     print(f"ddp-run: Slurm job {job_id} on {', '.join(hosts)}: rendezvous {head}:{rdzv_port(launcher, job_id)}",
           flush=True)
+    env.update(diagnostics.worker_env(conf, plan.backend))
+    diagnostics.prepare(rd.local, conf)
     sup = Supervisor(cmd, env, str(Path(rd.local, layout.AGENT_LOG)))
     mirror = finalize.Mirror(rd) if rd.is_remote else None
-    ticks = [finalize.Heartbeat(rd, manifest).tick, *([mirror.tick] if mirror else [])]
+    watch = Watchdog(rd.local, rd.url, plan.world_size, float(conf.get("watchdog", {}).get("timeout_s") or 0),
+                     lambda: sup.proc)
+    ticks = [finalize.Heartbeat(rd, manifest).tick, watch.tick, *([mirror.tick] if mirror else [])]
     rc = sup.run(on_tick=lambda: [tick() for tick in ticks])
-    code = finalize.finish(rd, manifest, plan, rc, sup.interrupted)
+    watch.tick(judge=False)
+    diagnostics.tidy(rd.local)
+    code = finalize.finish(rd, manifest, plan, rc, sup.interrupted, watch=watch.observations())
     if mirror:
         mirror.flush()
     print(rd.url, flush=True)
