@@ -54,14 +54,16 @@ def refuse(err: PlanError) -> int:
 def _plan(cfg: dict[str, Any], task_dirs: list[str]) -> tuple[Plan, str | None]:
     """The plan for a composed config (refusing it with PlanError), and the directory the workers must search
     for the task module (None when it is installed). ``task_dirs``: where else to look (a continued run's)."""
-    from runner import data_prep, task_module
+    from runner import data_prep, task_module, validate
     from runner.devices import visible_gpus
 
+    validate.check(cfg)  # every engine and data key from the config alone, before files, tasks or devices
     task_dir = task_module.locate(cfg["task"].get("module"), extra=task_dirs)
     gpus = visible_gpus() if cfg["device"] != "cpu" else []
     train_samples = data_prep.prepare(cfg["data"], cfg["task"])
     task_module.run_checks(cfg, task_dir)
-    plan = make_plan(cfg, gpus, train_samples=train_samples,
+    data_file = cfg["data"].get("path") if cfg["data"].get("name") == "text" else None
+    plan = make_plan(cfg, gpus, train_samples=train_samples, data_file=data_file,
                      inductor_settings=inductor_settings() if cfg.get("train", {}).get("inductor") else None)
     # The resolved config holds what the plan decided: workers run exactly this.
     cfg["batch"]["accumulation"] = plan.accumulation
@@ -89,6 +91,9 @@ def execute(cfg: DictConfig) -> int:
             _warn_ignored_overrides(rd.url)
             previous = rd.read_json(layout.MANIFEST)
             _check_no_live_driver(rd.url, previous)
+            from runner.lease import take_or_refuse
+
+            rd.lease = take_or_refuse(rd.fs, rd.path, rd.url)  # held until this driver exits
             recorded = previous.get("invocation", {}).get("task_dir")
             task_dirs = [recorded] if recorded else []
         else:
@@ -109,6 +114,8 @@ def execute(cfg: DictConfig) -> int:
         cmd = torchrun_command(plan, conf["launcher"], "<run dir>")
         print("ddp-run: dry run, nothing launched. Command:\n  " + shlex.join(cmd))
         print(OmegaConf.to_yaml(OmegaConf.create({"plan": plan.to_manifest()})))
+        if continuing and rd.lease is not None:
+            rd.lease.release()
         return 0
 
     if conf["output"].get("private"):
@@ -141,13 +148,34 @@ def execute(cfg: DictConfig) -> int:
     sup = Supervisor(cmd, env, str(Path(rd.local, layout.AGENT_LOG)))
     mirror = finalize.Mirror(rd) if rd.is_remote else None
     _state["job"]["run_dir"] = rd.url
-    ticks = [finalize.Heartbeat(rd, manifest).tick, *([mirror.tick] if mirror else [])]
+    ticks = [finalize.Heartbeat(rd, manifest).tick, *([mirror.tick] if mirror else []), _lease_tick(rd.lease)]
     rc = sup.run(on_tick=lambda: [tick() for tick in ticks])
+    if rd.lease is not None and rd.lease.lost:  # another driver owns the directory now: its run.json is its own
+        print(f"ddp-run: FAILED: lost the lease on {rd.url} to another driver; run.json left to it",
+              file=sys.stderr, flush=True)
+        return 1
     code = finalize.finish(rd, manifest, plan, rc, sup.interrupted)
+    if rd.lease is not None:
+        rd.lease.release()
     if mirror:
         mirror.flush()
     print(rd.url, flush=True)
     return code
+
+
+def _lease_tick(held: Any) -> Any:
+    """The supervisor's tick for the lease: renew it; once it is lost, stop the workers (SIGTERM to this
+    driver, handled as Ctrl-C is) so that only the new holder writes the directory."""
+    import signal
+
+    def tick() -> None:
+        if held is None or held.lost:
+            return
+        held.refresh()
+        if held.lost:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return tick
 
 
 def _invocation(task_dir: str | None) -> dict[str, Any]:
