@@ -69,6 +69,7 @@ def test_local_lease_one_holder_and_a_dead_one_never_blocks(tmp_path):
     lease.take(fs, str(tmp_path)).release()
 
 
+@pytest.mark.slow
 def test_a_second_driver_is_refused_naming_the_live_one(out_root):
     r = ddp_run(["device=cpu", "task=smoke", "world_size=1", "train.max_steps=2"], out_root)
     assert r.returncode == 0, r.stderr
@@ -81,8 +82,6 @@ def test_a_second_driver_is_refused_naming_the_live_one(out_root):
     assert r.returncode == 2, r.stdout + r.stderr
     assert f"pid {os.getpid()} on host {socket.gethostname()}" in r.stderr and "one driver per run" in r.stderr
     assert json.loads((run / layout.MANIFEST).read_text())["status"] == "completed", "the refusal wrote nothing"
-    r = ddp_run([f"resume={run}"], out_root)  # the lease is free again
-    assert r.returncode == 0, r.stderr
 
 
 @pytest.mark.slow
