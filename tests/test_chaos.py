@@ -101,10 +101,11 @@ def reference(tmp_path_factory) -> tuple[list[float], float]:
     return losses, time.monotonic() - t0
 
 
+@pytest.mark.timeout(900)  # ~2 min on an idle 2-core machine; far more when it is shared
 def test_every_run_directory_resumes_bit_identically_or_says_why_not(reference, tmp_path):
     losses, wall = reference
     rng = random.Random(SEED)
-    kinds = [*KINDS, rng.choice(KINDS)]
+    kinds = list(KINDS)
     rng.shuffle(kinds)
     report = []
     for i, kind in enumerate(kinds):
@@ -113,7 +114,8 @@ def test_every_run_directory_resumes_bit_identically_or_says_why_not(reference, 
         seen: list[psutil.Process] = []
         run = _wait(lambda r=root: (run_dirs(r) or [None])[0], "the run directory")
         # A random moment between the run directory's creation and the end of an undisturbed run.
-        moment = time.monotonic() + rng.uniform(0.0, wall * 0.9)
+        moment_s = rng.uniform(0.0, wall * 0.9)
+        moment = time.monotonic() + moment_s
         while time.monotonic() < moment and driver.poll() is None:
             seen += [p for p in _tree(driver.pid) if p.pid not in {q.pid for q in seen}]
             time.sleep(0.05)
@@ -138,6 +140,7 @@ def test_every_run_directory_resumes_bit_identically_or_says_why_not(reference, 
         manifest = load_json(run / layout.MANIFEST)
         st = status_of(manifest)
         report.append(f"{kind}: rc {driver.returncode}, {st}")
+        print(f"chaos: {kind} after {moment_s:.1f} s: rc {driver.returncode}, {st}", flush=True)
         if st != layout.STATUS_COMPLETED:  # it says why not ...
             expected = {"driver_kill": {"lost"}, "driver_term": {"interrupted"}}.get(kind, {"failed"})
             assert st in expected, (kind, st, err[-2000:])
@@ -154,6 +157,7 @@ def test_every_run_directory_resumes_bit_identically_or_says_why_not(reference, 
     print(f"chaos (seed {SEED}): {'; '.join(report)}")
 
 
+@pytest.mark.timeout(600)
 def test_a_lost_object_store_ends_the_run_truthfully_with_no_process_left(tmp_path):
     pytest.importorskip("moto")
     pytest.importorskip("s3fs")
