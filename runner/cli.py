@@ -58,6 +58,8 @@ def _plan(cfg: dict[str, Any], task_dirs: list[str]) -> tuple[Plan, str | None]:
     from runner.devices import visible_gpus
 
     validate.check(cfg)  # every engine and data key from the config alone, before files, tasks or devices
+    for line in validate.warnings(cfg):
+        print(f"ddp-run: warning: {line}", file=sys.stderr, flush=True)
     task_dir = task_module.locate(cfg["task"].get("module"), extra=task_dirs)
     gpus = visible_gpus() if cfg["device"] != "cpu" else []
     train_samples = data_prep.prepare(cfg["data"], cfg["task"])

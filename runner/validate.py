@@ -2,7 +2,8 @@
 
 Each :class:`Rule` says what one key may hold (type, range, choices, whether null is allowed); :func:`check_keys`
 refuses the first value that breaks its rule with a :class:`~runner.plan.PlanError` naming the key, the value
-and the fix. Rules that join several keys (warmup within the run, …) follow the table in :func:`check_engine`.
+and the fix. Rules that join several keys follow the table in :func:`check_engine`; :func:`warnings` says what
+is allowed but likely not meant.
 Tasks check their own keys through their ``task.checks`` hook, with the same :class:`Rule` and
 :func:`check_keys` (see ``tasks/gpt/checks.py``).
 
@@ -212,14 +213,20 @@ def check_keys(cfg: Mapping[str, Any], rules: Iterable[Rule]) -> None:
 def check_engine(cfg: Mapping[str, Any]) -> None:
     """The engine's keys (:data:`ENGINE_RULES`), then the rules that join several of them."""
     check_keys(cfg, ENGINE_RULES)
-    max_steps, warmup = get(cfg, "train.max_steps"), get(cfg, "train.warmup_steps")
-    if isinstance(max_steps, int) and isinstance(warmup, int) and warmup > max_steps:
-        raise PlanError("train.warmup_steps", warmup,
-                        f"longer than the run (train.max_steps={max_steps}): the learning rate would never reach"
-                        " train.lr", f"use train.warmup_steps={max_steps // 10} or fewer than {max_steps}")
     if get(cfg, "train.compile_mode") is not None and get(cfg, "train.compile") is False:
         raise PlanError("train.compile_mode", get(cfg, "train.compile_mode"),
                         "has no effect: train.compile is false", "set train.compile=true, or train.compile_mode=null")
+
+
+def warnings(cfg: Mapping[str, Any]) -> list[str]:
+    """What is allowed but likely not meant, for the console. (A warmup longer than a short run is how presets
+    are benchmarked for a few steps, so it is said, not refused.)"""
+    out = []
+    max_steps, warmup = get(cfg, "train.max_steps"), get(cfg, "train.warmup_steps")
+    if isinstance(max_steps, int) and isinstance(warmup, int) and warmup > max_steps:
+        out.append(f"train.warmup_steps={warmup} is longer than the run (train.max_steps={max_steps}): the learning"
+                   f" rate never reaches train.lr (it ends at {max_steps / warmup:.2g} of it)")
+    return out
 
 
 def check_data(data: Mapping[str, Any]) -> None:

@@ -47,7 +47,7 @@ POOL: dict[str, tuple[list[Any], list[Any]]] = {
     "train.momentum": ([0.0, 0.9], [1.0, -0.5]),
     "train.grad_clip": ([None, 1.0, 0.01], [0.0, -1.0, "none"]),
     "train.schedule": (["constant", "cosine"], ["linear"]),
-    "train.warmup_steps": ([0, 2], [-1, 1000]),
+    "train.warmup_steps": ([0, 2, 1000], [-1]),
     "train.min_lr_ratio": ([0.0, 0.1, 1.0], [1.5, -0.1]),
     "train.precision": (["fp32", "bf16"], ["fp8", None]),
     "train.compile": ([False], ["yes", 1]),
@@ -89,7 +89,6 @@ def _pool(task: str) -> dict[str, tuple[list[Any], list[Any]]]:
 
 # A key whose value breaks a rule that joins it to these may be the one named.
 RELATED = {
-    "train.max_steps": {"train.warmup_steps"},
     "train.compile": {"train.compile_mode"},
     "device": {"backend", "train.ddp_comm"}, "backend": {"train.ddp_comm"},
     "world_size": {"batch.global", "batch.per_rank", "batch.accumulation", "data.path", "task.train_samples"},
@@ -305,10 +304,13 @@ def test_a_bad_value_is_refused_with_its_key_value_and_fix(key, value, words):
 
 
 def test_cross_key_rules():
-    with pytest.raises(PlanError) as e:
-        check_engine({"train": {"max_steps": 10, "warmup_steps": 11}})
-    assert e.value.key == "train.warmup_steps" and "max_steps=10" in e.value.problem
-    check_engine({"train": {"max_steps": 10, "warmup_steps": 10}})
+    from runner.validate import warnings
+
+    # A preset's warmup longer than a few benchmark steps is allowed (bench/gpt_bench.py runs gpt2_small so),
+    # and said.
+    check_engine({"train": {"max_steps": 10, "warmup_steps": 11}})
+    assert "train.warmup_steps=11" in warnings({"train": {"max_steps": 10, "warmup_steps": 11}})[0]
+    assert warnings({"train": {"max_steps": 10, "warmup_steps": 10}}) == []
     with pytest.raises(PlanError) as e:
         check_engine({"train": {"compile": False, "compile_mode": "max-autotune"}})
     assert e.value.key == "train.compile_mode"
