@@ -144,7 +144,7 @@ ENGINE_RULES: tuple[Rule, ...] = (
     choice("backend", BACKENDS),
     integer("seed", lo=0, hi=SEED_MAX, example="7"),
     integer("train.max_steps", lo=1, null=True, example="100"),
-    integer("train.epochs", lo=1, example="2"),
+    integer("train.epochs", lo=1, null=True, example="2"),  # needed (plan.py) only without max_steps
     choice("train.optimizer", OPTIMIZERS),
     number("train.lr", lo=0, lo_open=True, example="3e-4"),
     number("train.weight_decay", lo=0, example="0.1"),
@@ -169,7 +169,7 @@ ENGINE_RULES: tuple[Rule, ...] = (
     integer("train.profile.steps", lo=0, example="3"),
     integer("train.profile.start", lo=0, example="10"),
     integer("checkpoint.every_steps", lo=0, example="100"),
-    integer("checkpoint.keep_last", lo=1, example="2"),
+    integer("checkpoint.keep_last", lo=0, example="2"),  # 0 keeps them all
     flag("checkpoint.async_save"),
     text("resume", example="auto"),
     text("output.root", example="outputs"),
