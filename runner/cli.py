@@ -82,6 +82,7 @@ def execute(cfg: DictConfig) -> int:
     started = datetime.now()
     resume = str(cfg.resume)
     task_dirs: list[str] = []
+    rd = None
     try:
         continuing = resume not in ("auto", "never") and _is_run_dir(resume)
         if continuing:  # continue that run in place, with its own config (its own `resume` too: workers
@@ -108,6 +109,8 @@ def execute(cfg: DictConfig) -> int:
         if not continuing and resume not in ("auto", "never"):
             _check_resume_source(resume, plan)
     except PlanError as err:
+        if rd is not None and rd.lease is not None:  # refused after taking the lease: give it back now
+            rd.lease.release()
         return refuse(err)
 
     task = conf["task"]["name"]
