@@ -114,16 +114,18 @@ def test_every_run_directory_resumes_bit_identically_or_says_why_not(reference, 
         seen: list[psutil.Process] = []
         run = _wait(lambda r=root: (run_dirs(r) or [None])[0], "the run directory")
         # A random moment between the run directory's creation and the end of an undisturbed run.
-        moment_s = rng.uniform(0.0, wall * 0.9)
+        moment_s = rng.uniform(0.0, wall * 0.6)  # (the reference's wall-clock includes start-up and the end)
         moment = time.monotonic() + moment_s
         while time.monotonic() < moment and driver.poll() is None:
             seen += [p for p in _tree(driver.pid) if p.pid not in {q.pid for q in seen}]
             time.sleep(0.05)
         mend = None
         if driver.poll() is None:
-            if kind == "rank":
-                pid = _rank_pid(_tree(driver.pid), rng.randrange(2))
-                if pid:
+            if kind == "rank":  # (a moment before the ranks exist becomes the moment they do)
+                rank = rng.randrange(2)
+                pid = _wait(lambda r=rank, d=driver: _rank_pid(_tree(d.pid), r) or d.poll() is not None,
+                            "a rank to kill")
+                if pid is not True and driver.poll() is None:
                     os.kill(pid, signal.SIGKILL)
             elif kind == "driver_kill":
                 driver.kill()
