@@ -349,7 +349,7 @@ def test_accumulation_longer_than_an_epoch_is_refused_before_launch():
      "train.betas=[0.0,0.5]", "train.val_every=1", "task.width=4", "data.num_samples=64"],
 ])
 def test_accepted_edge_configs_run_end_to_end(args, out_root):
-    r = ddp_run(["device=cpu", *args], out_root, timeout=180,
+    r = ddp_run([*args, "device=cpu"], out_root, timeout=180,
                 env={"PYTHONPATH": os.pathsep.join([str(ROOT), str(EXAMPLE)])})
     assert r.returncode == 0, r.stdout + r.stderr
     [run] = run_dirs(out_root)
