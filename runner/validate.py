@@ -176,7 +176,6 @@ ENGINE_RULES: tuple[Rule, ...] = (
     flag("output.private"),
     flag("dry_run"),
     number("timeout_s", lo=0, lo_open=True, example="600"),
-    integer("launcher.nnodes", lo=1, example="1"),
     integer("launcher.max_restarts", lo=0, example="0"),
 )
 
