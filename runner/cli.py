@@ -54,14 +54,18 @@ def refuse(err: PlanError) -> int:
 def _plan(cfg: dict[str, Any], task_dirs: list[str]) -> tuple[Plan, str | None]:
     """The plan for a composed config (refusing it with PlanError), and the directory the workers must search
     for the task module (None when it is installed). ``task_dirs``: where else to look (a continued run's)."""
-    from runner import data_prep, task_module
+    from runner import data_prep, task_module, validate
     from runner.devices import visible_gpus
 
+    validate.check(cfg)  # every engine and data key from the config alone, before files, tasks or devices
+    for line in validate.warnings(cfg):
+        print(f"ddp-run: warning: {line}", file=sys.stderr, flush=True)
     task_dir = task_module.locate(cfg["task"].get("module"), extra=task_dirs)
     gpus = visible_gpus() if cfg["device"] != "cpu" else []
     train_samples = data_prep.prepare(cfg["data"], cfg["task"])
     task_module.run_checks(cfg, task_dir)
-    plan = make_plan(cfg, gpus, train_samples=train_samples,
+    data_file = cfg["data"].get("path") if cfg["data"].get("name") == "text" else None
+    plan = make_plan(cfg, gpus, train_samples=train_samples, data_file=data_file,
                      inductor_settings=inductor_settings() if cfg.get("train", {}).get("inductor") else None)
     if cfg["launcher"].get("name") in ("multinode", "slurm"):
         from runner.launchers import launcher_check
@@ -86,6 +90,7 @@ def execute(cfg: DictConfig) -> int:
     started = datetime.now()
     resume = str(cfg.resume)
     task_dirs: list[str] = []
+    rd = None
     try:
         continuing = resume not in ("auto", "never") and _is_run_dir(resume)
         if continuing:  # continue that run in place, with its own config (its own `resume` too: workers
@@ -99,6 +104,9 @@ def execute(cfg: DictConfig) -> int:
             _warn_ignored_overrides(rd.url)
             previous = rd.read_json(layout.MANIFEST)
             _check_no_live_driver(rd.url, previous)
+            from runner.lease import take_or_refuse
+
+            rd.lease = take_or_refuse(rd.fs, rd.path, rd.url)  # held until this driver exits
             recorded = previous.get("invocation", {}).get("task_dir")
             task_dirs = [recorded] if recorded else []
         else:
@@ -111,6 +119,8 @@ def execute(cfg: DictConfig) -> int:
         if not continuing and resume not in ("auto", "never"):
             _check_resume_source(resume, plan)
     except PlanError as err:
+        if rd is not None and rd.lease is not None:  # refused after taking the lease: give it back now
+            rd.lease.release()
         return refuse(err)
 
     task = conf["task"]["name"]
@@ -119,6 +129,8 @@ def execute(cfg: DictConfig) -> int:
         cmd = torchrun_command(plan, conf["launcher"], "<run dir>")
         print("ddp-run: dry run, nothing launched. Command:\n  " + shlex.join(cmd))
         print(OmegaConf.to_yaml(OmegaConf.create({"plan": plan.to_manifest()})))
+        if continuing and rd.lease is not None:
+            rd.lease.release()
         return 0
 
     if conf["output"].get("private"):
@@ -192,8 +204,13 @@ def execute(cfg: DictConfig) -> int:
     _state["job"]["run_dir"] = rd.url
     watch = Watchdog(rd.local, rd.url, plan.world_size, float(conf.get("watchdog", {}).get("timeout_s") or 0),
                      lambda: sup.proc)
-    ticks = [finalize.Heartbeat(rd, manifest).tick, watch.tick, *([mirror.tick] if mirror else [])]
+    ticks = [finalize.Heartbeat(rd, manifest).tick, watch.tick, *([mirror.tick] if mirror else []),
+             _lease_tick(rd.lease)]
     rc = sup.run(on_tick=lambda: [tick() for tick in ticks])
+    if rd.lease is not None and rd.lease.lost:  # another driver owns the directory now: its run.json is its own
+        print(f"ddp-run: FAILED: lost the lease on {rd.url} to another driver; run.json left to it",
+              file=sys.stderr, flush=True)
+        return 1
     watch.tick(judge=False)  # processes that ended since the last tick
     diagnostics.tidy(rd.local)
     if multi:
@@ -202,10 +219,27 @@ def execute(cfg: DictConfig) -> int:
     code = finalize.finish(rd, manifest, plan, rc, sup.interrupted, watch=watch.observations())
     if multi:
         multinode.blame(rd, manifest, nodes)
+    if rd.lease is not None:
+        rd.lease.release()
     if mirror:
         mirror.flush()
     print(rd.url, flush=True)
     return code
+
+
+def _lease_tick(held: Any) -> Any:
+    """The supervisor's tick for the lease: renew it; once it is lost, stop the workers (SIGTERM to this
+    driver, handled as Ctrl-C is) so that only the new holder writes the directory."""
+    import signal
+
+    def tick() -> None:
+        if held is None or held.lost:
+            return
+        held.refresh()
+        if held.lost:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return tick
 
 
 def _open_multinode_dir(conf: dict[str, Any], plan: Plan):

@@ -25,20 +25,28 @@ def prepare(data: dict[str, Any], task: dict[str, Any]) -> int | None:
     For ``data: text``: ``data.path`` (and ``data.val_path`` when set) must be non-empty files of whole tokens
     giving at least one sample of ``task.model.context`` each. Raises :class:`PlanError` naming the key.
     """
+    from runner import validate
+
+    validate.check_data(data)
     kind = data.get("name")
     if kind == "synthetic":
-        n = data.get("num_samples")
-        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-            raise PlanError("data.num_samples", n, "must be a positive integer", "e.g. data.num_samples=64")
-        return n
+        if "num_samples" not in data:
+            raise PlanError("data.num_samples", None, "is missing", "e.g. data.num_samples=64")
+        return data["num_samples"]
     if kind == "text":
         return _prepare_text(data, task)
     return None
 
 
 def _prepare_text(data: dict[str, Any], task: dict[str, Any]) -> int:
-    from runner import corpus
+    from runner import corpus, validate
 
+    # Samples are windows of the task's context + 1 tokens: the text data group reads this one task key.
+    context = validate.get({"task": task}, "task.model.context")
+    if context is None:
+        raise PlanError("task.model.context", None, "data=text cuts samples of task.model.context tokens, and this"
+                        " task sets none", "use a task that sets task.model.context (task=gpt), or another data group")
+    validate.check_keys({"task": task}, [validate.integer("task.model.context", lo=1, example="64")])
     if not data.get("path"):
         data["path"] = corpus.default_corpus_path()
     fmt = data.get("format", "auto")
@@ -54,7 +62,6 @@ def _prepare_text(data: dict[str, Any], task: dict[str, Any]) -> int:
     n_tokens = _check_token_file("data.path", path, fmt)
     if val_path is not None:
         _check_token_file("data.val_path", val_path, fmt)
-    context = task["model"]["context"]
     train_range, val_range = corpus.token_ranges(path, fmt, float(val_fraction), val_path)
     train, val = (corpus.num_windows(r.n_tokens, context) for r in (train_range, val_range))
     if train == 0:

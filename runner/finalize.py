@@ -238,7 +238,8 @@ class Mirror:
                 rel = p.relative_to(local).as_posix()
                 try:
                     self.rd.fs.put_file(str(p), layout.join(self.rd.path, rel))
-                except OSError as exc:  # a failed mirror must not kill the run; the next tick retries
+                except Exception as exc:  # noqa: BLE001 - a failed mirror must not kill the run (botocore's
+                    # connection errors are no OSError); the next tick retries
                     clean = False
                     print(f"ddp-run: warning: could not mirror {rel}: {exc}", file=sys.stderr)
         self.clean = clean

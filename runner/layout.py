@@ -11,6 +11,8 @@ import posixpath
 CONFIG = "config.yaml"
 MANIFEST = "run.json"
 SUMMARY = "summary.json"
+# The live driver's lease on its run directory (runner/lease.py): one writer per run directory.
+DRIVER_LEASE = "driver.json"
 LOGS = "logs"
 TB = "tb"
 CHECKPOINTS = "checkpoints"

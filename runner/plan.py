@@ -145,13 +145,18 @@ def make_plan(
     gpus: Sequence[Gpu],
     train_samples: int | None = None,
     inductor_settings: Mapping[str, Any] | None = None,
+    data_file: str | None = None,
 ) -> Plan:
     """Turn a composed config and the visible GPUs into a :class:`Plan`, or raise :class:`PlanError`.
 
-    ``train_samples`` is the training set's size when known;
+    ``train_samples`` is the training set's size when known; ``data_file`` the ``data.path`` it was read from
+    (a training set too small for one micro-batch per rank is then blamed on that file);
     ``inductor_settings`` torch._inductor's settings and their defaults (checked only when ``train.inductor``
     sets any).
     """
+    from runner import validate  # (imported here: validate imports this module's PlanError)
+
+    validate.check_engine(cfg)  # types, ranges and choices of every engine key; the rest here needs devices
     launcher = _get(cfg, "launcher.name") or "local"
     _, nnodes = node_range(cfg)
     if _get(cfg, "world_size") == "auto":
@@ -191,10 +196,6 @@ def make_plan(
 
     device = _get(cfg, "device")
     backend = _get(cfg, "backend")
-    if device not in DEVICES:
-        raise PlanError("device", device, "unknown device", f"use one of {', '.join(DEVICES)}")
-    if backend not in BACKENDS:
-        raise PlanError("backend", backend, "unknown backend", f"use one of {', '.join(BACKENDS)}")
     if device == "cuda" and not gpus:
         raise PlanError(
             "device", device, "no CUDA device is visible on this host (CUDA_VISIBLE_DEVICES respected)",
@@ -217,45 +218,22 @@ def make_plan(
             f"use world_size={len(gpus) * nnodes} or fewer, or device=cpu",
         )
 
-    for key, allowed in (("train.optimizer", OPTIMIZERS), ("train.schedule", SCHEDULES)):
-        if _get(cfg, key) not in allowed:
-            raise PlanError(key, _get(cfg, key), "unknown value", f"use one of {', '.join(allowed)}")
-    precision = _get(cfg, "train.precision")
-    if precision not in PRECISIONS:
-        raise PlanError("train.precision", precision, "unknown precision", f"use one of {', '.join(PRECISIONS)}")
     max_steps = _get(cfg, "train.max_steps")
     if max_steps is not None:
         _positive_int(cfg, "train.max_steps", "set train.max_steps to a positive number of optimizer steps, or null")
     else:
         _positive_int(cfg, "train.epochs", "set train.epochs to 1 or more (or set train.max_steps)")
 
-    if _get(cfg, "train.ddp_comm") not in (None, *DDP_COMM):
-        raise PlanError("train.ddp_comm", _get(cfg, "train.ddp_comm"), "unknown gradient all-reduce precision",
-                        f"use one of {', '.join(DDP_COMM)}")
     if _get(cfg, "train.ddp_comm") == "bf16" and backend != "nccl":
         raise PlanError("train.ddp_comm", "bf16", f"bf16 gradient all-reduce needs NCCL; this run uses {backend}",
                         "use train.ddp_comm=fp32 (or run on GPUs with backend=nccl)")
-    for key in ("train.compile", "train.gpu_telemetry", "train.ddp_split_graph", "checkpoint.async_save",
-                "output.private"):
-        value = _get(cfg, key)
-        if value is not None and not isinstance(value, bool):
-            raise PlanError(key, value, "must be true or false", f"use {key}=true or {key}=false")
     bucket_mb = _get(cfg, "train.ddp_bucket_mb")
-    if bucket_mb is not None and (isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float))
-                                  or bucket_mb <= 0):
-        raise PlanError("train.ddp_bucket_mb", bucket_mb, "must be a positive number of megabytes",
-                        "e.g. train.ddp_bucket_mb=25 (PyTorch's default)")
     if (bucket_mb is not None and bucket_mb < 1 and world_size > 1 and _get(cfg, "train.compile")
             and _get(cfg, "train.ddp_split_graph") is not False):
         # torch._dynamo's DDP graph splitter asserts that DDP's first bucket (1 MB) is no larger than the others.
         raise PlanError("train.ddp_bucket_mb", bucket_mb,
                         "below DDP's 1 MB first bucket, which the compiler's DDP graph split refuses",
                         "use train.ddp_bucket_mb=1 or more (or train.ddp_split_graph=false)")
-    for key in ("train.profile.steps", "train.profile.start"):
-        value = _get(cfg, key)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-            raise PlanError(key, value, "must be a whole number >= 0",
-                            "e.g. train.profile.steps=3 train.profile.start=10 (steps=0 turns tracing off)")
 
     inductor = flatten(_get(cfg, "train.inductor") or {})
     if inductor and not _get(cfg, "train.compile"):
@@ -264,6 +242,13 @@ def make_plan(
                         "set train.compile=true, or leave train.inductor out")
     _check_inductor(inductor, inductor_settings)
 
+    if train_samples is not None and train_samples < world_size * per_rank and data_file is not None:
+        raise PlanError(
+            "data.path", data_file,
+            f"gives {train_samples} training samples, fewer than world_size × batch.per_rank ="
+            f" {world_size} × {per_rank} = {world_size * per_rank}, so some rank would get no full micro-batch",
+            "use a larger file, or lower batch.per_rank, world_size or the task's sample length",
+        )
     if train_samples is not None and train_samples < world_size * per_rank:
         raise PlanError(
             "batch.per_rank", per_rank,
@@ -271,6 +256,16 @@ def make_plan(
             f" {world_size} × {per_rank} = {world_size * per_rank}, so some rank would get no full micro-batch",
             "lower batch.per_rank or world_size, or give the task more data",
         )
+
+    # The sampler pads to ceil(samples / world_size) per rank; an epoch must hold one optimizer step.
+    micro = -(-train_samples // world_size) // per_rank if train_samples is not None else None
+    if micro is not None and micro < accumulation:
+        key, value = ("batch.global", global_batch) if global_batch is not None else ("batch.accumulation",
+                                                                                     accumulation)
+        raise PlanError(key, value,
+                        f"an epoch gives each rank {micro} micro-batches of {per_rank} ({train_samples} samples over"
+                        f" {world_size} ranks), fewer than the {accumulation} one optimizer step accumulates",
+                        "lower it (or batch.per_rank), or give the task more data")
 
     return Plan(
         world_size=world_size,

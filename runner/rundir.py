@@ -15,6 +15,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from runner import layout
+from runner.lease import Lease, Taken, take
 from runner.osutil import atomic_write
 from runner.plan import PlanError
 
@@ -31,6 +32,7 @@ class RunDir:
     local: str
     fs: fsspec.AbstractFileSystem
     path: str
+    lease: Lease | None = None  # this driver's hold on it (runner/lease.py), taken before anything is written
 
     @property
     def is_remote(self) -> bool:
@@ -54,6 +56,8 @@ class RunDir:
 
     def remove(self) -> None:
         """Delete the whole run directory (used when a refusal comes after creation)."""
+        if self.lease is not None:
+            self.lease.release()
         self.fs.rm(self.path, recursive=True)
         if self.is_remote:
             shutil.rmtree(self.local, ignore_errors=True)
@@ -115,10 +119,13 @@ def prepare_continue(rd: RunDir) -> None:
         os.remove(p)
 
 
-def _claim(fs: fsspec.AbstractFileSystem, parent: str, base: str) -> str:
-    """Create ``parent/base`` or ``parent/base_<n>`` for the first free n and return its path.
+def _claim(fs: fsspec.AbstractFileSystem, parent: str, base: str, lease: bool = False) -> tuple[str, Lease | None]:
+    """Create ``parent/base`` or ``parent/base_<n>`` for the first free n; return its path (and, with ``lease``,
+    this driver's lease on it).
 
-    On local disks ``mkdir`` is atomic, so two drivers started in the same second never share a name.
+    On local disks ``mkdir`` is atomic, so two drivers started in the same second never share a name. An object
+    store has no directories: there the lease's conditional put (runner/lease.py) is the claim, so two drivers
+    never share a name there either.
     """
     fs.makedirs(parent, exist_ok=True)
     n = 0
@@ -127,12 +134,17 @@ def _claim(fs: fsspec.AbstractFileSystem, parent: str, base: str) -> str:
         if isinstance(fs, LocalFileSystem):
             try:
                 os.mkdir(path)
-                return path
+                return path, take(fs, path) if lease else None
             except FileExistsError:
                 pass
         elif not fs.exists(path):
+            try:
+                held = take(fs, path) if lease else None
+            except Taken:  # another driver claimed this name a moment ago
+                n += 1
+                continue
             fs.makedirs(path, exist_ok=True)
-            return path
+            return path, held
         n += 1
 
 
@@ -144,7 +156,7 @@ def create_sweep_dir(root: str, now: datetime) -> str:
     """Make ``<root>/<YYYY-MM-DD>/<HH-MM-SS>_sweep[_<n>]`` (a filesystem path) for the jobs of one sweep."""
     try:
         fs, root_path = fsspec.core.url_to_fs(root)
-        return _claim(fs, _dated(root_path, now), f"{now.strftime('%H-%M-%S')}_sweep")
+        return _claim(fs, _dated(root_path, now), f"{now.strftime('%H-%M-%S')}_sweep")[0]
     except Exception as exc:  # a backend's own error types too (botocore's NoCredentialsError is no OSError)
         raise _unwritable(root, exc) from exc
 
@@ -165,7 +177,8 @@ def create_run_dir(root: str, task: str, world_size: int, now: datetime, parent:
         raise _unwritable(root, exc) from exc
     local_fs = isinstance(fs, LocalFileSystem)
     try:
-        path = _claim(fs, parent_path, name or layout.run_name(now.strftime("%H-%M-%S"), task, world_size))
+        path, held = _claim(fs, parent_path, name or layout.run_name(now.strftime("%H-%M-%S"), task, world_size),
+                            lease=True)
         for sub in (layout.LOGS, layout.TB, layout.CHECKPOINTS):
             fs.makedirs(layout.join(path, sub), exist_ok=True)
         if not local_fs:  # prove the bucket accepts writes now, not at the first checkpoint
@@ -175,5 +188,5 @@ def create_run_dir(root: str, task: str, world_size: int, now: datetime, parent:
             shutil.rmtree(parent_path, ignore_errors=True)
         raise _unwritable(root, exc) from exc
     if local_fs:
-        return RunDir(url=path, local=path, fs=fs, path=path)
-    return RunDir(url=fs.unstrip_protocol(path), local=_staging(path), fs=fs, path=path)
+        return RunDir(url=path, local=path, fs=fs, path=path, lease=held)
+    return RunDir(url=fs.unstrip_protocol(path), local=_staging(path), fs=fs, path=path, lease=held)

@@ -8,18 +8,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from runner.validate import check_keys, choice, integer, number
 from tasks.api import ConfigError
 
 ATTENTION = ("auto", "flash", "cudnn", "efficient")  # SDPA kernel on CUDA
 LOSSES = ("fused", "plain")  # LM head + loss as one op, or logits then loss
 
 
-def _positive(model: Mapping[str, Any], key: str) -> int:
-    value = model.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"task.model.{key}", value, "must be a positive integer",
-                          f"set task.model.{key} to a positive whole number")
-    return value
+# task.model's keys (tasks/gpt/task.py reads each of them).
+RULES = (
+    *(integer(f"task.model.{k}", lo=1, example=e) for k, e in
+      (("layers", "2"), ("heads", "2"), ("width", "64"), ("context", "64"), ("vocab", "256"))),
+    number("task.model.dropout", lo=0, hi=1, hi_open=True, null=True, example="0.1"),
+    choice("task.model.attention", ATTENTION, null=True),
+    choice("task.model.loss", LOSSES, null=True),
+)
 
 
 def check(cfg: Mapping[str, Any]) -> None:
@@ -29,18 +32,14 @@ def check(cfg: Mapping[str, Any]) -> None:
         raise ConfigError("task.model", model, "task=gpt needs its model settings",
                           "use a gpt task preset (task=gpt or task=gpt2_small), which sets task.model")
     for key in ("layers", "heads", "width", "context", "vocab"):
-        _positive(model, key)
+        if key not in model:
+            raise ConfigError(f"task.model.{key}", None, "is missing, and the model needs it",
+                              f"set task.model.{key} (see conf/task/gpt.yaml)")
+    check_keys(cfg, RULES)
     if model["width"] % model["heads"]:
         raise ConfigError("task.model.width", model["width"],
                           f"not divisible by task.model.heads={model['heads']} (each head gets width/heads)",
                           f"use a width that is a multiple of {model['heads']}, or change task.model.heads")
-    dropout = model.get("dropout", 0.0)
-    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
-        raise ConfigError("task.model.dropout", dropout, "must be a number in [0, 1)", "e.g. task.model.dropout=0.1")
-    for key, allowed in (("attention", ATTENTION), ("loss", LOSSES)):
-        value = model.get(key)
-        if value is not None and value not in allowed:
-            raise ConfigError(f"task.model.{key}", value, "unknown value", f"use one of {', '.join(allowed)}")
     data = cfg.get("data") or {}
     if data.get("name") != "text":
         raise ConfigError("data", data.get("name"), "task=gpt reads a token stream",

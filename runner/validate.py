@@ -1,0 +1,240 @@
+"""Every key the engine reads, checked before launch from one declarative table.
+
+Each :class:`Rule` says what one key may hold (type, range, choices, whether null is allowed); :func:`check_keys`
+refuses the first value that breaks its rule with a :class:`~runner.plan.PlanError` naming the key, the value
+and the fix. Rules that join several keys follow the table in :func:`check_engine`; :func:`warnings` says what
+is allowed but likely not meant.
+Tasks check their own keys through their ``task.checks`` hook, with the same :class:`Rule` and
+:func:`check_keys` (see ``tasks/gpt/checks.py``).
+
+A key absent from the config is not refused here: Hydra composes every key of ``conf/config.yaml``, and
+``runner/overrides.py`` refuses removing one with ``~``. Pure: no I/O, standard library only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from runner.plan import BACKENDS, DDP_COMM, DEVICES, OPTIMIZERS, PRECISIONS, SCHEDULES, PlanError
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# Seeds feed torch, numpy and Python generators alike (seed + rank, seed + epoch): numpy takes 32 bits.
+SEED_MAX = 2**32 - 1024
+
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What one key may hold.
+
+    ``kind``: ``int`` | ``number`` | ``bool`` | ``str`` | ``choice`` | ``numbers`` (a list of ``length`` numbers) |
+    ``mapping``. ``lo``/``hi`` bound numbers (``lo_open``/``hi_open``: strictly); ``choices`` lists the allowed
+    values of a ``choice`` (and extra literal values allowed beside an ``int``, e.g. ``auto``); ``null``: None is
+    allowed; ``example``: a valid setting for the fix.
+    """
+
+    key: str
+    kind: str
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    choices: tuple[Any, ...] = ()
+    null: bool = False
+    length: int | None = None
+    example: str = ""
+
+    def problem(self, value: Any) -> str | None:
+        """Why ``value`` breaks this rule; None when it is fine."""
+        if value is None:
+            return None if self.null else "must be set (null is not allowed)"
+        if self.kind == "bool":
+            return None if isinstance(value, bool) else "must be true or false"
+        if self.kind == "choice":
+            return None if value in self.choices else "unknown value"
+        if self.kind == "str":
+            return None if isinstance(value, str) and value.strip() else "must be a non-empty string"
+        if self.kind == "mapping":
+            return None if isinstance(value, Mapping) else "must be a mapping of settings"
+        if self.kind == "numbers":
+            if not isinstance(value, (list, tuple)) or (self.length is not None and len(value) != self.length):
+                return f"must be a list of {self.length} numbers"
+            return next((p for v in value if (p := self._number_problem(v, whole=False))), None)
+        if self.kind == "int" and value in self.choices and not isinstance(value, bool):
+            return None
+        return self._number_problem(value, whole=self.kind == "int")
+
+    def _number_problem(self, value: Any, whole: bool) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (whole and not isinstance(value, int)):
+            return "must be a whole number" if whole else "must be a number"
+        if not math.isfinite(value):
+            return "must be a finite number"
+        if self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo):
+            return f"must be {'>' if self.lo_open else '>='} {_num(self.lo)}" + self._upper()
+        if self.hi is not None and (value >= self.hi if self.hi_open else value > self.hi):
+            return f"must be {'<' if self.hi_open else '<='} {_num(self.hi)}" + self._lower()
+        return None
+
+    def _upper(self) -> str:
+        return f" and {'<' if self.hi_open else '<='} {_num(self.hi)}" if self.hi is not None else ""
+
+    def _lower(self) -> str:
+        return f" and {'>' if self.lo_open else '>='} {_num(self.lo)}" if self.lo is not None else ""
+
+    def fix(self) -> str:
+        """How to set this key right."""
+        allowed = [str(c) for c in self.choices]
+        if self.kind == "choice":
+            fix = f"use one of {', '.join(allowed)}" + (" (or null)" if self.null else "")
+        elif self.kind == "bool":
+            fix = f"use {self.key}=true or {self.key}=false"
+        else:
+            fix = f"e.g. {self.key}={self.example}" if self.example else f"set {self.key} as the rule says"
+            if self.null:
+                fix += " (or null)"
+            if allowed and self.kind == "int":
+                fix += f" (or {', '.join(allowed)})"
+        return fix
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def integer(key: str, lo: int | None = None, hi: int | None = None, null: bool = False, example: str = "",
+            also: tuple[Any, ...] = ()) -> Rule:
+    """A whole number in ``[lo, hi]`` (``also``: literal values allowed beside it, e.g. ``auto``)."""
+    return Rule(key, "int", lo=lo, hi=hi, null=null, example=example, choices=also)
+
+
+def number(key: str, lo: float | None = None, hi: float | None = None, lo_open: bool = False,
+           hi_open: bool = False, null: bool = False, example: str = "") -> Rule:
+    """A finite number between ``lo`` and ``hi`` (``*_open``: strictly)."""
+    return Rule(key, "number", lo=lo, hi=hi, lo_open=lo_open, hi_open=hi_open, null=null, example=example)
+
+
+def flag(key: str, null: bool = False) -> Rule:
+    """true or false."""
+    return Rule(key, "bool", null=null)
+
+
+def choice(key: str, choices: Iterable[Any], null: bool = False) -> Rule:
+    """One of ``choices``."""
+    return Rule(key, "choice", choices=tuple(choices), null=null)
+
+
+def text(key: str, null: bool = False, example: str = "") -> Rule:
+    """A non-empty string."""
+    return Rule(key, "str", null=null, example=example)
+
+
+# Every key of conf/config.yaml the driver or the engine reads, except those with rules of their own elsewhere
+# (world_size's relation to devices and nodes and batch.global's divisibility: runner/plan.py; data.*:
+# DATA_RULES below and runner/data_prep.py; train.inductor's names: runner/plan.py).
+ENGINE_RULES: tuple[Rule, ...] = (
+    integer("world_size", lo=1, also=("auto",), example="2"),
+    integer("batch.per_rank", lo=1, example="8"),
+    integer("batch.accumulation", lo=1, example="1"),
+    integer("batch.global", lo=1, null=True, example="32"),
+    choice("device", DEVICES),
+    choice("backend", BACKENDS),
+    integer("seed", lo=0, hi=SEED_MAX, example="7"),
+    integer("train.max_steps", lo=1, null=True, example="100"),
+    integer("train.epochs", lo=1, null=True, example="2"),  # needed (plan.py) only without max_steps
+    choice("train.optimizer", OPTIMIZERS),
+    number("train.lr", lo=0, lo_open=True, example="3e-4"),
+    number("train.weight_decay", lo=0, example="0.1"),
+    Rule("train.betas", "numbers", lo=0, hi=1, hi_open=True, length=2, example="[0.9,0.95]"),
+    number("train.momentum", lo=0, hi=1, hi_open=True, example="0.9"),
+    number("train.grad_clip", lo=0, lo_open=True, null=True, example="1.0"),
+    choice("train.schedule", SCHEDULES),
+    integer("train.warmup_steps", lo=0, example="100"),
+    number("train.min_lr_ratio", lo=0, hi=1, example="0.1"),
+    choice("train.precision", PRECISIONS),
+    flag("train.compile"),
+    choice("train.compile_mode", COMPILE_MODES, null=True),
+    Rule("train.inductor", "mapping", null=True),
+    number("train.ddp_bucket_mb", lo=0, lo_open=True, null=True, example="25"),
+    choice("train.ddp_comm", DDP_COMM, null=True),
+    flag("train.ddp_split_graph", null=True),
+    integer("train.log_every", lo=1, example="10"),
+    flag("train.gpu_telemetry", null=True),
+    integer("train.val_every", lo=0, example="100"),
+    integer("train.val_samples", lo=1, null=True, example="2048"),
+    integer("train.num_workers", lo=0, example="2"),
+    integer("train.profile.steps", lo=0, example="3"),
+    integer("train.profile.start", lo=0, example="10"),
+    integer("checkpoint.every_steps", lo=0, example="100"),
+    integer("checkpoint.keep_last", lo=0, example="2"),  # 0 keeps them all
+    flag("checkpoint.async_save"),
+    text("resume", example="auto"),
+    text("output.root", example="outputs"),
+    flag("output.private"),
+    flag("dry_run"),
+    number("timeout_s", lo=0, lo_open=True, example="600"),
+    integer("launcher.max_restarts", lo=0, example="0"),
+)
+
+# The data group's own keys, by ``data.name`` (file checks and data.format/val_fraction: runner/data_prep.py).
+DATA_RULES: dict[str, tuple[Rule, ...]] = {
+    "synthetic": (integer("data.num_samples", lo=1, example="64"), integer("data.seed", lo=0, hi=SEED_MAX,
+                                                                           example="7")),
+    "text": (text("data.path", null=True, example="data/train.bin"),
+             text("data.val_path", null=True, example="data/val.bin"),
+             integer("data.vocab", lo=1, hi=2**16, null=True, example="50257")),
+}
+
+
+def get(cfg: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
+    """The value at ``a.b.c`` in nested mappings; ``default`` when any part is absent."""
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def check_keys(cfg: Mapping[str, Any], rules: Iterable[Rule]) -> None:
+    """Refuse the first key whose value breaks its rule (absent keys are skipped)."""
+    for rule in rules:
+        value = get(cfg, rule.key, _MISSING)
+        if value is _MISSING:
+            continue
+        if (problem := rule.problem(value)) is not None:
+            raise PlanError(rule.key, value, problem, rule.fix())
+
+
+def check_engine(cfg: Mapping[str, Any]) -> None:
+    """The engine's keys (:data:`ENGINE_RULES`), then the rules that join several of them."""
+    check_keys(cfg, ENGINE_RULES)
+    if get(cfg, "train.compile_mode") is not None and get(cfg, "train.compile") is False:
+        raise PlanError("train.compile_mode", get(cfg, "train.compile_mode"),
+                        "has no effect: train.compile is false", "set train.compile=true, or train.compile_mode=null")
+
+
+def warnings(cfg: Mapping[str, Any]) -> list[str]:
+    """What is allowed but likely not meant, for the console. (A warmup longer than a short run is how presets
+    are benchmarked for a few steps, so it is said, not refused.)"""
+    out = []
+    max_steps, warmup = get(cfg, "train.max_steps"), get(cfg, "train.warmup_steps")
+    if isinstance(max_steps, int) and isinstance(warmup, int) and warmup > max_steps:
+        out.append(f"train.warmup_steps={warmup} is longer than the run (train.max_steps={max_steps}): the learning"
+                   f" rate never reaches train.lr (it ends at {max_steps / warmup:.2g} of it)")
+    return out
+
+
+def check_data(data: Mapping[str, Any]) -> None:
+    """The data group's keys for its ``data.name`` (an unknown name is the task's to refuse)."""
+    check_keys({"data": data}, DATA_RULES.get(str(data.get("name")), ()))
+
+
+def check(cfg: Mapping[str, Any]) -> None:
+    """Everything the driver checks from the config alone, before it looks at files, tasks or devices."""
+    check_engine(cfg)
+    if isinstance(cfg.get("data"), Mapping):
+        check_data(cfg["data"])
