@@ -216,6 +216,7 @@ def execute(cfg: DictConfig) -> int:
     if multi:
         multinode.write_node(rd, node, multinode.node_end(record, rc, sup.interrupted))
         nodes = multinode.collect(rd, plan_node_range(conf)[0])
+        plan = multinode.elastic_plan(rd, plan, launcher)
     code = finalize.finish(rd, manifest, plan, rc, sup.interrupted, watch=watch.observations())
     if multi:
         multinode.blame(rd, manifest, nodes)

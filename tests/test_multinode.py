@@ -154,3 +154,16 @@ def test_a_local_job_listens_on_loopback_only(out_root, restarts):
         driver.communicate(timeout=60)
     assert addresses, "the agent's store listens somewhere"
     assert addresses <= {"127.0.0.1", "::1"}, f"listening beyond loopback: {addresses}"
+
+
+def test_an_elastic_range_runs_with_the_nodes_present(out_root):
+    # launcher.nnodes=1:2 with one node: torchrun waits for its last call, then runs on that node alone; the run
+    # is judged by the ranks that ran, not the plan's maximum.
+    rc, out, err = finish(start_node(0, out_root, free_port(), "el", "task=smoke", "train.max_steps=2",
+                                     "launcher.nnodes=1:2"))[0]
+    assert rc == 0, out + err
+    assert "elastic: the job ran 1 of at most 2 ranks (1 of 2 nodes)" in out
+    [run] = run_dirs(out_root)
+    summary = load_json(run / "summary.json")
+    assert summary["status"] == "completed" and summary["completion"]["completed_ranks"] == [0]
+    assert "--nnodes=1:2" in load_json(run / "run.json")["command"]

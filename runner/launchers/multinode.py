@@ -274,6 +274,23 @@ def collect(rd: RunDir, nnodes: int, grace_s: float = NODES_GRACE_S) -> dict[str
         time.sleep(POLL_S)
 
 
+def elastic_plan(rd: RunDir, plan: Plan, launcher: Mapping[str, Any]) -> Plan:
+    """With an elastic range (``launcher.nnodes=min:max``) the job may run on fewer nodes than the plan's maximum:
+    the plan as it ran (world size and global batch from the ranks that reported), for finalisation."""
+    import dataclasses
+    import glob
+
+    if ":" not in str(launcher.get("nnodes", "")):
+        return plan
+    ranks = len(glob.glob(os.path.join(rd.local, layout.LOGS, "rank*.json")))
+    if not 0 < ranks < plan.world_size:
+        return plan
+    print(f"ddp-run: elastic: the job ran {ranks} of at most {plan.world_size} ranks"
+          f" ({ranks // plan.nproc_per_node} of {plan.nnodes} nodes)", flush=True)
+    return dataclasses.replace(plan, world_size=ranks, nnodes=ranks // plan.nproc_per_node,
+                               global_batch=plan.per_rank_batch * ranks * plan.accumulation)
+
+
 def failed_node(nodes: Mapping[str, Mapping[str, Any]], facts_hosts: Mapping[int, Any]) -> dict[str, Any] | None:
     """The node that failed first, as far as the nodes' records tell: an agent killed by a signal (or whose
     driver never recorded its end) before one that merely exited non-zero after a peer was lost."""
