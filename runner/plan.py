@@ -16,6 +16,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("sgd", "adamw")
 DDP_COMM = ("fp32", "bf16")
 SCHEDULES = ("constant", "cosine")
+COMPILE_SCOPES = ("model", "blocks")  # tasks/engine/strategy/ddp_compile.py
 
 
 class PlanError(ValueError):
@@ -188,9 +189,10 @@ def make_plan(
             f"use world_size={len(gpus) * nnodes} or fewer, or device=cpu",
         )
 
-    for key, allowed in (("train.optimizer", OPTIMIZERS), ("train.schedule", SCHEDULES)):
+    for key, allowed in (("train.optimizer", OPTIMIZERS), ("train.schedule", SCHEDULES),
+                         ("train.compile_scope", (None, *COMPILE_SCOPES))):
         if _get(cfg, key) not in allowed:
-            raise PlanError(key, _get(cfg, key), "unknown value", f"use one of {', '.join(allowed)}")
+            raise PlanError(key, _get(cfg, key), "unknown value", f"use one of {', '.join(filter(None, allowed))}")
     precision = _get(cfg, "train.precision")
     if precision not in PRECISIONS:
         raise PlanError("train.precision", precision, "unknown precision", f"use one of {', '.join(PRECISIONS)}")
@@ -207,7 +209,7 @@ def make_plan(
         raise PlanError("train.ddp_comm", "bf16", f"bf16 gradient all-reduce needs NCCL; this run uses {backend}",
                         "use train.ddp_comm=fp32 (or run on GPUs with backend=nccl)")
     for key in ("train.compile", "train.gpu_telemetry", "train.ddp_split_graph", "checkpoint.async_save",
-                "output.private"):
+                "output.private", "train.compile_cache"):
         value = _get(cfg, key)
         if value is not None and not isinstance(value, bool):
             raise PlanError(key, value, "must be true or false", f"use {key}=true or {key}=false")
@@ -222,6 +224,11 @@ def make_plan(
         raise PlanError("train.ddp_bucket_mb", bucket_mb,
                         "below DDP's 1 MB first bucket, which the compiler's DDP graph split refuses",
                         "use train.ddp_bucket_mb=1 or more (or train.ddp_split_graph=false)")
+    timing_every = _get(cfg, "train.timing_every")
+    if timing_every is not None and (not isinstance(timing_every, int) or isinstance(timing_every, bool)
+                                     or timing_every < 0):
+        raise PlanError("train.timing_every", timing_every, "must be a whole number >= 0",
+                        "e.g. train.timing_every=1 (every optimizer step) or 0 (off)")
     for key in ("train.profile.steps", "train.profile.start"):
         value = _get(cfg, key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
