@@ -164,6 +164,10 @@ def _f(v: Any, fmt: str = "{:.1f}") -> str:
     return "—" if v is None else fmt.format(v)
 
 
+def _pct(share: float | None) -> str:
+    return "—" if share is None else f"{100 * share:.1f}%"
+
+
 def summary_lines(res: dict[str, Any]) -> list[str]:
     """The compact account printed at the end."""
     lines = ["", "=" * 100, "SCALING STUDY SUMMARY", "=" * 100]
@@ -182,10 +186,9 @@ def summary_lines(res: dict[str, Any]) -> list[str]:
             lines.append(
                 f"    job {j['job']} {j['values']} {j['status']}: first step {_f(j.get('first_step_s'))} s"
                 f" (cache hits {j.get('cache_hits')}, misses {j.get('cache_misses')}), tokens/s"
-                f" {_f(j.get('tok_s'), '{:,.0f}')}, MFU {_f(j.get('mfu_pct'))}%; step: data"
-                f" {_f(sh.get('data') and 100 * sh['data'])}% compute {_f(sh.get('compute') and 100 * sh['compute'])}%"
-                f" exposed sync {_f(sh.get('exposed_sync') is not None and 100 * sh['exposed_sync'] or None)}%"
-                f" optimizer {_f(sh.get('optimizer') and 100 * sh['optimizer'])}%, rank gap {_f(tb.get('gap_pct'))}%")
+                f" {_f(j.get('tok_s'), '{:,.0f}')}, MFU {_f(j.get('mfu_pct'))}%; step: data {_pct(sh.get('data'))}"
+                f" compute {_pct(sh.get('compute'))} exposed sync {_pct(sh.get('exposed_sync'))}"
+                f" optimizer {_pct(sh.get('optimizer'))}, rank gap {_f(tb.get('gap_pct'))}%")
         firsts = [j.get("first_step_s") for j in jobs]
         if len(firsts) >= 2 and all(firsts[:2]):
             ref = (refs.get(1) or {}).get("first_step_s")
