@@ -102,8 +102,13 @@ class PhaseTimer:
 
     # -- reading ----------------------------------------------------------------------------------------
 
+    def _done(self, rec: _Step) -> bool:
+        # The last mark first (cheap, and usually the answer); then every one: the strategy's mark may come from
+        # another thread's stream.
+        return not self.cuda or (rec.marks[-1][1].query() and all(ev.query() for _, ev in rec.marks))
+
     def _read_ready(self) -> None:
-        while self._pending and (not self.cuda or self._pending[0].marks[-1][1].query()):
+        while self._pending and self._done(self._pending[0]):
             rec = self._pending.pop(0)
             self._window.append(phase_times(rec.start, rec.marks, self._elapsed_ms))
             if self.cuda:
