@@ -13,12 +13,12 @@ GAP_WORTH_SAYING = 1.0  # percent
 
 
 def lines(tb: Mapping[str, Any] | None, prefix: str = "ddp-run: ") -> list[str]:
-    """One line per rank (median ms per optimizer step in each phase), then the slowest and fastest rank."""
+    """One line per rank (mean ms per optimizer step in each phase), then the slowest and fastest rank."""
     if not tb or not tb.get("per_rank"):
         return []
     out = []
     for r, v in sorted(tb["per_rank"].items(), key=lambda kv: int(kv[0])):
-        out.append(f"{prefix}rank {r} per step (median ms): data {v['data_ms']:.1f} · compute {v['compute_ms']:.1f}"
+        out.append(f"{prefix}rank {r} per step (mean ms): data {v['data_ms']:.1f} · compute {v['compute_ms']:.1f}"
                    f" · exposed gradient sync {v['exposed_sync_ms']:.1f} · optimizer {v['optimizer_ms']:.1f}"
                    f" = {v['step_ms']:.1f}")
     shares = tb.get("shares") or {}

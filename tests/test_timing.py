@@ -76,6 +76,8 @@ def test_summary_names_the_rank_with_most_work_and_drops_the_warm_up_window():
     assert tb["gap_pct"] == pytest.approx(100 * (104 - 95) / 95)
     assert tb["shares"]["exposed_sync"] == pytest.approx(1 / 105) and tb["shares"]["compute"] == pytest.approx(99 / 105)
     assert timing.summarize({}, 1) is None
+    uneven = timing.summarize({0: [_w(0, 500, 0, 0), _w(1, 90, 10, 4), _w(3, 70, 30, 2)]}, 1)["per_rank"]["0"]
+    assert uneven["step_ms"] == pytest.approx(sum(uneven[f"{p}_ms"] for p in timing.PHASES))  # still adds up
     assert timing.summarize({0: [_w(1, 2, 0, 1)]}, 1)["per_rank"]["0"]["step_ms"] == 4  # one window: kept
     scalars = timing.scalars({0: _w(1, 90, 10, 4), 1: _w(1, 99, 1, 4)})
     assert scalars["time/rank1/compute_ms"] == 99 and scalars["time/gap_pct"] == pytest.approx(100 * 9 / 95)
@@ -84,7 +86,7 @@ def test_summary_names_the_rank_with_most_work_and_drops_the_warm_up_window():
 def test_console_lines_and_bottleneck_sentence_from_the_breakdown():
     tb = timing.summarize({0: [_w(0.5, 90, 10, 4)], 1: [_w(0.5, 96, 4, 4)]}, every=1)
     lines = breakdown.lines(tb)
-    assert lines[0].startswith("ddp-run: rank 0 per step (median ms): data 0.5 · compute 90.0 · exposed gradient"
+    assert lines[0].startswith("ddp-run: rank 0 per step (mean ms): data 0.5 · compute 90.0 · exposed gradient"
                                " sync 10.0 · optimizer 4.0 = 104.5")
     assert "slowest rank 1, fastest rank 0: 6.3% more work per step" in lines[2]
     run = compare.Run(path=Path("x"), name="x", status="completed", world=2, device="cuda", global_batch=64,

@@ -170,16 +170,16 @@ def scalars(windows: Mapping[int, Mapping[str, float]]) -> dict[str, float]:
 def summarize(windows: Mapping[int, Sequence[Mapping[str, float]]], every: int) -> dict[str, Any] | None:
     """``summary.json``'s ``time_breakdown`` from every rank's window means.
 
-    Per rank, the median of each field over its windows but the first (warm-up; all of them when there is only
-    one). Slowest and fastest rank: :func:`slowest_fastest`; ``gap_pct``: how much more work the slowest rank has
-    than the fastest. ``shares``: the slowest rank's phases as fractions of its step; its exposed sync is the
-    communication nobody hid.
+    Per rank, the mean of each field over its windows but the first (warm-up; all of them when there is only
+    one): means, not medians, so that the phases still add up to the step. Slowest and fastest rank:
+    :func:`slowest_fastest`; ``gap_pct``: how much more work the slowest rank has than the fastest. ``shares``: the
+    slowest rank's phases as fractions of its step; its exposed sync is the communication nobody hid.
     """
     per_rank: dict[str, dict[str, float]] = {}
     for rank, ws in sorted(windows.items()):
         kept = list(ws[1:] or ws)
         if kept:
-            per_rank[str(rank)] = {k: statistics.median(w[k] for w in kept) for k in FIELDS}
+            per_rank[str(rank)] = {k: statistics.fmean(w[k] for w in kept) for k in FIELDS}
     if not per_rank:
         return None
     slow, fast, gap = slowest_fastest(per_rank)
