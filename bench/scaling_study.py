@@ -59,8 +59,8 @@ def run_reference(path: str, world: int, a: argparse.Namespace, work: Path) -> d
     cmd = ["torchrun", "--standalone", f"--nproc-per-node={world}", path, "--compile", "--global-seqs",
            str(a.global_batch), "--micro", str(a.per_rank), "--steps", str(a.steps)]
     t0 = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(
-        T0=repr(t0), TORCHINDUCTOR_CACHE_DIR=str(cache), TRITON_CACHE_DIR=str(cache / "triton")))
+    proc = _run(cmd, a.timeout, env=_env(T0=repr(t0), TORCHINDUCTOR_CACHE_DIR=str(cache),
+                                        TRITON_CACHE_DIR=str(cache / "triton")))
     out: dict[str, Any] = {"world": world, "wall_s": time.time() - t0, "rc": proc.returncode}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
@@ -80,10 +80,21 @@ def common_overrides(a: argparse.Namespace) -> list[str]:
             "train.log_every=5" if a.steps >= 10 else "train.log_every=1", *a.set]
 
 
-def ddp_run(args: list[str], root: Path) -> tuple[subprocess.CompletedProcess, float]:
+def _run(cmd: list[str], timeout: float, **kw: Any) -> subprocess.CompletedProcess:
+    """``cmd``, killed after ``timeout`` seconds (a hang must not eat the whole device call): rc 124 then. Killing
+    the driver takes torchrun and the workers with it (they die with their parent)."""
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+    except subprocess.TimeoutExpired as exc:
+        def text(b: Any) -> str:
+            return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+        return subprocess.CompletedProcess(cmd, 124, text(exc.stdout),
+                                           text(exc.stderr) + f"\ntimed out after {timeout} s")
+
+
+def ddp_run(args: list[str], root: Path, timeout: float) -> tuple[subprocess.CompletedProcess, float]:
     t0 = time.time()
-    proc = subprocess.run([sys.executable, "-m", "runner", *args, f"output.root={root}"], capture_output=True,
-                          text=True, env=_env())
+    proc = _run([sys.executable, "-m", "runner", *args, f"output.root={root}"], timeout, env=_env())
     return proc, time.time() - t0
 
 
@@ -113,7 +124,7 @@ def run_study(scope: str, a: argparse.Namespace, work: Path) -> dict[str, Any]:
     root = work / f"study-{scope}"
     args = ["-m", f"world_size={a.worlds}", "experiment=fixed_global_batch", f"batch.global={a.global_batch}",
             f"train.compile_scope={scope}", *common_overrides(a)]
-    proc, wall = ddp_run(args, root)
+    proc, wall = ddp_run(args, root, 2 * a.timeout)
     out: dict[str, Any] = {"scope": scope, "command": "ddp-run " + " ".join(args), "wall_s": wall,
                            "rc": proc.returncode, "root": str(root)}
     sweeps = sorted(root.glob("*/*_sweep"))
@@ -141,11 +152,12 @@ def run_compare(study: dict[str, Any], out: Path) -> dict[str, Any]:
             "error": proc.stderr[-2000:] if proc.returncode else None}
 
 
-def run_pair(name: str, base: list[str], a_args: list[str], b_args: list[str], root: Path) -> dict[str, Any]:
+def run_pair(name: str, base: list[str], a_args: list[str], b_args: list[str], root: Path,
+             timeout: float) -> dict[str, Any]:
     """Two single runs that differ in ``a_args`` against ``b_args``, under one (warm) root; their tokens/s."""
     out: dict[str, Any] = {"name": name}
     for label, extra in (("a", a_args), ("b", b_args)):
-        proc, wall = ddp_run([*base, *extra], root)
+        proc, wall = ddp_run([*base, *extra], root, timeout)
         row: dict[str, Any] = {"overrides": extra, "rc": proc.returncode, "wall_s": wall}
         run_dir = Path(proc.stdout.strip().splitlines()[-1]) if proc.stdout.strip() else None
         if proc.returncode == 0 and run_dir and (run_dir / "summary.json").is_file():
@@ -234,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scopes", default="model,blocks", help="train.compile_scope values to study")
     ap.add_argument("--parts", default="a,b,c,d,e", help="which parts to run")
     ap.add_argument("--set", action="append", default=[], help="extra ddp-run override for every run")
+    ap.add_argument("--timeout", type=float, default=180,
+                    help="seconds before a run is killed (a sweep gets twice as long)")
     a = ap.parse_args(argv)
     parts = set(a.parts.split(","))
     out = Path(a.out)
@@ -262,12 +276,12 @@ def main(argv: list[str] | None = None) -> int:
         _say("(d) 1 GPU without and with checkpoints and validation every 5 steps")
         res["pairs"].append(run_pair("d", ["world_size=1", *single, "train.val_samples=256"],
                                      ["checkpoint.every_steps=0", "train.val_every=0"],
-                                     ["checkpoint.every_steps=5", "train.val_every=5"], warm))
+                                     ["checkpoint.every_steps=5", "train.val_every=5"], warm, a.timeout))
     if "e" in parts:
         w = max(worlds)
         _say(f"(e) the time breakdown's cost on {w} GPU(s): timing off, then on")
         res["pairs"].append(run_pair("e", [f"world_size={w}", *single], ["train.timing_every=0"],
-                                     ["train.timing_every=1"], warm))
+                                     ["train.timing_every=1"], warm, a.timeout))
     res["wall_s"] = time.time() - t0
     (out / "results.json").write_text(json.dumps(res, indent=2, default=str))
     print("\n".join(summary_lines(res)), flush=True)
