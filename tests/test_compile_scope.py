@@ -12,6 +12,7 @@ import torch
 from conftest import ddp_run, load_json, run_dirs
 
 from runner import layout
+from runner.plan import PlanError, make_plan
 from tasks.engine import compile_cache
 from tasks.engine.strategy.ddp import _SingleProcess
 from tasks.engine.strategy.ddp_compile import compiled_forwards, repeated_blocks
@@ -55,6 +56,18 @@ def test_an_unknown_scope_is_refused_and_a_model_without_blocks_compiles_whole(c
     assert sync is not model and "compiling the whole model" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("key, value", [("compile_scope", "layers"), ("compile_cache", "yes"),
+                                        ("timing_every", -1), ("timing_every", 1.5)])
+def test_the_plan_refuses_bad_compile_and_timing_settings(key, value):
+    from test_plan import cfg
+
+    with pytest.raises(PlanError) as e:
+        make_plan(cfg(**{f"train__{key}": value}), [])
+    assert e.value.key == f"train.{key}"
+    for ok in ("model", "blocks"):
+        make_plan(cfg(train__compile_scope=ok, train__timing_every=0), [])
+
+
 def test_cache_dir_lives_under_a_local_root_and_on_the_host_for_a_remote_one(tmp_path, monkeypatch):
     assert compile_cache.cache_dir(str(tmp_path)) == str(tmp_path / layout.COMPILE_CACHE)
     assert compile_cache.cache_dir(f"file://{tmp_path}") == str(tmp_path / layout.COMPILE_CACHE)
@@ -68,10 +81,16 @@ def test_cache_dir_lives_under_a_local_root_and_on_the_host_for_a_remote_one(tmp
     assert os.environ["TRITON_CACHE_DIR"] == os.path.join(path, "triton")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))  # the user's own wins
     assert compile_cache.configure(str(tmp_path / "root")) == str(tmp_path / "mine")
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())  # inductor's own default is no choice
+    assert compile_cache.configure(str(tmp_path / "root")) == path
 
 
 @pytest.mark.slow
-def test_a_second_run_under_the_same_root_hits_the_first_runs_compile_cache(tmp_path):
+def test_a_second_run_under_the_same_root_hits_the_first_runs_compile_cache(tmp_path, monkeypatch):
+    for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):  # set by inductor in this process, maybe
+        monkeypatch.delenv(var, raising=False)
     root = tmp_path / "outputs"
     args = ["task=gpt", "world_size=1", "device=cpu", "train.compile=true", "train.compile_scope=blocks",
             "train.max_steps=3", "train.val_every=0", "data.val_fraction=0.002", "checkpoint.async_save=false"]

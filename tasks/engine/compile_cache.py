@@ -4,7 +4,7 @@ earlier one compiled.
 Inductor's FX-graph cache and AOTAutograd's cache (compiled forward and backward graphs) and Triton's kernel cache
 are pointed at ``<output.root>/.compile_cache`` before anything compiles. A remote root (s3://…) cannot hold them
 (the caches are plain local files), so such runs share ``~/.cache/ddp-runner/compile`` on their host instead. A
-``TORCHINDUCTOR_CACHE_DIR`` the user set in the environment wins. The caches are safe to share between ranks and
+``TORCHINDUCTOR_CACHE_DIR`` the user set in the environment wins (inductor's own default does not). The caches are safe to share between ranks and
 concurrent jobs: entries are keyed by content and written by rename.
 """
 
@@ -32,7 +32,12 @@ def cache_dir(root: str) -> str:
 def configure(root: str) -> str:
     """Point the compile caches at ``root``'s shared cache (or the user's own) and turn them on; returns the
     inductor cache directory used. Call before the first compile: the directories are read when compiling."""
-    path = os.environ.get(ENV_INDUCTOR) or cache_dir(root)
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    # Inductor writes its default into the environment the first time it looks (and children inherit it): that
+    # value is not a choice of the user's.
+    own = os.environ.get(ENV_INDUCTOR)
+    path = own if own and os.path.abspath(own) != os.path.abspath(default_cache_dir()) else cache_dir(root)
     os.makedirs(path, exist_ok=True)
     os.environ[ENV_INDUCTOR] = path
     os.environ.setdefault(ENV_TRITON, os.path.join(path, "triton"))
