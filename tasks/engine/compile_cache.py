@@ -4,8 +4,8 @@ earlier one compiled.
 Inductor's FX-graph cache and AOTAutograd's cache (compiled forward and backward graphs) and Triton's kernel cache
 are pointed at ``<output.root>/.compile_cache`` before anything compiles. A remote root (s3://…) cannot hold them
 (the caches are plain local files), so such runs share ``~/.cache/ddp-runner/compile`` on their host instead. A
-``TORCHINDUCTOR_CACHE_DIR`` the user set in the environment wins (inductor's own default does not). The caches are safe to share between ranks and
-concurrent jobs: entries are keyed by content and written by rename.
+``TORCHINDUCTOR_CACHE_DIR`` the user set in the environment wins (inductor's own default does not). The caches
+are safe to share between ranks and concurrent jobs: entries are keyed by content and written by rename.
 """
 
 from __future__ import annotations
