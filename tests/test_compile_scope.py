@@ -88,6 +88,7 @@ def test_cache_dir_lives_under_a_local_root_and_on_the_host_for_a_remote_one(tmp
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # two CPU compiles through the CLI (minutes on a busy 2-core machine)
 def test_a_second_run_under_the_same_root_hits_the_first_runs_compile_cache(tmp_path, monkeypatch):
     for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):  # set by inductor in this process, maybe
         monkeypatch.delenv(var, raising=False)
