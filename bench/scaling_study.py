@@ -56,8 +56,9 @@ def _say(msg: str) -> None:
 def run_reference(path: str, world: int, a: argparse.Namespace, work: Path) -> dict[str, Any]:
     """One reference run with a compile cache of its own; its JSON line, with the wall time."""
     cache = work / f"ref-cache-w{world}"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",  # torchrun, whatever PATH holds f"--nproc-per-node={world}", path, "--compile", "--global-seqs",
-           str(a.global_batch), "--micro", str(a.per_rank), "--steps", str(a.steps)]
+    # torchrun through this interpreter, whatever PATH holds
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", path,
+           "--compile", "--global-seqs", str(a.global_batch), "--micro", str(a.per_rank), "--steps", str(a.steps)]
     t0 = time.time()
     proc = _run(cmd, a.timeout, env=_env(T0=repr(t0), TORCHINDUCTOR_CACHE_DIR=str(cache),
                                         TRITON_CACHE_DIR=str(cache / "triton")))
