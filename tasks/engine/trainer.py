@@ -149,7 +149,8 @@ class _Loop:
     start_step: int = 0                 # optimizer steps done before this launch (a resume)
     start_unix: float = 0.0             # when this launch's first step began
     first_step_end_unix: float | None = None
-    timer: timing.PhaseTimer | None = None  # where each step's time goes on this rank (tasks/engine/timing.py)
+    # Where each step's time goes on this rank (tasks/engine/timing.py); off unless the loop sets one up.
+    timer: timing.PhaseTimer = field(default_factory=lambda: timing.PhaseTimer(torch.device("cpu"), 0, 0))
 
 
 class Trainer:
