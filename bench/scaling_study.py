@@ -247,13 +247,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scopes", default="model,blocks", help="train.compile_scope values to study")
     ap.add_argument("--parts", default="a,b,c,d,e", help="which parts to run")
     ap.add_argument("--set", action="append", default=[], help="extra ddp-run override for every run")
+    ap.add_argument("--work", default=None,
+                    help="folder for the runs (default: a fresh temporary one). A later call with the same --work"
+                         " (e.g. outputs/study on a machine still warm) reuses its compile caches")
     ap.add_argument("--timeout", type=float, default=180,
                     help="seconds before a run is killed (a sweep gets twice as long)")
     a = ap.parse_args(argv)
     parts = set(a.parts.split(","))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="scaling-study-"))
+    work = Path(a.work).resolve() if a.work else Path(tempfile.mkdtemp(prefix="scaling-study-"))
+    work.mkdir(parents=True, exist_ok=True)
     res: dict[str, Any] = {"args": vars(a), "work": str(work), "reference": [], "studies": [], "compare": [],
                            "pairs": []}
     t0 = time.time()
