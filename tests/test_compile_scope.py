@@ -47,6 +47,15 @@ def test_blocks_scope_compiles_one_block_once_and_every_block_reuses_it():
     torch._dynamo.reset()
 
 
+def test_only_the_outermost_module_lists_are_blocks():
+    inner = torch.nn.ModuleList([torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)])
+    block = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    block.parts = inner
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList([block, torch.nn.Linear(2, 2)])
+    assert repeated_blocks(model) == [block, model.layers[1]]
+
+
 def test_an_unknown_scope_is_refused_and_a_model_without_blocks_compiles_whole(capsys):
     model = torch.nn.Linear(4, 4)
     with pytest.raises(ValueError, match="train.compile_scope='layers'"):

@@ -41,8 +41,15 @@ SCOPES = ("model", "blocks")
 
 
 def repeated_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The children of every ``nn.ModuleList`` in ``model``: the repeated blocks of a transformer."""
-    return [b for m in model.modules() if isinstance(m, torch.nn.ModuleList) for b in m]
+    """The children of the outermost ``nn.ModuleList``s in ``model``: the repeated blocks of a transformer (a
+    ModuleList inside a block is part of that block's graph, not compiled again)."""
+    chosen: list[str] = []
+    blocks: list[torch.nn.Module] = []
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.ModuleList) and not any(name.startswith(c + ".") for c in chosen):
+            chosen += [f"{name}.{i}" if name else str(i) for i in range(len(m))]
+            blocks += list(m)
+    return blocks
 
 
 def compile_blocks(model: torch.nn.Module, **compile_kwargs: Any) -> int:
