@@ -17,7 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from runner import layout
+from runner import diagnostics, layout
 from runner.plan import Plan, PlanError, make_plan
 
 # The configs ship inside the package (conf/ in the checkout): found from any working directory. A checkout used
@@ -63,6 +63,12 @@ def _plan(cfg: dict[str, Any], task_dirs: list[str]) -> tuple[Plan, str | None]:
     task_module.run_checks(cfg, task_dir)
     plan = make_plan(cfg, gpus, train_samples=train_samples,
                      inductor_settings=inductor_settings() if cfg.get("train", {}).get("inductor") else None)
+    if cfg["launcher"].get("name") in ("multinode", "slurm"):
+        from runner.launchers import launcher_check
+
+        launcher_check(cfg["launcher"])
+    diagnostics.resolve(cfg)
+    diagnostics.check(cfg, plan.world_size)
     # The resolved config holds what the plan decided: workers run exactly this.
     cfg["batch"]["accumulation"] = plan.accumulation
     cfg["device"], cfg["backend"], cfg["world_size"] = plan.device, plan.backend, plan.world_size
@@ -73,6 +79,8 @@ def execute(cfg: DictConfig) -> int:
     """One job: plan, refuse or launch, supervise, summarise. Returns the job's exit code."""
     from runner import data_prep, finalize, rundir
     from runner.launch import Supervisor, torchrun_command, worker_env
+    from runner.launchers import local, multinode
+    from runner.plan import node_range as plan_node_range
 
     t0 = time.time()
     started = datetime.now()
@@ -86,6 +94,8 @@ def execute(cfg: DictConfig) -> int:
             with rd.fs.open(layout.join(rd.path, layout.CONFIG)) as f:
                 conf = OmegaConf.to_container(OmegaConf.create(f.read().decode()), resolve=True)
             conf["dry_run"] = bool(cfg.dry_run)
+            if diagnostics.without_fault(conf):  # a rehearsal fault strikes once, not again in the continued run
+                print("ddp-run: note: the run's fault.* is not repeated when it is continued", file=sys.stderr)
             _warn_ignored_overrides(rd.url)
             previous = rd.read_json(layout.MANIFEST)
             _check_no_live_driver(rd.url, previous)
@@ -115,12 +125,31 @@ def execute(cfg: DictConfig) -> int:
         # Everything this driver, torchrun and the workers create from here on (they inherit the umask) is
         # owner-only: the run directory, logs, TensorBoard files, checkpoints.
         os.umask(0o077)
-    if not continuing:
+    launcher = conf["launcher"]
+    multi = launcher.get("name") == "multinode" and not continuing
+    if multi:  # every node computes the same run directory; node 0 opens it, the others join it
+        from runner.launchers import multinode
+
+        try:
+            rd, continuing = _open_multinode_dir(conf, plan)
+        except PlanError as err:
+            return refuse(err)
+        if rd is None:
+            url = multinode.run_url(conf, plan)
+            try:
+                rd = multinode.wait_to_join(url, str(conf["output"]["root"]), launcher.get("join_timeout_s", 120))
+            except PlanError as err:
+                return refuse(err)
+            env = worker_env(rd.url, rd.local, t0, restarts=launcher.get("max_restarts", 0), task_path=task_dir,
+                             extra=multinode.env(launcher))
+            env.update(diagnostics.worker_env(conf, plan.backend))
+            return multinode.follow(rd, plan, launcher, env)
+    elif not continuing:
         try:
             rd = _new_run_dir(conf, plan, started)
         except PlanError as err:
             return refuse(err)
-    else:
+    if continuing:
         rundir.prepare_continue(rd)
     cmd = torchrun_command(plan, conf["launcher"], rd.url)
     rd.write_text(layout.CONFIG, OmegaConf.to_yaml(OmegaConf.create(conf)))
@@ -136,18 +165,69 @@ def execute(cfg: DictConfig) -> int:
         manifest["continued"] = previous.get("continued", []) + [started.isoformat(timespec="seconds")]
     rd.write_json(layout.MANIFEST, manifest)
     print(f"ddp-run: run directory {rd.url}", flush=True)
+    if launcher.get("name") == "slurm":  # the job's own driver runs torchrun; this one submits and follows
+        from runner.launchers import slurm
 
-    env = worker_env(rd.url, rd.local, t0, restarts=conf["launcher"].get("max_restarts", 0), task_path=task_dir)
-    sup = Supervisor(cmd, env, str(Path(rd.local, layout.AGENT_LOG)))
+        _state["job"]["run_dir"] = rd.url
+        try:
+            return slurm.submit_and_follow(rd, manifest, launcher, task)
+        except PlanError as err:
+            rd.remove()
+            _state["job"].pop("run_dir")
+            return refuse(err)
+
+    from runner.watchdog import Watchdog
+
+    extra = multinode.env(launcher) if multi else local.env() if launcher.get("name", "local") == "local" else {}
+    env = worker_env(rd.url, rd.local, t0, restarts=launcher.get("max_restarts", 0), task_path=task_dir,
+                     extra=extra)
+    env.update(diagnostics.worker_env(conf, plan.backend))
+    diagnostics.prepare(rd.local, conf)
+    node = multinode.node_name(launcher) if multi else None
+    if multi:
+        record = multinode.node_start(plan, launcher, node, cmd)
+        multinode.write_node(rd, node, record)
+    sup = Supervisor(cmd, env, str(Path(rd.local, layout.node_agent_log(node) if multi else layout.AGENT_LOG)))
     mirror = finalize.Mirror(rd) if rd.is_remote else None
     _state["job"]["run_dir"] = rd.url
-    ticks = [finalize.Heartbeat(rd, manifest).tick, *([mirror.tick] if mirror else [])]
+    watch = Watchdog(rd.local, rd.url, plan.world_size, float(conf.get("watchdog", {}).get("timeout_s") or 0),
+                     lambda: sup.proc)
+    ticks = [finalize.Heartbeat(rd, manifest).tick, watch.tick, *([mirror.tick] if mirror else [])]
     rc = sup.run(on_tick=lambda: [tick() for tick in ticks])
-    code = finalize.finish(rd, manifest, plan, rc, sup.interrupted)
+    watch.tick(judge=False)  # processes that ended since the last tick
+    diagnostics.tidy(rd.local)
+    if multi:
+        multinode.write_node(rd, node, multinode.node_end(record, rc, sup.interrupted))
+        nodes = multinode.collect(rd, plan_node_range(conf)[0])
+    code = finalize.finish(rd, manifest, plan, rc, sup.interrupted, watch=watch.observations())
+    if multi:
+        multinode.blame(rd, manifest, nodes)
     if mirror:
         mirror.flush()
     print(rd.url, flush=True)
     return code
+
+
+def _open_multinode_dir(conf: dict[str, Any], plan: Plan):
+    """Node 0 of a multi-node run: create its run directory, or continue it when it already holds the run (a
+    restart of the same command). Returns (run dir, continuing); (None, False) on the other nodes."""
+    from runner import rundir
+    from runner.launchers import multinode
+
+    if not multinode.is_creator(conf["launcher"]):
+        return None, False
+    url = multinode.run_url(conf, plan)
+    try:
+        again = multinode.exists(url)
+    except (OSError, ValueError) as exc:
+        raise PlanError("output.root", conf["output"]["root"], f"cannot be reached ({type(exc).__name__}: {exc})",
+                        "give every node the same output.root on a filesystem they all mount") from exc
+    if not again:
+        return multinode.create(url), False
+    rd = rundir.open_run_dir(url)
+    _check_no_live_driver(rd.url, rd.read_json(layout.MANIFEST))
+    print(f"ddp-run: {url} holds this run already: continuing it (resume from its newest checkpoint)", flush=True)
+    return rd, True
 
 
 def _invocation(task_dir: str | None) -> dict[str, Any]:
@@ -401,9 +481,22 @@ def _record_job(code: int) -> None:
                 summary = json.load(f)
         except (OSError, ValueError):
             summary = None
-        record["status"] = (summary or {}).get("status", "failed")
+        record["status"] = (summary or {}).get("status") or _manifest_status(job["run_dir"])
         record["figures"] = sweep.headline(summary)
     _state["records"].append(record)
+
+
+def _manifest_status(run_dir: str) -> str:
+    """A job's status from its run.json when it has no summary yet (e.g. queued on Slurm); "failed" if unreadable."""
+    import json
+
+    import fsspec
+
+    try:
+        with fsspec.open(layout.join(run_dir, layout.MANIFEST), "r") as f:
+            return str(json.load(f).get("status") or "failed")
+    except (OSError, ValueError):
+        return "failed"
 
 
 def _write_sweep_record() -> None:

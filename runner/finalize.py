@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from runner import breakdown, layout
-from runner.manifest import completion_check, read_rank_files, root_cause
+from runner.manifest import completion_check, read_rank_files
 from runner.plan import Plan
 from runner.rundir import RunDir
 
@@ -61,7 +61,8 @@ def gpu_lines(gpus: dict[str, dict[str, float]]) -> list[str]:
     return lines
 
 
-def finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupted: int | None) -> int:
+def finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupted: int | None,
+           watch: dict[str, Any] | None = None) -> int:
     """Write the final run.json and summary.json, print the outcome, and return the driver's exit code.
 
     A failure while doing so (a full disk, a lost remote store) never escapes as a traceback: it ends with one
@@ -71,7 +72,7 @@ def finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupte
     """
     step = ["reading the rank files"]  # what finalising was doing, for the message
     try:
-        return _finish(rd, manifest, plan, rc, interrupted, step)
+        return _finish(rd, manifest, plan, rc, interrupted, step, watch or {})
     except Exception as exc:  # noqa: BLE001 - whatever it was, the driver must end with a true status
         return _finalize_failed(rd, manifest, rc, interrupted, step[0], exc)
 
@@ -92,26 +93,33 @@ def _exit_code(ok: bool, rc: int, interrupted: int | None) -> int:
 
 
 def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupted: int | None,
-            step: list[str]) -> int:
+            step: list[str], watch: dict[str, Any]) -> int:
+    from runner import rootcause
+    from runner.watchdog import read_progress
+
     facts, errors, logs = read_rank_files(rd.local, plan.world_size)
     agent_log_path = Path(rd.local, layout.AGENT_LOG)
     agent_log = agent_log_path.read_text(errors="replace") if agent_log_path.exists() else ""
     check = completion_check(logs, plan.world_size)
     ok = rc == 0 and interrupted is None and check["all_completed"]
-    cause = None if ok else root_cause(errors)
-    if cause is None and not ok:
-        reason = (f"interrupted by signal {interrupted}" if interrupted is not None
-                  else f"torchrun exited with {rc} and no rank left an error record (killed or crashed)")
-        cause = {"rank": None, "type": "Interrupted" if interrupted is not None else "WorkerLost",
-                 "message": reason, "traceback": agent_log.strip().splitlines()[-12:]}
+    exit_codes = _exit_codes(facts, errors, agent_log, plan.world_size)
+    cause = None if ok else rootcause.root_cause({
+        "world_size": plan.world_size, "errors": errors, "facts": facts, "watch": watch,
+        "progress": read_progress(rd.local, plan.world_size), "exit_codes": exit_codes, "rc": rc,
+        "interrupted": interrupted, "agent_tail": agent_log.strip().splitlines()[-12:]})
+    if cause is None and not ok:  # torchrun ended well but some rank did not report completion
+        cause = {"rank": None, "class": "launcher_error", "type": "Incomplete", "where": "torchrun",
+                 "message": f"torchrun exited with {rc} but not every rank reported completion",
+                 "traceback": agent_log.strip().splitlines()[-12:], "consequences": [], "other_failed_ranks": []}
     rank0 = facts.get(0, {})
     manifest.update(
         status=outcome(ok, interrupted),
         ended=datetime.now().isoformat(timespec="seconds"),
-        exit_codes=_exit_codes(facts, errors, agent_log, plan.world_size),
+        exit_codes=exit_codes,
         torchrun_exit_code=rc,
         restarts=max((f.get("restart_count", 0) for f in facts.values()), default=0),
-        ranks={str(r): {k: f.get(k) for k in ("host", "device", "device_name", "cuda_visible_devices", "pid")}
+        ranks={str(r): {k: f.get(k) for k in ("host", "node", "device", "device_name", "cuda_visible_devices",
+                                              "pid")}
                for r, f in sorted(facts.items())},
     )
     manifest["versions"]["nccl"] = rank0.get("nccl")
@@ -144,12 +152,14 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
         for line in breakdown.lines(train.get("time_breakdown")):
             print(line, flush=True)
         return 0
-    where = f"rank {cause['rank']}" if cause.get("rank") is not None else "the launcher"
     label = "INTERRUPTED" if interrupted is not None else "FAILED"
-    print(f"ddp-run: {label}: earliest error on {where}: {cause['type']}: {cause['message']}", file=sys.stderr)
     for line in cause.get("traceback", [])[-6:]:
         print(f"    {line}", file=sys.stderr)
-    print(f"ddp-run: rank logs: {layout.join(rd.url, layout.LOGS)}", file=sys.stderr, flush=True)
+    for line in rootcause.consequence_lines(cause):
+        print(f"ddp-run: {line}", file=sys.stderr)
+    print(f"ddp-run: rank logs: {layout.join(rd.url, layout.LOGS)}", file=sys.stderr)
+    # Last, so that the end of the console names the rank and the cause.
+    print(f"ddp-run: {label}: {rootcause.headline(cause)}\n  where: {cause['where']}", file=sys.stderr, flush=True)
     return _exit_code(ok, rc, interrupted)
 
 

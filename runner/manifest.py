@@ -87,15 +87,6 @@ def read_rank_files(local_dir: str, world_size: int) -> tuple[dict[int, dict], d
     return facts, errors, logs
 
 
-def root_cause(errors: dict[int, dict]) -> dict[str, Any] | None:
-    """The earliest error across ranks: one rank's crash shows up elsewhere as a collective timeout."""
-    if not errors:
-        return None
-    first = min(errors.values(), key=lambda e: e.get("time", float("inf")))
-    return {"rank": first["rank"], "type": first["type"], "message": first["message"],
-            "traceback": first["traceback"], "other_failed_ranks": sorted(r for r in errors if r != first["rank"])}
-
-
 def completion_check(logs: dict[int, str], world_size: int) -> dict[str, Any]:
     """Did every rank print ``rank R device D completed`` on a distinct device?"""
     seen: dict[int, str] = {}

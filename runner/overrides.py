@@ -25,7 +25,7 @@ from runner.plan import PlanError, flatten
 
 # Sections whose keys the driver and the engine define: adding one with `+` is a misspelling, not a new setting.
 OWNED = ("batch", "train", "checkpoint", "output", "launcher", "world_size", "device", "backend", "seed",
-         "resume", "dry_run", "timeout_s")
+         "resume", "dry_run", "timeout_s", "watchdog", "fault", "debug")
 # Inside owned sections, subtrees that hold free-form settings passed on as they are.
 OPEN = ("train.inductor",)
 # Keys a task's YAML sets that the workers cannot do without.

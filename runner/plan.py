@@ -109,6 +109,23 @@ def _check_inductor(wanted: Mapping[str, Any], known: Mapping[str, Any] | None) 
                             f"use +train.inductor.{key}=true or false")
 
 
+def node_range(cfg: Mapping[str, Any]) -> tuple[int, int]:
+    """``launcher.nnodes`` as (min, max) nodes: an int ``n`` is ``(n, n)``; ``"1:2"`` an elastic range (torchrun's
+    own syntax). The plan's world size is the maximum's: ``world_size = max nodes × processes per node``."""
+    value = _get(cfg, "launcher.nnodes")
+    fix = "set launcher.nnodes to the number of hosts (e.g. 2) or an elastic range min:max (e.g. 1:2)"
+    if isinstance(value, str) and value.count(":") == 1:
+        lo, hi = value.split(":")
+        if lo.strip().isdigit() and hi.strip().isdigit() and 0 < int(lo) <= int(hi):
+            if (_get(cfg, "launcher.name") or "local") != "multinode" and int(lo) != int(hi):
+                raise PlanError("launcher.nnodes", value, "elastic node ranges need launcher=multinode", fix)
+            return int(lo), int(hi)
+        raise PlanError("launcher.nnodes", value, "not a range min:max of positive node counts", fix)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise PlanError("launcher.nnodes", value, "must be a positive integer or a range min:max", fix)
+    return value, value
+
+
 def derive_accumulation(global_batch: int, per_rank: int, world_size: int) -> int:
     """Accumulation steps that make ``global_batch`` exactly; refuses indivisible values."""
     step = per_rank * world_size
@@ -136,23 +153,35 @@ def make_plan(
     ``inductor_settings`` torch._inductor's settings and their defaults (checked only when ``train.inductor``
     sets any).
     """
+    launcher = _get(cfg, "launcher.name") or "local"
+    _, nnodes = node_range(cfg)
     if _get(cfg, "world_size") == "auto":
         if not gpus or _get(cfg, "device") == "cpu":
             raise PlanError("world_size", "auto", "auto means one rank per visible GPU, and none is visible",
                             "set world_size to a number of CPU ranks, e.g. world_size=2")
-        cfg = {**cfg, "world_size": len(gpus) * (_get(cfg, "launcher.nnodes") or 1)}
+        per_node = _get(cfg, "launcher.nproc_per_node") or len(gpus)
+        cfg = {**cfg, "world_size": per_node * nnodes}
     world_size = _positive_int(cfg, "world_size", "set world_size to the number of ranks, e.g. world_size=2")
     per_rank = _positive_int(cfg, "batch.per_rank", "set batch.per_rank to a positive micro-batch, e.g. 8")
-    nnodes = _positive_int(cfg, "launcher.nnodes", "set launcher.nnodes to the number of hosts, e.g. 1")
-    if nnodes != 1 and _get(cfg, "launcher.name") in (None, "local"):
+    if nnodes != 1 and launcher == "local":
         raise PlanError("launcher.nnodes", nnodes, "the local launcher runs on this host only",
-                        "use launcher.nnodes=1 (multi-node launching is not supported yet)")
+                        "use launcher.nnodes=1, or launcher=multinode (or launcher=slurm) for several hosts")
     if world_size % nnodes:
         raise PlanError(
             "world_size", world_size, f"not divisible by launcher.nnodes={nnodes}",
             "use the same number of processes on every node (world_size = nnodes × processes per node)",
         )
     nproc = world_size // nnodes
+    per_node = _get(cfg, "launcher.nproc_per_node")
+    if per_node is not None:
+        per_node = _positive_int(cfg, "launcher.nproc_per_node", "set launcher.nproc_per_node to the processes"
+                                 " each node starts, e.g. 1")
+        if per_node * nnodes != world_size:
+            raise PlanError("world_size", world_size,
+                            f"is not launcher.nnodes × launcher.nproc_per_node = {nnodes} × {per_node}"
+                            f" = {nnodes * per_node}",
+                            f"use world_size={nnodes * per_node}, or change launcher.nnodes /"
+                            " launcher.nproc_per_node")
 
     global_batch = _get(cfg, "batch.global")
     if global_batch is None:

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import faulthandler
 import gc
 import os
 import signal
+import socket
 import sys
 
-from runner import layout, osutil
+from runner import layout, netbind, osutil
 from tasks.engine import worker_io
 from tasks.engine.diagnostics import termination
 
@@ -25,7 +27,19 @@ def main() -> int:
     rank = int(os.environ.get("RANK", "0"))
     osutil.die_with_parent(signal.SIGKILL)  # torchrun's agent gone: no rank may outlive it
     console = worker_io.redirect_output(local_dir, rank)
+    if os.environ.get(layout.ENV_DEBUG):  # before torch is imported: its C++ logs go to the private debug log
+        from tasks.engine.diagnostics import debug
+
+        debug.apply(local_dir, rank)
+    if os.environ.get("LOCAL_WORLD_SIZE", "1") != os.environ.get("WORLD_SIZE", "1"):  # several nodes
+        node = os.environ.get(layout.ENV_NODE) or os.environ.get("GROUP_RANK")
+        print(f"ddp-run: rank {rank} on node {node} (host {socket.gethostname()}, local rank"
+              f" {os.environ.get('LOCAL_RANK')}, group rank {os.environ.get('GROUP_RANK')})", flush=True)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        netbind.install()  # rank 0 hosts the job's store itself: on its host's address only
     termination.install()  # on SIGTERM, the checkpoint being written is finished first
+    # A crash in native code (SIGSEGV, SIGABRT, …) leaves every thread's Python stack in the rank log.
+    faulthandler.enable(file=sys.stderr, all_threads=True)
     # An error record left by an earlier attempt (elastic restart, resume) must not pass for this one's.
     with contextlib.suppress(FileNotFoundError):
         os.remove(os.path.join(local_dir, layout.rank_error(rank)))
@@ -36,10 +50,22 @@ def main() -> int:
         return 0
     except BaseException as exc:  # noqa: B036 - every failure, KeyboardInterrupt too, is recorded
         worker_io.record_error(local_dir, rank, exc)
+        _torchrun_error_file(exc)
         import traceback
 
         traceback.print_exc()
         return 1
+
+
+def _torchrun_error_file(exc: BaseException) -> None:
+    """Also leave torchrun's own error file (``TORCHELASTIC_ERROR_FILE``, as its ``@record`` would), so that
+    torchrun's failure report shows this rank's traceback instead of "To enable traceback see …"."""
+    if not os.environ.get("TORCHELASTIC_ERROR_FILE") or not isinstance(exc, Exception):
+        return
+    with contextlib.suppress(Exception):  # its report only; the runner's own record is written above
+        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+        ErrorHandler().record_exception(exc)
 
 
 def fast_exit(code: int) -> None:

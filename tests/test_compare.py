@@ -61,7 +61,8 @@ def test_report_over_a_fixed_global_batch_sweep_and_a_failed_run(tmp_path):
     r = ddp_run(["-m", "world_size=1,2", *common], root)
     assert r.returncode == 0, r.stderr
     failed_root = tmp_path / "failed"
-    f = ddp_run([*common, "world_size=2", "train.lr=0.002"], failed_root, env={"DDP_RUNNER_FAULT": "raise@1:3"})
+    f = ddp_run([*common, "world_size=2", "train.lr=0.002", "fault.kind=exception", "fault.rank=1", "fault.step=3"],
+                failed_root)
     assert f.returncode != 0
     (sweep,) = {p.parent for p in run_dirs(root)}
     (failed,) = run_dirs(failed_root)

@@ -96,14 +96,14 @@ def test_multirun_sweep_one_dir_per_job(out_root):
 
 
 def test_failing_rank_is_named_as_root_cause(out_root):
-    r = ddp_run(["device=cpu"], out_root, env={"DDP_RUNNER_FAULT": "raise@1:2"})
+    r = ddp_run(["device=cpu", "fault.kind=exception", "fault.rank=1", "fault.step=2"], out_root)
     assert r.returncode != 0
-    assert "earliest error on rank 1: RuntimeError: injected fault on rank 1 at step 2" in r.stderr
+    assert "earliest error on rank 1 [exception]: RuntimeError: injected fault on rank 1 at step 2" in r.stderr
     [run] = run_dirs(out_root)
     manifest, summary = load_json(run / "run.json"), load_json(run / "summary.json")
     assert manifest["status"] == "failed" and manifest["exit_codes"]["1"] == 1
     cause = summary["root_cause"]
-    assert cause["rank"] == 1 and cause["type"] == "RuntimeError"
+    assert cause["rank"] == 1 and cause["type"] == "RuntimeError" and cause["class"] == "exception"
     assert any("injected fault" in line for line in cause["traceback"])
 
 

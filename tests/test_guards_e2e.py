@@ -141,8 +141,8 @@ def test_kill_and_resume_with_dropout_is_bit_identical(tmp_path: Path, text_file
     that draw no random numbers after start-up, so a fresh RNG passes them. With dropout, every step after the
     resume would draw other masks. (The in-process guard: test_guards.py::test_resume_restores_the_rng_state_...)
     """
-    crashed = _train(tmp_path / "crash", *_gpt_args(text_file), env={"DDP_RUNNER_FAULT": f"kill@1:{KILL_AT}"},
-                     ok=False)
+    crashed = _train(tmp_path / "crash", *_gpt_args(text_file), "fault.kind=sigkill", "fault.rank=1",
+                     f"fault.step={KILL_AT}", ok=False)
     assert ckpt.latest(f"{crashed}/checkpoints").endswith(f"step_{LAST_CKPT}")
     r = ddp_run([f"resume={crashed}"], tmp_path / "unused")
     assert r.returncode == 0, r.stdout + r.stderr

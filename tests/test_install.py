@@ -86,7 +86,7 @@ def test_own_task_from_outside_the_checkout_with_checkpoint_and_resume(venv: Pat
     ddp_run = str(venv / "bin/ddp-run")
     args = ["--config-dir", "conf", "task=tiny_cnn", "device=cpu", "world_size=2", "output.root=out"]
     # Killed after step 10 (a checkpoint exists at step 8), then continued in place.
-    first = _run([ddp_run, *args], cwd=workdir, check=False, env={"DDP_RUNNER_FAULT": "kill@1:10"})
+    first = _run([ddp_run, *args, "fault.kind=sigkill", "fault.rank=1", "fault.step=10"], cwd=workdir, check=False)
     assert first.returncode != 0
     run = workdir / "out" / sorted(p.relative_to(workdir / "out") for p in (workdir / "out").glob("*/*"))[0]
     assert (run / "checkpoints" / "step_8" / "meta.json").exists()
@@ -116,8 +116,8 @@ def test_gpt_on_text_tokenized_with_ddp_tokenize(venv: Path, workdir: Path) -> N
                  check=False)
     assert small.returncode == 2 and "task.model.vocab" in small.stderr
     assert not (workdir / "out").exists()
-    first = _run([str(venv / "bin/ddp-run"), *common, "task.model.vocab=512", "output.root=out"], cwd=workdir,
-                 check=False, env={"DDP_RUNNER_FAULT": "kill@1:8"})
+    first = _run([str(venv / "bin/ddp-run"), *common, "task.model.vocab=512", "output.root=out", "fault.kind=sigkill",
+                  "fault.rank=1", "fault.step=8"], cwd=workdir, check=False)
     assert first.returncode != 0
     run = next((workdir / "out").glob("*/*"))
     manifest = json.loads((run / "run.json").read_text())

@@ -95,7 +95,7 @@ def test_run_under_s3_root_mirrors_the_whole_tree(s3_url, local_run):  # noqa: F
 def test_s3_run_killed_then_resumed_in_place(s3_url, local_run, tmp_path):  # noqa: F811 - fixture
     # Rank 1 is SIGKILLed after step 7, once step_6 is in the bucket; then the remote run is continued in place.
     root = f"{s3_url}/crash"
-    r = ddp_run(SMOKE, root, env={"DDP_RUNNER_FAULT": "kill@1:7"})
+    r = ddp_run([*SMOKE, "fault.kind=sigkill", "fault.rank=1", "fault.step=7"], root)
     assert r.returncode != 0, r.stdout + r.stderr
     crashed = only_remote_run(root)
     assert read_json(f"{crashed}/run.json")["status"] == "failed"

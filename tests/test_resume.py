@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 # smoke: 64 samples / (8 per rank × 2 ranks) = 4 optimizer steps per epoch, 2 epochs = 8 steps. With a
 # checkpoint every 2 steps, killing rank 1 after step 7 leaves step_6 (epoch 1, 2 of 4 micro-batches done).
 SMOKE = ["task=smoke", "device=cpu", "world_size=2", "checkpoint.every_steps=2"]
-KILL_SMOKE = {"DDP_RUNNER_FAULT": "kill@1:7"}
+KILL_SMOKE = ["fault.kind=sigkill", "fault.rank=1", "fault.step=7"]
 
 
 def only_run(root: Path) -> Path:
@@ -91,7 +91,7 @@ def test_kill_then_resume_run_dir_is_bit_identical(tmp_path, text_file):
     assert load_json(clean / "summary.json")["steps"] == 24
 
     # Rank 1 is SIGKILLed after step 15; step_12 was saved in epoch 1 (steps 9-16), half-way through it.
-    r = ddp_run(args, tmp_path / "crash", env={"DDP_RUNNER_FAULT": "kill@1:15"})
+    r = ddp_run([*args, "fault.kind=sigkill", "fault.rank=1", "fault.step=15"], tmp_path / "crash")
     crashed = only_run(tmp_path / "crash")
     assert_killed(r, crashed)
     assert ck.latest(f"{crashed}/checkpoints").endswith("step_12")
@@ -113,11 +113,11 @@ def test_kill_then_resume_run_dir_is_bit_identical(tmp_path, text_file):
     assert_same_params(final_params(crashed), final_params(clean))
 
 
-def _failed_with_step4_in_flight(tmp_path: Path, fault: str) -> tuple[Any, Path]:
+def _failed_with_step4_in_flight(tmp_path: Path, fault: list[str]) -> tuple[Any, Path]:
     """A smoke run where rank 0's background write of step_4 is held for 8 s (a wide margin on a busy machine)
     while ``fault`` strikes; the run failed, and step_4 was finished all the same."""
-    env = {"DDP_RUNNER_FAULT": fault, "DDP_RUNNER_SLOW_SAVE": "4:8"}
-    r = ddp_run([*SMOKE, "checkpoint.async_save=true"], tmp_path / "out", env=env)
+    env = {"DDP_RUNNER_SLOW_SAVE": "4:8"}
+    r = ddp_run([*SMOKE, "checkpoint.async_save=true", *fault], tmp_path / "out", env=env)
     run = only_run(tmp_path / "out")
     assert_killed(r, run)
     assert ck.latest(f"{run}/checkpoints").endswith("step_4")
@@ -129,7 +129,8 @@ def test_rank0_finishes_the_checkpoint_in_flight_when_torchrun_stops_it(tmp_path
     # torchrun stops rank 0 with SIGTERM while step_4's write is in flight. Rank 0 finishes it before stopping
     # (tasks/termination.py), so the run resumes from step_4, not step_2. Without that, SIGTERM ended rank 0 and
     # the write with it.
-    r, run = _failed_with_step4_in_flight(tmp_path, "raise@1:5,hang@0:5")
+    r, run = _failed_with_step4_in_flight(
+        tmp_path, ["fault.kind=exception", "fault.rank=1", "fault.step=5", "fault.also=[{kind:hang,rank:0,step:5}]"])
     assert "SIGTERM: finished the checkpoint in flight" in (run / "logs/rank0.log").read_text()
     assert "injected fault on rank 1 at step 5" in r.stderr + r.stdout, "the root cause is still rank 1's"
 
@@ -138,13 +139,13 @@ def test_rank0_finishes_the_checkpoint_in_flight_when_its_collective_fails(tmp_p
     # As above, but rank 0 goes on into the next step's collective. Which comes first is a race: the collective
     # failing because rank 1 is gone (rank 0 then finishes the write on its way out, tasks/__main__.py), or
     # torchrun's SIGTERM. Either way the write completes and the log says so.
-    _, run = _failed_with_step4_in_flight(tmp_path, "raise@1:5")
+    _, run = _failed_with_step4_in_flight(tmp_path, ["fault.kind=exception", "fault.rank=1", "fault.step=5"])
     log = (run / "logs/rank0.log").read_text()
     assert re.search(r"(SIGTERM|stopping after the error): finished the checkpoint in flight", log), log
 
 
 def test_elastic_restart_recovers_and_is_recorded(tmp_path, smoke_baseline):
-    r = ddp_run([*SMOKE, "launcher.max_restarts=1"], tmp_path / "out", env=KILL_SMOKE)
+    r = ddp_run([*SMOKE, "launcher.max_restarts=1", *KILL_SMOKE], tmp_path / "out")
     assert r.returncode == 0, r.stdout + r.stderr
     run = only_run(tmp_path / "out")
     manifest, summary = load_json(run / "run.json"), load_json(run / "summary.json")
@@ -179,7 +180,7 @@ def test_keep_last_and_resumed_from_checkpoint_is_protected(tmp_path, smoke_base
     assert [Path(u).name for _, u in ck.list_complete(f"{a}/checkpoints")] == ["step_7", "step_8"]
 
     # Continued in place with keep_last=1: the checkpoint it resumed from survives the newer saves.
-    r = ddp_run([*SMOKE, "checkpoint.keep_last=1"], tmp_path / "c", env=KILL_SMOKE)
+    r = ddp_run([*SMOKE, "checkpoint.keep_last=1", *KILL_SMOKE], tmp_path / "c")
     c = only_run(tmp_path / "c")
     assert_killed(r, c)
     resumed_from = ck.latest(f"{c}/checkpoints")

@@ -91,7 +91,7 @@ def test_corrupt_newest_checkpoint_resume_falls_back_bit_identically(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     [clean] = run_dirs(tmp_path / "clean")
 
-    r = ddp_run(SMOKE, tmp_path / "crash", env={"DDP_RUNNER_FAULT": "kill@1:7"})
+    r = ddp_run([*SMOKE, "fault.kind=sigkill", "fault.rank=1", "fault.step=7"], tmp_path / "crash")
     assert r.returncode != 0
     [crashed] = run_dirs(tmp_path / "crash")
     assert names(crashed / "checkpoints") == ["step_4", "step_6"]

@@ -81,9 +81,9 @@ def test_local_liveness_knows_this_process_a_dead_one_and_a_reused_pid():
 # ------------------------------------------------------------------------------------------------ end to end
 
 # One rank, one checkpoint per step, 4 steps; the hang fault holds the rank after step 2, before its checkpoint
-# (a test's first run only: the fault variable is not passed on to the resume).
+# (a continued run does not repeat a rehearsal fault).
 SMOKE = ["task=smoke", "device=cpu", "world_size=1", "checkpoint.every_steps=1", "train.max_steps=4"]
-HANG = {"DDP_RUNNER_FAULT": "hang@0:2"}
+HANG = ["fault.kind=hang", "fault.rank=0", "fault.step=2"]
 
 
 _started: list[subprocess.Popen[str]] = []
@@ -145,7 +145,7 @@ def no_temporaries(root: Path) -> list[Path]:
 @pytest.mark.slow
 def test_sigkilled_driver_reads_as_lost_and_its_run_resumes(tmp_path):
     root = tmp_path / "out"
-    driver = start_driver(SMOKE, root, env=HANG)
+    driver = start_driver([*SMOKE, *HANG], root)
     run = wait_for(lambda: the_run(root), "the run directory", driver)
     wait_for(lambda: (run / "checkpoints/step_1/meta.json").exists(), "step_1", driver)
     driver.kill()
@@ -166,7 +166,7 @@ def test_sigkilled_driver_reads_as_lost_and_its_run_resumes(tmp_path):
 @pytest.mark.slow
 def test_second_driver_is_refused_heartbeat_refreshes_and_sigint_reads_interrupted(tmp_path):
     root = tmp_path / "out"
-    driver = start_driver(SMOKE, root, env={**HANG, layout.ENV_HEARTBEAT_S: "0.5"})
+    driver = start_driver([*SMOKE, *HANG], root, env={layout.ENV_HEARTBEAT_S: "0.5"})
     run = wait_for(lambda: the_run(root), "the run directory", driver)
     first = load_json(run / layout.MANIFEST)["driver"]
     assert first["pid"] == driver.pid and first["host"] == socket.gethostname()
@@ -243,7 +243,7 @@ def fill(disk: Path) -> None:
 @pytest.mark.slow
 def test_full_disk_while_finalising_ends_cleanly_and_the_run_reads_as_lost(small_disk):
     root = small_disk / "out"
-    driver = start_driver(SMOKE, root, env=HANG)
+    driver = start_driver([*SMOKE, *HANG], root)
     run = wait_for(lambda: the_run(root), "the run directory", driver)
     wait_for(lambda: (run / "checkpoints/step_1/meta.json").exists(), "step_1", driver)
     fill(small_disk)

@@ -26,7 +26,7 @@ from tasks.engine import checkpoint as ckpt
 from tasks.engine import compile_cache, metrics, timing, worker_io
 from tasks.engine import logging as tb
 from tasks.engine.config import Config, load_config
-from tasks.engine.diagnostics import faults, profiling, termination
+from tasks.engine.diagnostics import faults, heartbeat, profiling, termination
 from tasks.engine.diagnostics import telemetry as gpu_telemetry
 from tasks.engine.optim import apply_inductor_settings, build_optimizer, lr_factor
 from tasks.engine.progress import Progress
@@ -85,13 +85,23 @@ def setup(run_dir: str, local_dir: str, console: IO[str] | None, cfg: Config) ->
     return Context(rank, local_rank, world_size, device, run_dir, local_dir, console, name)
 
 
+def _node() -> str:
+    """This rank's node: the name its driver gave it (multi-node runs), its Slurm node index, else torchrun's group
+    rank."""
+    return os.environ.get(layout.ENV_NODE) or os.environ.get("SLURM_NODEID") or os.environ.get("GROUP_RANK", "0")
+
+
 def _device_label(ctx: Context) -> str:
-    return f"{ctx.device.type}:{ctx.local_rank}"
+    label = f"{ctx.device.type}:{ctx.local_rank}"
+    if os.environ.get("LOCAL_WORLD_SIZE", "1") != os.environ.get("WORLD_SIZE", "1"):  # several nodes
+        return f"node{_node()}/{label}"
+    return label
 
 
 def _facts(ctx: Context, **extra: Any) -> dict[str, Any]:
     facts: dict[str, Any] = {
         "rank": ctx.rank, "local_rank": ctx.local_rank, "host": socket.gethostname(), "pid": os.getpid(),
+        "node": _node(),
         "device": _device_label(ctx), "device_name": ctx.device_name,
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "torch": torch.__version__, "backend": dist.get_backend() if dist.is_initialized() else None,
@@ -305,6 +315,7 @@ class Trainer:
 
     def checkpoint(self) -> None:
         """Every rank hands its RNG state to rank 0 (one collective), which saves atomically."""
+        heartbeat.phase("checkpoint")
         rng = [None] * self.ctx.world_size
         dist.all_gather_object(rng, ckpt.rng_state())
         if not self.ctx.is_main:
@@ -362,11 +373,13 @@ class Trainer:
             loop.timer.begin_step(self.state.step + 1)
             for m in range(self.accumulation):
                 self.micro_step(batches, loop, first=m == 0, last=m == self.accumulation - 1)
+            heartbeat.phase("optimizer")
             lr, grad_norm = self.optimizer_step()
             loop.timer.end_step()
             self.state.step += 1
             loop.meter.step_done()
             step = self.state.step
+            heartbeat.step(step)
             faults.after_step(self.ctx.rank, step)
             if loop.pending is not None:
                 # The previous log step's values. Waiting for them here, with this step already queued, keeps the
@@ -417,7 +430,9 @@ class Trainer:
     def micro_step(self, batches: Any, loop: _Loop, *, first: bool, last: bool) -> None:
         """Forward and backward of one micro-batch; the strategy synchronises gradients on the ``last`` one only."""
         device = self.ctx.device
+        heartbeat.phase("data")
         x, y, wait = next(batches)
+        heartbeat.phase("sync" if last else "forward_backward")
         loop.meter.add_wait(wait)
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         loop.timer.mark("data")
@@ -473,6 +488,7 @@ class Trainer:
 
     def log(self, loop: _Loop, step: int, lr: float, grad_norm: torch.Tensor) -> None:
         """Start gathering this log step's values from every rank; :meth:`_finish_log` writes them later."""
+        heartbeat.phase("log")
         loop.pending = tb.PendingLog.start(
             step, loop.loss_sum / self.accumulation / (step - loop.logged_step), grad_norm, lr, loop.meter.steps,
             self.ctx.world_size, self.telemetry.window() if self.telemetry else None, loop.timer.window())
@@ -481,6 +497,7 @@ class Trainer:
 
     def _finish_log(self, loop: _Loop) -> None:
         """Wait for a log step's reduced values, then write its scalars and progress."""
+        heartbeat.phase("log")
         pending, loop.pending = loop.pending, None
         assert pending is not None
         train_loss, gnorm, gpus, times = pending.values()
@@ -507,6 +524,7 @@ class Trainer:
 
     def validate(self, writer: Any, step: int) -> float:
         """Exact validation loss (every sample once across ranks), logged at ``step``."""
+        heartbeat.phase("validate")
         data = self.parts.val_set
         cap = self.cfg.train.get("val_samples")
         if cap and cap < len(data):  # the same leading samples every time, each counted once
@@ -519,6 +537,7 @@ class Trainer:
 
     def _finish(self, loop: _Loop) -> dict[str, Any]:
         """After the last step: the final validation and checkpoint, then the summary."""
+        heartbeat.phase("finish")
         loop.profiler.finish(self.state.step)  # when training ended inside the traced steps
         if self.parts.val_set is not None:
             with loop.meter.paused("validation"):
@@ -601,6 +620,7 @@ class Trainer:
 def run(run_dir: str, local_dir: str, console: IO[str] | None) -> None:
     """Train this rank to the end, then report ``rank R device D completed``."""
     cfg = load_config(run_dir)
+    faults.configure(cfg.get("fault"))
     writer_future = None
     if int(os.environ.get("RANK", "0")) == 0:
         # TensorBoard's import overlaps the process-group and DDP set-up instead of delaying the first step.
@@ -613,12 +633,16 @@ def run(run_dir: str, local_dir: str, console: IO[str] | None) -> None:
     try:
         trainer = Trainer(cfg, ctx, writer_future)
         trainer.maybe_resume()
+        heartbeat.start(local_dir, ctx.rank, trainer.state.step, enabled=bool((cfg.get("watchdog") or {}).get(
+            "timeout_s")), nccl=cfg.backend == "nccl")
         print(f"startup: task, model, DDP and data ready in {time.perf_counter() - t0:.1f} s", flush=True)
         summary = trainer.train()
         trainer.close()
         if ctx.device.type == "cuda":
             torch.cuda.synchronize()
         dist.barrier()
+        heartbeat.phase("done")
+        heartbeat.stop()
         line = f"rank {ctx.rank} device {_device_label(ctx)} completed"
         print(line, flush=True)
         worker_io.write_json(local_dir, layout.rank_facts(ctx.rank),

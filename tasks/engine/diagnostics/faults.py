@@ -1,15 +1,26 @@
-"""Fault injection for tests, in one place, read once when a worker starts.
+"""Fault injection in one place: the user's rehearsal faults (config ``fault.*``) and the checkpoint tests' hooks.
 
-Tests rehearse failures by setting environment variables for the workers (names in ``runner/layout.py``):
+Rehearsal (documented in the README; checked before launch by runner/diagnostics.py): ``fault.kind`` strikes
+``fault.rank`` after its optimizer step ``fault.step``, on the first attempt of a launch only (so an elastic
+restart can be shown to recover):
 
-- ``DDP_RUNNER_FAULT=<kind>@<rank>:<step>[,…]``: after optimizer step ``step`` on ``rank``, ``raise`` an
-  exception, ``kill`` the process (SIGKILL) or ``hang`` (sleep). Only the first attempt of a run is faulted, so an
-  elastic restart can be shown to recover.
+- ``exception``: raise a RuntimeError;
+- ``oom``: on CUDA, allocate more than the device has free (a real CUDA out-of-memory error); on CPU, raise
+  ``torch.OutOfMemoryError`` saying it is simulated (exhausting host memory would hurt the whole machine);
+- ``sigkill``: the process kills itself with SIGKILL;
+- ``hang``: the rank sleeps forever (the watchdog, or the collective timeout, ends the run);
+- ``slow``: from that step on, the rank sleeps ``fault.slow_s`` after every step, and the others wait for it.
+
+``fault.also`` lists more faults (same keys) that strike in the same launch, e.g. one rank fails while another
+is stuck.
+
+Test-only hooks for checkpoint tests (environment variables named in ``runner/layout.py``):
+
 - ``DDP_RUNNER_SLOW_SAVE=<step>:<seconds>``: hold that step's background checkpoint write.
 - ``DDP_RUNNER_CKPT_TEST_PAUSE=<seconds>``: print a line to stderr and sleep between a checkpoint's payload and
   its commit, so a test can SIGKILL a process in the middle of a save.
 
-Nothing else in the engine reads these variables.
+Nothing else in the engine injects faults.
 """
 
 from __future__ import annotations
@@ -18,53 +29,94 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from runner import layout
+
+KINDS = ("exception", "oom", "sigkill", "hang", "slow")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One rehearsal fault: ``kind`` strikes ``rank`` after optimizer step ``step``."""
+
+    kind: str
+    rank: int
+    step: int
+    slow_s: float = 0.0
 
 
 @dataclass(frozen=True)
 class Faults:
-    """The faults asked for in this process's environment."""
+    """The faults this process will inject."""
 
-    at_step: dict[tuple[int, int], str] = field(default_factory=dict)  # (rank, step) -> raise|kill|hang
+    at_step: tuple[Fault, ...] = ()
     slow_save: tuple[int, float] | None = None  # (step, seconds)
     commit_pause_s: float | None = None
 
     @classmethod
-    def from_env(cls, env: dict[str, str]) -> Faults:
-        """Parse the test variables (an elastic restart's attempt gets no step faults)."""
-        at: dict[tuple[int, int], str] = {}
-        spec = env.get(layout.ENV_FAULT, "")
-        if spec and env.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
-            for one in spec.split(","):
-                kind, _, where = one.partition("@")
-                r, _, s = where.partition(":")
-                at[(int(r), int(s))] = kind
+    def from_env(cls, env: Mapping[str, str]) -> Faults:
+        """The checkpoint tests' hooks from the environment (no rehearsal fault)."""
         slow = env.get(layout.ENV_SLOW_SAVE)
         pause = env.get(layout.ENV_CKPT_TEST_PAUSE)
-        return cls(at, (int(slow.partition(":")[0]), float(slow.partition(":")[2])) if slow else None,
-                   float(pause) if pause else None)
+        return cls(slow_save=(int(slow.partition(":")[0]), float(slow.partition(":")[2])) if slow else None,
+                   commit_pause_s=float(pause) if pause else None)
 
 
-_active = Faults.from_env(dict(os.environ))
+_active = Faults.from_env(os.environ)
 
 
 def use(faults: Faults) -> None:
-    """Replace the faults read from the environment (for a test that drives the engine's parts in-process)."""
+    """Replace the active faults (for a test that drives the engine's parts in-process)."""
     global _active
     _active = faults
 
 
+def configure(fault: Mapping[str, Any] | None, env: Mapping[str, str] = os.environ) -> None:
+    """Take the rehearsal fault from the run's config ``fault`` section (off on an elastic restart's attempt)."""
+    global _active
+    first = env.get("TORCHELASTIC_RESTART_COUNT", "0") == "0" and env.get("SLURM_RESTART_COUNT", "0") in ("0", "")
+    if not fault or not fault.get("kind") or not first:  # a restart or a requeued Slurm job shows the recovery
+        return
+    specs = [fault, *(fault.get("also") or [])]  # ``fault.also``: more faults at once (one fails, one is stuck)
+    at = tuple(Fault(str(f["kind"]), int(f.get("rank", 0)), int(f.get("step", 1)), float(f.get("slow_s") or 0.0))
+               for f in specs)
+    _active = Faults(at, _active.slow_save, _active.commit_pause_s)
+
+
 def after_step(rank: int, step: int) -> None:
-    """Raise, die or hang here if a test asked for it at this rank and step."""
-    kind = _active.at_step.get((rank, step))
-    if kind == "raise":
-        raise RuntimeError(f"injected fault on rank {rank} at step {step}")
-    if kind == "kill":
+    """Inject the configured fault if this is its rank and step (``slow``: this step or any later one)."""
+    for f in _active.at_step:
+        if rank == f.rank and (step == f.step or (f.kind == "slow" and step > f.step)):
+            _inject(f, rank, step)
+
+
+def _inject(f: Fault, rank: int, step: int) -> None:
+    where = f"injected fault on rank {rank} at step {step} (fault.kind={f.kind})"
+    if f.kind == "exception":
+        raise RuntimeError(where)
+    if f.kind == "oom":
+        _out_of_memory(where)
+    if f.kind == "sigkill":
+        sys.stdout.flush()
         os.kill(os.getpid(), signal.SIGKILL)
-    if kind == "hang":
-        time.sleep(10**6)
+    if f.kind == "hang":
+        while True:
+            time.sleep(3600)
+    if f.kind == "slow":
+        time.sleep(f.slow_s)
+
+
+def _out_of_memory(where: str) -> None:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        free, _total = torch.cuda.mem_get_info()
+        # One allocation larger than what is free: the caching allocator raises a real OutOfMemoryError.
+        torch.empty(free + (1 << 30), dtype=torch.uint8, device="cuda")
+    raise torch.OutOfMemoryError(f"{where}: out of memory simulated on CPU (a real host OOM would hurt the machine)")
 
 
 def slow_save(step: int) -> None:

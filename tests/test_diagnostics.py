@@ -1,0 +1,251 @@
+"""Diagnostics in-process: the checks of watchdog.* / fault.* / debug, the root-cause classification, the stack
+parsing, the progress heartbeat and the injected faults (the end-to-end runs: test_diagnostics_e2e.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from conftest import ROOT, ddp_run
+
+from runner import diagnostics, layout, rootcause
+from runner.plan import PlanError
+from runner.watchdog import read_progress, top_frame
+
+BASE = {"timeout_s": 600, "watchdog": {"timeout_s": 120}, "debug": False, "train": {"max_steps": 10},
+        "fault": {"kind": None, "rank": 1, "step": 3, "slow_s": 5.0, "also": []}}
+
+
+def _conf(**changes):
+    conf = json.loads(json.dumps(BASE))
+    for dotted, value in changes.items():
+        node = conf
+        *parents, last = dotted.split("__")
+        for p in parents:
+            node = node[p]
+        node[last] = value
+    return conf
+
+
+@pytest.mark.parametrize(("changes", "key"), [
+    ({"watchdog__timeout_s": 600}, "watchdog.timeout_s"),
+    ({"watchdog__timeout_s": -1}, "watchdog.timeout_s"),
+    ({"watchdog__timeout_s": "soon"}, "watchdog.timeout_s"),
+    ({"debug": "yes"}, "debug"),
+    ({"fault__kind": "segfault"}, "fault.kind"),
+    ({"fault__kind": "hang", "fault__rank": 2}, "fault.rank"),
+    ({"fault__kind": "hang", "fault__step": 0}, "fault.step"),
+    ({"fault__kind": "hang", "fault__step": 11}, "fault.step"),
+    ({"fault__kind": "slow", "fault__slow_s": 0}, "fault.slow_s"),
+    ({"fault__kind": "hang", "fault__also": [{"kind": "hang", "rank": 5, "step": 1}]}, "fault.also[0].rank"),
+])
+def test_bad_diagnostics_settings_are_refused_with_key_and_fix(changes, key):
+    with pytest.raises(PlanError) as err:
+        diagnostics.check(_conf(**changes), world_size=2)
+    assert err.value.key == key and err.value.fix
+
+
+def test_good_settings_pass_and_a_continued_run_drops_the_fault():
+    for timeout, expected in ((600, 120), (60, 30)):
+        conf = _conf(timeout_s=timeout, watchdog__timeout_s="auto")
+        diagnostics.resolve(conf)
+        assert conf["watchdog"]["timeout_s"] == expected
+    diagnostics.check(_conf(watchdog__timeout_s=0), world_size=2)
+    conf = _conf(fault__kind="slow", fault__rank=0)
+    diagnostics.check(conf, world_size=2)
+    assert diagnostics.without_fault(conf) and conf["fault"]["kind"] is None
+    assert not diagnostics.without_fault(conf)
+
+
+def test_refused_on_the_command_line_before_anything_starts(tmp_path):
+    r = ddp_run(["device=cpu", "fault.kind=hang", "fault.rank=2"], tmp_path / "out", timeout=120)
+    assert r.returncode == layout.EXIT_REFUSED, r.stderr
+    assert "fault.rank" in r.stderr and "use a rank from 0 to 1" in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_debug_and_flight_recorder_environment():
+    env = diagnostics.worker_env(_conf(debug=True), "nccl")
+    assert env["TORCH_DISTRIBUTED_DEBUG"] == "DETAIL" and env["NCCL_DEBUG"] == "INFO"
+    assert env["TORCH_CPP_LOG_LEVEL"] == "INFO" and env[layout.ENV_DEBUG] == "1"
+    assert int(env["TORCH_NCCL_TRACE_BUFFER_SIZE"]) > 0
+    assert diagnostics.worker_env(_conf(watchdog__timeout_s=0), "nccl") == {}
+    assert diagnostics.worker_env(_conf(), "gloo") == {}
+
+
+# ------------------------------------------------------------------------------------------------ root cause
+
+def _err(rank, t, typ, msg):
+    return {"rank": rank, "time": t, "type": typ, "message": msg,
+            "traceback": ['  File "/x/task.py", line 7, in forward', f"{typ}: {msg}"]}
+
+
+def test_a_killed_rank_is_the_cause_and_its_peer_lost_error_a_consequence():
+    cause = rootcause.root_cause({
+        "world_size": 2, "rc": 1,
+        # rank 0's collective failed *before* the driver saw rank 1 gone: the class decides, not the clock
+        "errors": {0: _err(0, 100.0, "DistBackendError", "Connection closed by peer [127.0.0.1]:4242")},
+        "progress": {1: {"step": 7, "phase": "sync"}},
+        "watch": {"gone": {1: {"time": 100.4, "exit_code": None}}},
+        "exit_codes": {"0": 1, "1": -9}})
+    assert (cause["rank"], cause["class"], cause["type"]) == (1, "signal", "SIGKILL")
+    assert "SIGKILL" in cause["message"] and cause["where"] == "after step 7, in phase sync"
+    assert cause["consequences"] == [{"rank": 0, "class": "peer_lost",
+                                      "message": "Connection closed by peer [127.0.0.1]:4242"}]
+
+
+def test_oom_killer_evidence_makes_a_sigkill_an_oom():
+    cause = rootcause.root_cause({"world_size": 2, "rc": 1, "watch": {"gone": {1: {"time": 5.0, "exit_code": -9}},
+                                                                      "oom_kills": 1}})
+    assert cause["rank"] == 1 and cause["class"] == "oom" and "OOM killer" in cause["message"]
+
+
+@pytest.mark.parametrize(("typ", "msg", "cls"), [
+    ("OutOfMemoryError", "CUDA out of memory. Tried to allocate 2.00 GiB", "oom"),
+    ("RuntimeError", "[gloo] Timed out waiting 30000ms for recv operation to complete", "collective_timeout"),
+    ("DistBackendError", "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9)", "collective_timeout"),
+    ("RuntimeError", "Connection reset by peer", "peer_lost"),
+    ("ValueError", "bad value", "exception"),
+])
+def test_error_records_are_classified(typ, msg, cls):
+    assert rootcause.classify_error({"type": typ, "message": msg}) == cls
+
+
+def test_the_earliest_real_failure_wins_over_earlier_consequences():
+    cause = rootcause.root_cause({"world_size": 3, "rc": 1, "errors": {
+        0: _err(0, 1.0, "RuntimeError", "Timed out waiting 30000ms for recv"),
+        1: _err(1, 3.0, "ValueError", "second"),
+        2: _err(2, 2.0, "OutOfMemoryError", "CUDA out of memory")}})
+    assert (cause["rank"], cause["class"]) == (2, "oom")
+    assert cause["where"] == "/x/task.py:7 in forward"
+    assert [c["rank"] for c in cause["consequences"]] == [0, 1] and cause["other_failed_ranks"] == [0, 1]
+    alone = rootcause.root_cause({"world_size": 2, "rc": 1, "errors": {0: _err(0, 1.0, "RuntimeError", "timeout")}})
+    assert alone["class"] == "collective_timeout"
+
+
+def test_hang_terminated_ranks_launcher_error_and_interruption():
+    hang = {"rank": 1, "time": 50.0, "step": 3, "phase": "log", "top_frame": "a.py:1 in f", "stacks": "logs/stacks",
+            "message": "no progress for 10 s"}
+    cause = rootcause.root_cause({"world_size": 2, "rc": 1, "watch": {"hang": hang},
+                                  "progress": {0: {"step": 3, "phase": "terminated", "since": 51.0}}})
+    assert (cause["rank"], cause["class"]) == (1, "hang") and "a.py:1 in f" in cause["where"]
+    assert cause["consequences"][0]["rank"] == 0 and cause["consequences"][0]["class"] == "signal"
+    assert "earliest error on rank 1 [hang]" in rootcause.headline(cause)
+    launcher = rootcause.root_cause({"world_size": 2, "rc": 1, "agent_tail": ["x", "RendezvousError: no peers"]})
+    assert launcher["class"] == "launcher_error" and "RendezvousError" in launcher["message"]
+    stopped = rootcause.root_cause({"world_size": 1, "rc": -15, "interrupted": 2,
+                                    "progress": {0: {"phase": "terminated", "since": 1.0}}})
+    assert stopped["class"] == "interrupted"
+    assert rootcause.root_cause({"world_size": 2, "rc": 0}) is None
+
+
+# ------------------------------------------------------------------------------------------------ stacks
+
+def test_top_frame_is_the_main_threads_innermost_frame():
+    text = textwrap.dedent("""\
+        Thread 0x00007f2ab33546c0 (most recent call first):
+          File "/py/threading.py", line 331 in wait
+
+        Current thread 0x00007f2aebc53b80 (most recent call first):
+          File "/w/faults.py", line 91 in after_step
+          File "/w/trainer.py", line 365 in train
+        """)
+    assert top_frame(text, 0x00007F2AEBC53B80) == "/w/faults.py:91 in after_step"
+    assert top_frame(text, None) == "/py/threading.py:331 in wait"
+    assert top_frame("", 1) is None
+
+
+# ------------------------------------------------------------------------------------------------ worker side
+
+def test_heartbeat_writes_progress_and_stacks_on_sigusr1(tmp_path):
+    """In a child process: the progress file follows the loop's marks, and SIGUSR1 writes every thread's stack."""
+    for rel in (layout.PROGRESS, layout.STACKS):
+        (tmp_path / rel).mkdir(parents=True)
+    script = textwrap.dedent(f"""\
+        import os, signal, time
+        from tasks.engine.diagnostics import heartbeat
+        heartbeat.start({str(tmp_path)!r}, 1, 4, enabled=True)
+        heartbeat.phase("forward_backward")
+        heartbeat.step(5)
+        heartbeat.phase("checkpoint")
+        heartbeat.flush()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        heartbeat.stop()
+        """)
+    subprocess.run([sys.executable, "-c", script], cwd=ROOT, check=True, timeout=60)
+    progress = read_progress(str(tmp_path), 2)
+    assert list(progress) == [1]
+    p = progress[1]
+    assert (p["rank"], p["start_step"], p["step"], p["phase"]) == (1, 4, 5, "checkpoint")
+    stack = (tmp_path / layout.rank_stack(1)).read_text()
+    assert top_frame(stack, p["main_thread"]).endswith("in <module>")
+
+
+def test_heartbeat_off_writes_nothing(tmp_path):
+    (tmp_path / layout.STACKS).mkdir(parents=True)
+    script = ("from tasks.engine.diagnostics import heartbeat\n"
+              f"heartbeat.start({str(tmp_path)!r}, 0, 0, enabled=False)\nheartbeat.step(1)\nheartbeat.flush()\n")
+    subprocess.run([sys.executable, "-c", script], cwd=ROOT, check=True, timeout=60)
+    assert read_progress(str(tmp_path), 1) == {}
+
+
+def test_injected_exception_and_simulated_cpu_oom():
+    import torch
+
+    from tasks.engine.diagnostics import faults
+
+    saved = faults._active
+    try:
+        faults.configure({"kind": "exception", "rank": 1, "step": 2,
+                          "also": [{"kind": "oom", "rank": 0, "step": 3}]}, env={})
+        faults.after_step(1, 1)
+        faults.after_step(0, 2)
+        with pytest.raises(RuntimeError, match="injected fault on rank 1 at step 2"):
+            faults.after_step(1, 2)
+        with pytest.raises(torch.OutOfMemoryError, match="simulated on CPU"):
+            faults.after_step(0, 3)
+        faults.use(saved)
+        faults.configure({"kind": "exception", "rank": 1, "step": 2}, env={"TORCHELASTIC_RESTART_COUNT": "1"})
+        faults.after_step(1, 2)  # an elastic restart's attempt runs without it
+    finally:
+        faults.use(saved)
+
+
+def test_debug_logs_are_owner_only_whatever_the_umask(tmp_path):
+    (tmp_path / layout.LOGS).mkdir()
+    script = textwrap.dedent(f"""\
+        import os, sys
+        os.umask(0)
+        from tasks.engine.diagnostics import debug
+        debug.apply({str(tmp_path)!r}, 3)
+        os.write(2, b"c-level line\\n")
+        print("python line", file=sys.stderr, flush=True)
+        print(os.environ["NCCL_DEBUG_FILE"], flush=True)
+        """)
+    r = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    folder = tmp_path / layout.DEBUG_LOGS
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    log, nccl = tmp_path / layout.rank_debug_log(3), tmp_path / layout.rank_debug_log(3, "nccl")
+    assert r.stdout.strip() == str(nccl)
+    for f in (log, nccl):
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600
+    assert log.read_text() == "c-level line\n" and r.stderr == "python line\n"
+
+
+def test_tidy_drops_empty_stack_files(tmp_path):
+    stacks = tmp_path / layout.STACKS
+    stacks.mkdir(parents=True)
+    (stacks / "rank0.txt").write_text("")
+    (stacks / ".dump-requested").write_text("")
+    diagnostics.tidy(str(tmp_path))
+    assert not stacks.exists()
+    stacks.mkdir()
+    (stacks / "rank1.txt").write_text("Thread 0x1")
+    diagnostics.tidy(str(tmp_path))
+    assert os.listdir(stacks) == ["rank1.txt"]

@@ -1,0 +1,109 @@
+"""The launchers' pure parts: node counts in the plan, each launcher's command and refusals, the Slurm script,
+and where a store listens. No process is started."""
+
+from __future__ import annotations
+
+import pytest
+from test_plan import cfg
+
+from runner import netbind
+from runner.launchers import launcher_check, local, multinode, slurm
+from runner.plan import PlanError, make_plan, node_range
+
+MN = {"name": "multinode", "nnodes": 2, "nproc_per_node": None, "node_rank": 0, "rdzv_endpoint": "127.0.0.1:29400",
+      "rdzv_id": "exp1", "local_addr": None, "max_restarts": 0}
+
+
+def test_node_ranges_and_processes_per_node():
+    assert node_range(cfg(launcher={"name": "multinode", "nnodes": "1:2"})) == (1, 2)
+    assert node_range(cfg(launcher={"name": "multinode", "nnodes": 2})) == (2, 2)
+    plan = make_plan(cfg(world_size=4, launcher={"name": "multinode", "nnodes": 2}), [])
+    assert (plan.nnodes, plan.nproc_per_node) == (2, 2)
+    for bad in ("2:1", "a:b", 0, True):
+        with pytest.raises(PlanError) as e:
+            node_range(cfg(launcher={"name": "multinode", "nnodes": bad}))
+        assert e.value.key == "launcher.nnodes"
+    with pytest.raises(PlanError, match="elastic node ranges need launcher=multinode"):
+        node_range(cfg(launcher={"name": "slurm", "nnodes": "1:2"}))
+
+
+def test_world_size_must_be_nodes_times_processes():
+    with pytest.raises(PlanError) as e:
+        make_plan(cfg(world_size=4, launcher={"name": "multinode", "nnodes": 2, "nproc_per_node": 1}), [])
+    assert e.value.key == "world_size" and "2 × 1" in e.value.problem and "world_size=2" in e.value.fix
+    with pytest.raises(PlanError) as e:
+        make_plan(cfg(launcher={"name": "local", "nnodes": 2}), [])
+    assert e.value.key == "launcher.nnodes" and "launcher=multinode" in e.value.fix
+
+
+def test_local_command_is_a_c10d_rendezvous_on_loopback():
+    plan = make_plan(cfg(), [])
+    cmd = local.command(plan, {"name": "local", "max_restarts": 1}, "/runs/r")
+    assert cmd[1:3] == ["-m", "runner.launchers.agent"] and "--standalone" not in cmd
+    assert {"--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", "--local-addr=127.0.0.1", "--nnodes=1",
+            "--nproc-per-node=2", "--max-restarts=1"} <= set(cmd)
+    assert cmd[-3:] == ["-m", "tasks", "/runs/r"]
+
+
+def test_multinode_command_and_refusals():
+    plan = make_plan(cfg(launcher={"name": "multinode", "nnodes": 2}), [])
+    cmd = multinode.command(plan, MN, "/shared/exp1_smoke_w2")
+    assert {"--nnodes=2", "--nproc-per-node=1", "--rdzv-endpoint=127.0.0.1:29400", "--rdzv-id=exp1",
+            "--rdzv-conf=is_host=true", "--local-addr=127.0.0.1"} <= set(cmd)
+    assert "--rdzv-conf=is_host=false" in multinode.command(plan, {**MN, "node_rank": 1}, "/r")
+    remote = multinode.command(plan, {**MN, "rdzv_endpoint": "node0.example:29400"}, "/r")
+    assert not any(a.startswith("--local-addr") for a in remote), "a cluster node uses its own name"
+    assert multinode.env(MN)["GLOO_SOCKET_IFNAME"] == local.loopback_interface()
+    assert "GLOO_SOCKET_IFNAME" not in multinode.env({**MN, "rdzv_endpoint": "node0.example:29400"})
+    for over, key in (({"rdzv_endpoint": "???"}, "launcher.rdzv_endpoint"), ({"rdzv_id": None}, "launcher.rdzv_id"),
+                      ({"rdzv_endpoint": "node0"}, "launcher.rdzv_endpoint"), ({"rdzv_id": "a/b"}, "launcher.rdzv_id"),
+                      ({"node_rank": 2}, "launcher.node_rank")):
+        with pytest.raises(PlanError) as e:
+            launcher_check({**MN, **over})
+        assert e.value.key == key
+
+
+def test_every_node_computes_the_same_run_directory():
+    plan = make_plan(cfg(launcher={"name": "multinode", "nnodes": 2}), [])
+    conf = {"launcher": MN, "task": {"name": "smoke"}, "output": {"root": "s3://bucket/runs/"}}
+    assert multinode.run_url(conf, plan) == "s3://bucket/runs/exp1_smoke_w2"
+
+
+def test_failed_node_prefers_a_lost_agent_over_a_peer_that_exited():
+    nodes = {"0": {"host": "a", "ended": "t", "torchrun_exit_code": 1},
+             "1": {"host": "b", "ended": "t", "torchrun_exit_code": -9}}
+    assert multinode.failed_node(nodes, {})["message"] == "node 1 (host b): its torchrun agent was killed by signal 9"
+    nodes["1"] = {"host": "b"}  # its driver never recorded an end
+    assert multinode.failed_node(nodes, {})["node"] == "1"
+    assert multinode.failed_node({"0": {"ended": "t", "torchrun_exit_code": 0}}, {}) is None
+
+
+def test_slurm_script_and_command():
+    launcher = {"name": "slurm", "nodes": 2, "gpus_per_node": 8, "cpus_per_task": None, "partition": "gpu",
+                "time": "01:00:00", "account": "proj", "sbatch": ["--qos=high"], "rdzv_port": 29500,
+                "requeue": True, "max_restarts": 0}
+    launcher_check(launcher)
+    text = slurm.script("/shared/run", "/shared/run", launcher, "ddp-smoke")
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
+                 "#SBATCH --partition=gpu", "#SBATCH --time=01:00:00", "#SBATCH --account=proj",
+                 "#SBATCH --qos=high", "#SBATCH --requeue", "-m runner.launchers.slurm /shared/run"):
+        assert line in text
+    assert "cpus-per-task" not in text
+    plan = make_plan(cfg(world_size=2, launcher={"name": "slurm", "nnodes": 2}), [])
+    cmd = slurm.command(plan, launcher, "/shared/run", head="10.0.0.1", job_id="1234")
+    assert cmd[:5] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    assert "--rdzv-endpoint=10.0.0.1:29734" in cmd and "--nproc-per-node=1" in cmd
+    with pytest.raises(PlanError) as e:
+        launcher_check({**launcher, "sbatch": ["qos=high"]})
+    assert e.value.key == "launcher.sbatch"
+
+
+def test_a_store_listens_on_the_address_its_clients_use():
+    assert netbind.listen_address("127.0.0.1") == "127.0.0.1"
+    assert netbind.listen_address("localhost") in ("127.0.0.1", "::1")
+    assert netbind.listen_address("no-such-host.invalid") is None  # then all interfaces, and it says so
+    sock = netbind.bound_socket("127.0.0.1", 0)
+    try:
+        assert sock.getsockname()[0] == "127.0.0.1"
+    finally:
+        sock.close()

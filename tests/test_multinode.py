@@ -1,0 +1,156 @@
+"""launcher=multinode on one machine: two node agents (2 nodes × 1 rank, gloo) joined by a c10d rendezvous on
+loopback, each started by its own ``ddp-run`` with the same command line; and where a job's stores listen."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import load_json, run_dirs
+
+from runner import layout
+
+pytestmark = pytest.mark.slow
+
+GPT = ["task=gpt", "train.max_steps=4", "data.val_fraction=0.01", "checkpoint.async_save=false"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_node(rank: int, root: Path, port: int, rdzv_id: str, *args: str,
+               env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """One node's ``ddp-run``, as the README has it (only the node rank differs between the nodes)."""
+    cmd = [sys.executable, "-m", "runner", "device=cpu", "world_size=2", "launcher=multinode",
+           "launcher.nnodes=2", f"launcher.node_rank={rank}", f"launcher.rdzv_endpoint=127.0.0.1:{port}",
+           f"launcher.rdzv_id={rdzv_id}", "timeout_s=60", *args, f"output.root={root}"]
+    return subprocess.Popen(cmd, cwd=tempfile.gettempdir(), env={**os.environ, **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(*procs: subprocess.Popen[str], timeout: float = 240) -> list[tuple[int, str, str]]:
+    outputs = [p.communicate(timeout=timeout) for p in procs]
+    return [(p.returncode, *o) for p, o in zip(procs, outputs, strict=True)]
+
+
+@pytest.mark.parametrize("task", [["task=smoke", "train.epochs=1"], GPT], ids=["smoke", "gpt"])
+def test_two_nodes_complete_with_a_checkpoint_and_record_every_node(out_root, task):
+    port = free_port()
+    nodes = [start_node(r, out_root, port, "exp1", *task) for r in (0, 1)]
+    results = finish(*nodes)
+    for rc, out, err in results:
+        assert rc == 0, out + err
+    [run] = run_dirs(out_root)
+    assert run.parent == out_root and run.name == f"exp1_{task[0].split('=')[1]}_w2", "named from rdzv_id"
+    assert results[0][1].strip().splitlines()[-1] == results[1][1].strip().splitlines()[-1] == str(run)
+
+    manifest, summary = load_json(run / "run.json"), load_json(run / "summary.json")
+    assert manifest["status"] == summary["status"] == "completed"
+    assert summary["completion"]["all_completed"] and summary["completion"]["distinct_devices"]
+    assert sorted(manifest["nodes"]) == ["0", "1"]
+    for n in ("0", "1"):
+        node = manifest["nodes"][n]
+        assert node["host"] == socket.gethostname() and node["devices"] == [{"local_rank": 0, "name": "cpu"}]
+        assert node["status"] == "completed" and node["torchrun_exit_code"] == 0
+    assert {r["node"] for r in manifest["ranks"].values()} == {"0", "1"}
+    for rank in (0, 1):
+        log = (run / layout.rank_log(rank)).read_text()
+        assert f"ddp-run: rank {rank} on node " in log and f"rank {rank} device node" in log
+    assert [p.name for p in (run / "checkpoints").iterdir()], "rank 0 wrote the final checkpoint"
+    # Only one run directory for the job, and both agents' logs in it.
+    assert (run / layout.node_agent_log(0)).is_file() and (run / layout.node_agent_log(1)).is_file()
+
+
+def test_killing_one_node_fails_the_run_naming_it_and_a_restart_resumes(out_root):
+    port = free_port()
+    args = ["task=smoke", "train.max_steps=6", "checkpoint.every_steps=2", "checkpoint.async_save=false"]
+    # Rank 1 (node 1) hangs after step 3: step_2 is committed, and the job waits on node 1.
+    hang = ["fault.kind=hang", "fault.rank=1", "fault.step=3"]
+    nodes = [start_node(r, out_root, port, "exp2", *args, *hang) for r in (0, 1)]
+    deadline = time.monotonic() + 120
+    agent = None
+    while time.monotonic() < deadline and agent is None:
+        ckpts = list(out_root.rglob("step_2/meta.json"))
+        kids = psutil.Process(nodes[1].pid).children()
+        agent = kids[0] if ckpts and kids else None
+        time.sleep(0.3)
+    assert agent is not None, "node 1's agent never ran to a checkpoint"
+    agent.send_signal(signal.SIGKILL)  # node 1's torchrun agent is lost (its worker goes with it)
+    (rc0, out0, err0), (rc1, _, err1) = finish(*nodes)
+    assert rc0 != 0 and rc1 != 0, out0 + err0
+    [run] = run_dirs(out_root)
+    summary = load_json(run / "summary.json")
+    assert summary["status"] == "failed"
+    assert summary["failed_node"]["node"] == "1", summary
+    assert "node 1" in err0 and "killed by signal 9" in err0, err0
+    assert load_json(run / "nodes" / "1.json")["torchrun_exit_code"] == -9
+
+    # The same two commands again: the run directory is continued and the run resumes from its checkpoint.
+    (rc0, out0, err0), (rc1, out1, err1) = finish(*[start_node(r, out_root, port, "exp2", *args)
+                                                   for r in (0, 1)])
+    assert rc0 == 0 and rc1 == 0, out0 + err0 + out1 + err1
+    assert run_dirs(out_root) == [run]
+    summary = load_json(run / "summary.json")
+    assert summary["status"] == "completed" and summary["steps"] == 6
+    assert "resumed from" in (run / layout.rank_log(0)).read_text()
+    assert len(load_json(run / "run.json")["continued"]) == 1
+
+
+def test_multinode_refuses_missing_endpoint_and_a_node_that_cannot_join(out_root):
+    r = subprocess.run([sys.executable, "-m", "runner", "device=cpu", "world_size=2", "launcher=multinode",
+                        "launcher.rdzv_id=x", f"output.root={out_root}"], capture_output=True, text=True,
+                       cwd=tempfile.gettempdir(), timeout=120)
+    assert r.returncode == 2 and "launcher.rdzv_endpoint" in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "runner", "device=cpu", "world_size=3", "launcher=multinode",
+                        "launcher.rdzv_id=x", "launcher.rdzv_endpoint=127.0.0.1:1234", f"output.root={out_root}"],
+                       capture_output=True, text=True, cwd=tempfile.gettempdir(), timeout=120)
+    assert r.returncode == 2 and "world_size=3" in r.stderr and "launcher.nnodes=2" in r.stderr, r.stderr
+    # Node 1 alone: node 0 never opens the run directory, so it refuses with the reason, leaving nothing.
+    node1 = start_node(1, out_root, free_port(), "lonely", "launcher.join_timeout_s=2")
+    rc, out, err = finish(node1)[0]
+    assert rc == 2 and "node 0 did not open" in err and "output.root" in err, err
+    assert not out_root.exists() or run_dirs(out_root) == []
+
+
+def _listening(pids: list[int]) -> set[str]:
+    found = set()
+    for pid in pids:
+        try:
+            for c in psutil.Process(pid).net_connections("inet"):
+                if c.status == psutil.CONN_LISTEN:
+                    found.add(c.laddr.ip)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("restarts", [0, 1])
+def test_a_local_job_listens_on_loopback_only(out_root, restarts):
+    # restarts=0: the workers use the agent's store; 1: rank 0 hosts its own (TORCH_DISABLE_SHARE_RDZV_TCP_STORE).
+    driver = subprocess.Popen([sys.executable, "-m", "runner", "device=cpu", "world_size=2", "train.max_steps=1000000",
+                               "train.log_every=1000", f"launcher.max_restarts={restarts}", f"output.root={out_root}"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tempfile.gettempdir())
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(list(out_root.rglob("rank*.json"))) < 2:
+            time.sleep(0.2)
+        time.sleep(0.5)
+        tree = [driver.pid, *(p.pid for p in psutil.Process(driver.pid).children(recursive=True))]
+        assert len(tree) >= 4, "driver, agent and two workers"
+        addresses = _listening(tree)
+    finally:
+        driver.send_signal(signal.SIGINT)
+        driver.communicate(timeout=60)
+    assert addresses, "the agent's store listens somewhere"
+    assert addresses <= {"127.0.0.1", "::1"}, f"listening beyond loopback: {addresses}"

@@ -1,0 +1,72 @@
+"""Nothing assumes two ranks: 3- and 4-rank CPU runs (gloo) of the smoke task, the tiny GPT task with a kill and a
+bit-identical resume, and a 1-2-3-4 fixed-global-batch sweep read back by the compare report.
+"""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ddp_run, load_json, run_dirs
+
+pytestmark = pytest.mark.slow
+
+GPT = ["task=gpt", "device=cpu", "checkpoint.async_save=false", "train.max_steps=8", "checkpoint.every_steps=2"]
+
+
+def _one(root: Path) -> Path:
+    [run] = run_dirs(root)
+    return run
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_smoke_task_at_three_and_four_ranks(tmp_path: Path, world: int) -> None:
+    r = ddp_run(["task=smoke", "device=cpu", f"world_size={world}", "batch.per_rank=4"], tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    run = _one(tmp_path)
+    manifest, summary = load_json(run / "run.json"), load_json(run / "summary.json")
+    assert manifest["plan"]["world_size"] == world and manifest["plan"]["global_batch"] == 4 * world
+    assert summary["status"] == "completed"
+    assert manifest["exit_codes"] == {str(r): 0 for r in range(world)}
+    assert sorted(p.name for p in (run / "logs").glob("rank*.log")) == [f"rank{r}.log" for r in range(world)]
+
+
+def test_gpt_at_three_ranks_killed_on_the_last_rank_resumes_bit_identically(tmp_path: Path) -> None:
+    clean_root, crash_root = tmp_path / "clean", tmp_path / "crash"
+    r = ddp_run([*GPT, "world_size=3"], clean_root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = ddp_run([*GPT, "world_size=3", "fault.kind=sigkill", "fault.rank=2", "fault.step=5"], crash_root)
+    assert r.returncode != 0, r.stdout + r.stderr
+    crashed = _one(crash_root)
+    assert load_json(crashed / "summary.json")["root_cause"]["rank"] == 2
+    r = ddp_run([f"resume={crashed}"], tmp_path / "unused")
+    assert r.returncode == 0, r.stdout + r.stderr
+    resumed, clean = load_json(crashed / "summary.json"), load_json(_one(clean_root) / "summary.json")
+    assert resumed["resumed_from"].endswith("checkpoints/step_4")
+    assert resumed["losses"] == clean["losses"] and len(clean["losses"]) == 8
+
+
+def test_fixed_global_batch_sweep_over_one_to_four_ranks_and_its_report(tmp_path: Path) -> None:
+    root = tmp_path / "outputs"
+    common = ["task=gpt", "device=cpu", "train.max_steps=6", "batch.per_rank=2", "batch.global=24"]
+    r = ddp_run(["-m", "world_size=1,2,3,4", *common], root, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    runs = run_dirs(root)
+    accum = {load_json(p / "run.json")["plan"]["world_size"]: load_json(p / "run.json")["plan"]["accumulation"]
+             for p in runs}
+    assert accum == {1: 12, 2: 6, 3: 4, 4: 3}
+    (sweep,) = {p.parent for p in runs}
+    out = tmp_path / "report"
+    res = subprocess.run([sys.executable, "-m", "runner.compare", str(sweep), "--out", str(out)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    table = list(csv.DictReader((out / "report.csv").open()))
+    assert sorted(int(row["world"]) for row in table) == [1, 2, 3, 4]
+    base = next(row for row in table if row["world"] == "1")
+    for row in table:
+        assert row["status"] == "completed" and int(row["global_batch"]) == 24
+        world = int(row["world"])
+        assert float(row["efficiency"]) == pytest.approx(float(row["rate"]) / world / float(base["rate"]))
