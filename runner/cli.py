@@ -278,7 +278,17 @@ def _invocation(task_dir: str | None) -> dict[str, Any]:
         "config_sources": [s.path for s in hc.runtime.config_sources if s.provider not in ("hydra", "schema")]
         if hc else [],
         "task_dir": task_dir,
+        # This job's value of each key the sweep varies (TensorBoard's HPARAMS table shows them).
+        "swept": _swept_values(hc),
     }
+
+
+def _swept_values(hc: Any) -> dict[str, str]:
+    if hc is None or hc.mode != RunMode.MULTIRUN:
+        return {}
+    from runner import sweep
+
+    return sweep.job_values(hc.overrides.task, _state["swept"])
 
 
 def _is_run_dir(url: str) -> bool:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runner import layout
+from runner import breakdown, layout
 from runner.plan import flatten
 from runner.status import status_of
 
@@ -100,7 +100,9 @@ def bottleneck(run: Run, efficiency: float | None) -> str:
         return f"{who}: {run.status}: {why}."
     parts = [f"{who}: " + (f"{100 * efficiency:.0f}% scaling efficiency" if efficiency is not None
                            else "the baseline of the scaling efficiency")]
-    if run.step_time_s and run.data_wait_s is not None:
+    measured = breakdown.phrases(run.time_breakdown)  # each rank's phases, where the run timed them
+    parts += measured
+    if not measured and run.step_time_s and run.data_wait_s is not None:
         share = run.data_wait_s / run.step_time_s
         parts.append(f"{100 * share:.0f}% of each step waits for data" if share >= 0.01
                      else "data loading is hidden (under 1% of a step)")
@@ -115,7 +117,8 @@ def bottleneck(run: Run, efficiency: float | None) -> str:
         gap = 1 - clocks[slow] / clocks[fast]
         if gap >= 0.02:
             parts.append(f"rank {slow}'s GPU clocks {100 * gap:.0f}% below rank {fast}'s, and every step waits for it")
-    if efficiency is not None and efficiency < 0.95 and len(parts) == 2 and "hidden" in parts[1]:
+    if (not measured and efficiency is not None and efficiency < 0.95 and len(parts) == 2
+            and "hidden" in parts[1]):
         parts.append("the rest is gradient synchronisation and per-rank overhead (profile with train.profile.steps)")
     return "; ".join(parts) + "."
 
@@ -144,6 +147,7 @@ class Run:
     val_loss: float | None = None
     goodput: dict[str, Any] | None = None
     gpus: dict[str, dict[str, float]] | None = None
+    time_breakdown: dict[str, Any] | None = None
     failure: str | None = None
 
     @property
@@ -198,7 +202,8 @@ def load_run(path: Path) -> Run:
         log_every=int((config.get("train") or {}).get("log_every") or 1), steps=int(summary.get("steps") or 0),
         step_time_s=step_s, data_wait_s=final.get("perf/data_wait_s"), tokens_per_sample=tokens,
         first_step_s=_first_step_seconds(summary), val_loss=summary.get("val_loss"),
-        goodput=summary.get("goodput"), gpus=summary.get("gpus"), failure=failure,
+        goodput=summary.get("goodput"), gpus=summary.get("gpus"), time_breakdown=summary.get("time_breakdown"),
+        failure=failure,
     )
 
 
@@ -213,7 +218,7 @@ def _first_step_seconds(summary: Mapping[str, Any]) -> float | None:
 # -- the report -----------------------------------------------------------------------------------------------
 
 COLUMNS = ("run", "status", "world", "global_batch", "rate", "unit", "efficiency", "final_loss", "val_loss",
-           "time_to_target_s", "gpu_hours", "cost")
+           "time_to_target_s", "gpu_hours", "cost", "data_share", "exposed_sync_share", "rank_gap_pct")
 
 
 def rows(runs: Sequence[Run], target: float | None, price: float) -> list[dict[str, Any]]:
@@ -232,8 +237,16 @@ def rows(runs: Sequence[Run], target: float | None, price: float) -> list[dict[s
             "efficiency": 1.0 if r is base else eff, "final_loss": r.losses[-1] if r.losses else None,
             "val_loss": r.val_loss, "time_to_target_s": t, "gpu_hours": hours, "cost": cost(hours, price),
             "bottleneck": bottleneck(r, None if r is base else eff),
+            **_breakdown_columns(r.time_breakdown),
         })
     return out
+
+
+def _breakdown_columns(tb: Mapping[str, Any] | None) -> dict[str, float | None]:
+    """The slowest rank's data and exposed-sync shares of a step, and the rank gap (None where not timed)."""
+    shares = (tb or {}).get("shares") or {}
+    return {"data_share": shares.get("data"), "exposed_sync_share": shares.get("exposed_sync"),
+            "rank_gap_pct": (tb or {}).get("gap_pct")}
 
 
 def warnings(runs: Sequence[Run]) -> list[str]:

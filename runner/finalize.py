@@ -11,7 +11,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from runner import layout
+from runner import breakdown, layout
 from runner.manifest import completion_check, read_rank_files
 from runner.plan import Plan
 from runner.rundir import RunDir
@@ -148,6 +148,8 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
               f" ({', '.join(check['devices'].values())}), {train.get('steps')} steps"
               + (f", final loss {loss:.4f}" if loss is not None else ""), flush=True)
         for line in gpu_lines(train.get("gpus") or {}):
+            print(line, flush=True)
+        for line in breakdown.lines(train.get("time_breakdown")):
             print(line, flush=True)
         return 0
     label = "INTERRUPTED" if interrupted is not None else "FAILED"

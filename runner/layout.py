@@ -17,6 +17,8 @@ LOGS = "logs"
 TB = "tb"
 CHECKPOINTS = "checkpoints"
 PROFILE = "profile"  # torch.profiler traces and their summaries (train.profile.steps > 0)
+# Under a local output root: the compile caches (inductor, triton) that every run and sweep job under it shares.
+COMPILE_CACHE = ".compile_cache"
 # Inside checkpoints/: step_<N>/ holds CKPT_STATE, and CKPT_MARKER written last commits it (complete only then).
 CKPT_STATE = "state.pt"
 CKPT_MARKER = "meta.json"

@@ -16,6 +16,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("sgd", "adamw")
 DDP_COMM = ("fp32", "bf16")
 SCHEDULES = ("constant", "cosine")
+COMPILE_SCOPES = ("model", "blocks")  # tasks/engine/strategy/ddp_compile.py
 
 
 class PlanError(ValueError):

@@ -18,7 +18,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from runner.plan import BACKENDS, DDP_COMM, DEVICES, OPTIMIZERS, PRECISIONS, SCHEDULES, PlanError
+from runner.plan import (
+    BACKENDS,
+    COMPILE_SCOPES,
+    DDP_COMM,
+    DEVICES,
+    OPTIMIZERS,
+    PRECISIONS,
+    SCHEDULES,
+    PlanError,
+)
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # Seeds feed torch, numpy and Python generators alike (seed + rank, seed + epoch): numpy takes 32 bits.
@@ -157,6 +166,9 @@ ENGINE_RULES: tuple[Rule, ...] = (
     choice("train.precision", PRECISIONS),
     flag("train.compile"),
     choice("train.compile_mode", COMPILE_MODES, null=True),
+    choice("train.compile_scope", COMPILE_SCOPES, null=True),
+    flag("train.compile_cache", null=True),
+    integer("train.timing_every", lo=0, null=True, example="1"),
     Rule("train.inductor", "mapping", null=True),
     number("train.ddp_bucket_mb", lo=0, lo_open=True, null=True, example="25"),
     choice("train.ddp_comm", DDP_COMM, null=True),

@@ -87,6 +87,22 @@ def test_report_over_a_fixed_global_batch_sweep_and_a_failed_run(tmp_path):
     w1 = next(r for r in table.values() if r["world"] == "1")
     w2 = next(r for r in table.values() if r["world"] == "2" and r["status"] == "completed")
     assert float(w2["efficiency"]) == pytest.approx(float(w2["rate"]) / 2 / float(w1["rate"]))
+    # Where each step's time goes, on every rank: summary.json, TensorBoard, the console, the bottleneck sentence.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    for run in run_dirs(root):
+        world = load_json(run / "run.json")["plan"]["world_size"]
+        tb = load_json(run / "summary.json")["time_breakdown"]
+        assert set(tb["per_rank"]) == {str(r) for r in range(world)}, tb
+        for v in tb["per_rank"].values():
+            parts = v["data_ms"] + v["compute_ms"] + v["exposed_sync_ms"] + v["optimizer_ms"]
+            assert v["step_ms"] == pytest.approx(parts) and v["compute_ms"] > 0
+        assert (max(v["exposed_sync_ms"] for v in tb["per_rank"].values()) > 0) == (world > 1)  # gloo: never hidden
+        acc = EventAccumulator(str(run / "tb"))
+        acc.Reload()
+        assert {f"time/rank{r}/exposed_sync_ms" for r in range(world)} <= set(acc.Tags()["scalars"])
+    assert "rank 1 per step (mean ms): data" in r.stdout and "slowest rank" in r.stdout
+    assert "of each step waits for gradient sync" in w2["bottleneck"] and w2["exposed_sync_share"]
     report = (out / "report.md").read_text()
     assert "other settings differ: train.lr" in report  # the failed run used another learning rate
     assert "| failed ⚠ |" in report
@@ -119,6 +135,18 @@ def test_a_sweep_records_every_job_even_a_refused_one(tmp_path):
     names = sorted(p.name for p in sweep_dir.iterdir() if p.is_dir())
     assert names == ["0_smoke_w1_lr=0.01", "1_smoke_w1_lr=0.02"]
     assert (sweep_dir / "multirun.yaml").is_file() and "refused" in (sweep_dir / "sweep.md").read_text()
+    # TensorBoard over the sweep directory: each job a run of its own, its swept values in the HPARAMS table.
+    from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    mux = EventMultiplexer()
+    mux.AddRunsFromDirectory(str(sweep_dir))
+    mux.Reload()
+    assert sorted(mux.Runs()) == [f"{n}/tb" for n in names]
+    for name, lr in zip(names, (0.01, 0.02), strict=True):
+        content = mux.PluginRunToTagToContent("hparams")[f"{name}/tb"]["_hparams_/session_start_info"]
+        hparams = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info.hparams
+        assert hparams["train.lr"].number_value == pytest.approx(lr) and hparams["world_size"].number_value == 1
     after = cwd_record.stat().st_mtime_ns if cwd_record.exists() else None
     assert before == after, "Hydra's multirun.yaml landed in the working directory"
 

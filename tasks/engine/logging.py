@@ -11,7 +11,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from runner import layout
 from runner.plan import explain
+from tasks.engine import timing
 from tasks.engine.diagnostics import telemetry as gpu_telemetry
 
 
@@ -24,24 +26,26 @@ def peak_memory_gb(device: torch.device) -> float:
 
 @dataclass
 class PendingLog:
-    """A log step's loss, grad norm and GPU telemetry from every rank, gathered and on their way to the host
-    without a sync."""
+    """A log step's loss, grad norm, GPU telemetry and phase times from every rank, gathered and on their way to
+    the host without a sync."""
 
     step: int
-    host: torch.Tensor            # (world, 2 + telemetry fields) per rank; valid once ``ready`` is done
+    host: torch.Tensor            # (world, 2 + telemetry + timing fields) per rank; valid once ``ready`` is done
     ready: torch.cuda.Event | None
     lr: float
     window_steps: int             # optimizer steps of the perf window that ends with this step
 
     @classmethod
     def start(cls, step: int, mean_loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, window_steps: int,
-              world_size: int, gpu: dict[str, float] | None = None) -> PendingLog:
+              world_size: int, gpu: dict[str, float] | None = None,
+              times: dict[str, float] | None = None) -> PendingLog:
         """Gather this step's values from every rank (one small collective) and start their copy to the host."""
         # The logged loss is the global mean over the whole global batch, and rank 0 logs every rank's GPU.
         # Every rank sends the same length (NaN where it has no telemetry), so ranks that disagree about NVML
         # cannot mismatch the collective.
         dev = mean_loss.device
-        tele = torch.tensor([math.nan if gpu is None else gpu[k] for k in gpu_telemetry.FIELDS])
+        tele = torch.tensor([math.nan if gpu is None else gpu[k] for k in gpu_telemetry.FIELDS]
+                            + [math.nan if times is None else times[k] for k in timing.FIELDS])
         if dev.type == "cuda":  # from pinned memory, without a sync: a blocking copy would drain the GPU's queue
             tele = tele.pin_memory().to(dev, non_blocking=True)
         stats = torch.cat([torch.stack([mean_loss, grad_norm.detach().float().to(dev)]), tele])
@@ -56,15 +60,41 @@ class PendingLog:
         ready.record()
         return cls(step, host, ready, lr, window_steps)
 
-    def values(self) -> tuple[float, float, dict[int, dict[str, float]]]:
-        """Mean loss and grad norm over the ranks, and each rank's GPU telemetry where it has some (waits for
-        the copy)."""
+    def values(self) -> tuple[float, float, dict[int, dict[str, float]], dict[int, dict[str, float]]]:
+        """Mean loss and grad norm over the ranks, each rank's GPU telemetry and each rank's phase times (ms) where
+        it has some (waits for the copy)."""
         if self.ready is not None:
             self.ready.synchronize()
         loss, gnorm = self.host[:, :2].mean(dim=0).tolist()
-        gpus = {r: dict(zip(gpu_telemetry.FIELDS, row[2:].tolist(), strict=True))
+        n = len(gpu_telemetry.FIELDS)
+        gpus = {r: dict(zip(gpu_telemetry.FIELDS, row[2:2 + n].tolist(), strict=True))
                 for r, row in enumerate(self.host) if not math.isnan(row[2].item())}
-        return loss, gnorm, gpus
+        times = {r: dict(zip(timing.FIELDS, row[2 + n:].tolist(), strict=True))
+                 for r, row in enumerate(self.host) if not math.isnan(row[2 + n].item())}
+        return loss, gnorm, gpus, times
+
+
+def swept_values(run_dir: str) -> dict[str, Any]:
+    """This sweep job's value of each swept key, as the driver recorded them in run.json (typed as YAML reads
+    them: ``0.1`` a number); empty outside a sweep or when run.json cannot be read."""
+    import json
+
+    import fsspec
+    import yaml
+
+    try:
+        with fsspec.open(layout.join(run_dir, layout.MANIFEST), "r") as f:
+            swept = (json.load(f).get("invocation") or {}).get("swept") or {}
+    except (OSError, ValueError):
+        return {}
+    out: dict[str, Any] = {}
+    for k, v in swept.items():
+        try:
+            value = yaml.safe_load(v)
+        except yaml.YAMLError:
+            value = v
+        out[k] = value if isinstance(value, (int, float, str, bool)) else str(v)  # what HPARAMS can show
+    return out
 
 
 def open_writer(logdir: str) -> Any:

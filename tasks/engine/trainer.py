@@ -23,8 +23,8 @@ from runner import layout
 from tasks import registry
 from tasks.api import TaskParts
 from tasks.engine import checkpoint as ckpt
+from tasks.engine import compile_cache, metrics, timing, worker_io
 from tasks.engine import logging as tb
-from tasks.engine import metrics, worker_io
 from tasks.engine.config import Config, load_config
 from tasks.engine.diagnostics import faults, heartbeat, profiling, termination
 from tasks.engine.diagnostics import telemetry as gpu_telemetry
@@ -159,6 +159,8 @@ class _Loop:
     start_step: int = 0                 # optimizer steps done before this launch (a resume)
     start_unix: float = 0.0             # when this launch's first step began
     first_step_end_unix: float | None = None
+    # Where each step's time goes on this rank (tasks/engine/timing.py); off unless the loop sets one up.
+    timer: timing.PhaseTimer = field(default_factory=lambda: timing.PhaseTimer(torch.device("cpu"), 0, 0))
 
 
 class Trainer:
@@ -176,6 +178,9 @@ class Trainer:
         torch.manual_seed(cfg.seed + ctx.rank)
         if t.compile and t.get("inductor"):
             apply_inductor_settings(t.inductor)
+        # Before anything compiles: jobs and reruns under one output root share what was compiled.
+        self.compile_cache = (compile_cache.configure(str(cfg.output.root))
+                              if t.compile and t.get("compile_cache", True) else None)
         self.strategy: Strategy = DDPStrategy(self.model, ctx.device, ctx.local_rank, ctx.world_size, t)
         self.optimizer = build_optimizer(t, self.strategy.params)
         self.scaler = torch.amp.GradScaler(ctx.device.type) if t.precision == "fp16" else None
@@ -217,6 +222,7 @@ class Trainer:
         # Clock, power, temperature and power-cap state of this rank's GPU, per logging window (None: no NVML).
         self.telemetry = gpu_telemetry.Sampler.start(ctx.device) if t.get("gpu_telemetry", True) else None
         self.gpu_windows: dict[int, list[dict[str, float]]] = {}
+        self.time_windows: dict[int, list[dict[str, float]]] = {}  # each rank's phase times, per logging window
 
     # -- checkpoints -----------------------------------------------------------------------------------
 
@@ -364,10 +370,12 @@ class Trainer:
         while self.state.step < self.total_steps:
             with loop.meter.paused("profile", sync=False):
                 loop.profiler.before_step(self.state.step + 1)
+            loop.timer.begin_step(self.state.step + 1)
             for m in range(self.accumulation):
                 self.micro_step(batches, loop, first=m == 0, last=m == self.accumulation - 1)
             heartbeat.phase("optimizer")
             lr, grad_norm = self.optimizer_step()
+            loop.timer.end_step()
             self.state.step += 1
             loop.meter.step_done()
             step = self.state.step
@@ -413,8 +421,11 @@ class Trainer:
         )
         writer = self._writer() if self.writer_future is not None else None
         progress = Progress(ctx.console, self.total_steps, self.state.step) if ctx.is_main else None
+        timer = timing.PhaseTimer(ctx.device, int(t.get("timing_every", 1) or 0), first_step=self.state.step + 1)
+        if hasattr(self.strategy, "grads_ready"):  # a strategy that can say when its gradient sync starts
+            self.strategy.grads_ready = timer.grads_ready
         return _Loop(meter, profiler, writer, progress, torch.zeros((), device=ctx.device), self.state.step,
-                     start_step=self.state.step, start_unix=time.time())
+                     start_step=self.state.step, start_unix=time.time(), timer=timer)
 
     def micro_step(self, batches: Any, loop: _Loop, *, first: bool, last: bool) -> None:
         """Forward and backward of one micro-batch; the strategy synchronises gradients on the ``last`` one only."""
@@ -424,6 +435,7 @@ class Trainer:
         heartbeat.phase("sync" if last else "forward_backward")
         loop.meter.add_wait(wait)
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        loop.timer.mark("data")
         if self.strategy.cudagraphs:  # a new micro-step: the previous replay's outputs may be reused
             torch.compiler.cudagraph_mark_step_begin()
         with self.strategy.sync(last):  # no_sync around forward *and* backward of every micro-step but the last
@@ -434,6 +446,7 @@ class Trainer:
             self.strategy.backward(scaled, first=first, last=last)
         loop.loss_sum += loss.detach().float()
         self.state.micro_in_epoch += 1
+        loop.timer.end_micro_step()
 
     def optimizer_step(self) -> tuple[float, torch.Tensor]:
         """Unscale (fp16), clip, step, advance the LR; returns the LR used and the grad norm (on the device)."""
@@ -459,6 +472,11 @@ class Trainer:
             torch.cuda.synchronize()
         loop.first_step_end_unix = time.time()
         loop.first_step_s = loop.first_step_end_unix - float(os.environ.get(layout.ENV_T0, time.time()))
+        if self.cfg.train.compile:
+            facts = self._compile_facts() or {}
+            self._say(f"compile: first step {loop.first_step_s:.1f} s from launch, scope {facts.get('scope')},"
+                      f" cache {facts.get('cache_dir')}: {facts.get('cache_hits', 0)} hits,"
+                      f" {facts.get('cache_misses', 0)} misses")
         if self.saver is not None:  # optimizer state exists now: get the save's buffers ready
             self.saver.reserve(self.strategy.state_dict(self.optimizer))
         # Compilation leaves many long-lived Python objects; every full collection would walk them all and
@@ -473,7 +491,7 @@ class Trainer:
         heartbeat.phase("log")
         loop.pending = tb.PendingLog.start(
             step, loop.loss_sum / self.accumulation / (step - loop.logged_step), grad_norm, lr, loop.meter.steps,
-            self.ctx.world_size, self.telemetry.window() if self.telemetry else None)
+            self.ctx.world_size, self.telemetry.window() if self.telemetry else None, loop.timer.window())
         loop.logged_step = step
         loop.loss_sum.zero_()
 
@@ -482,19 +500,23 @@ class Trainer:
         heartbeat.phase("log")
         pending, loop.pending = loop.pending, None
         assert pending is not None
-        train_loss, gnorm, gpus = pending.values()
+        train_loss, gnorm, gpus, times = pending.values()
         last = {"train/loss": train_loss, "lr": pending.lr, "grad_norm": gnorm,
                 **loop.meter.close_window(pending.window_steps),
                 "memory/peak_gb": tb.peak_memory_gb(self.ctx.device)}
         self.state.losses.append(train_loss)
         for r, g in gpus.items():
             self.gpu_windows.setdefault(r, []).append(g)
+        for r, w in times.items():
+            self.time_windows.setdefault(r, []).append(w)
         if loop.writer is not None:
             for k, v in last.items():
                 loop.writer.add_scalar(k, v, pending.step)
             for r, g in gpus.items():
                 for k, v in g.items():
                     loop.writer.add_scalar(f"gpu{r}/{k}", v, pending.step)
+            for k, v in timing.scalars(times).items():
+                loop.writer.add_scalar(k, v, pending.step)
         if loop.progress is not None:
             loop.progress.update(pending.step, train_loss,
                                  last.get("perf/tokens_per_s") or last["perf/samples_per_s"])
@@ -537,6 +559,9 @@ class Trainer:
             "gpus": {str(r): gpu_telemetry.medians(ws[1:] or ws) for r, ws in sorted(self.gpu_windows.items())},
             "time_to_first_step_s": loop.first_step_s,
             "goodput": self._goodput(loop),
+            # Each rank's data, compute, exposed gradient sync and optimizer time per step; slowest and fastest rank.
+            "time_breakdown": timing.summarize(self.time_windows, loop.timer.every),
+            "compile": self._compile_facts(),
             "resumed_from": self.resumed_from,
             "losses": self.state.losses,
         }
@@ -561,6 +586,14 @@ class Trainer:
         out["time_to_first_checkpoint_s"] = committed - t0 if committed is not None else None
         return out
 
+    def _compile_facts(self) -> dict[str, Any] | None:
+        """How this rank (rank 0 reports) compiled: the scope, the cache directory and its hits and misses."""
+        t = self.cfg.train
+        if not t.compile:
+            return None
+        return {"scope": t.get("compile_scope") or "model", "cache_dir": self.compile_cache,
+                **(compile_cache.hits() if self.compile_cache else {})}
+
     def close(self) -> None:
         """Finish the checkpoint in flight and stop DataLoader worker processes now, not at interpreter exit."""
         if self.saver is not None:
@@ -577,8 +610,10 @@ class Trainer:
         plan = {"world_size": self.ctx.world_size, "per_rank_batch": self.per_rank,
                 "accumulation": self.accumulation,
                 "global_batch": self.per_rank * self.ctx.world_size * self.accumulation}
-        tb.write_plan(writer, plan, {"task": cfg.task.name, "lr": cfg.train.lr, "precision": cfg.train.precision,
-                                     "device": cfg.device}, tokens=bool(self.parts.tokens_per_sample))
+        # A sweep's swept values too: its jobs sit side by side in HPARAMS (tensorboard --logdir <sweep dir>).
+        hparams = {"task": cfg.task.name, "lr": cfg.train.lr, "precision": cfg.train.precision, "device": cfg.device,
+                   **tb.swept_values(self.ctx.run_dir)}
+        tb.write_plan(writer, plan, hparams, tokens=bool(self.parts.tokens_per_sample))
         return writer
 
 

@@ -40,6 +40,8 @@ class DDPStrategy:
                  train_cfg: Any) -> None:
         t = train_cfg
         self.model, self.world_size = model, world_size
+        # Called when the synchronising backward's last gradient exists (the engine's timing sets it).
+        self.grads_ready: Callable[[], None] | None = None
         if world_size > 1:
             self.wrapped: DDP | _SingleProcess = DDP(
                 model, device_ids=[local_rank] if device.type == "cuda" else None,
@@ -49,16 +51,17 @@ class DDPStrategy:
                 # Opt-in: gradients travel as bf16 (half the bytes), are averaged, and land back in fp32.
                 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-                self.wrapped.register_comm_hook(None, default_hooks.bf16_compress_hook)
+                hook = default_hooks.bf16_compress_hook
             else:  # averaging inside the all-reduce instead of one division kernel per parameter
-                self.wrapped.register_comm_hook(None, grad_sync.mean_allreduce_hook)
+                hook = grad_sync.mean_allreduce_hook
+            self.wrapped.register_comm_hook(None, grad_sync.notify_last_bucket(hook, self._grads_ready))
         else:
             self.wrapped = _SingleProcess(model)
         compile_kwargs = {"mode": t.compile_mode} if t.get("compile_mode") else {}
         # The synchronising micro-step's callable, and the others' (ddp_compile.py says why they differ).
         self._sync_fwd, self._local_fwd = ddp_compile.compiled_forwards(
             self.wrapped, model, distributed=world_size > 1, compile=bool(t.compile),
-            split=bool(t.get("ddp_split_graph", True)), **compile_kwargs)
+            split=bool(t.get("ddp_split_graph", True)), scope=t.get("compile_scope") or "model", **compile_kwargs)
         # These modes replay each micro-step as CUDA graphs: no per-kernel launch cost.
         self.cudagraphs = bool(t.compile) and device.type == "cuda" and t.get("compile_mode") in CUDAGRAPH_MODES
         # Gradients live in their own buffers for the whole run: the first micro-step of an optimizer step copies
@@ -67,6 +70,10 @@ class DDPStrategy:
         self.params = [p for p in model.parameters() if p.requires_grad]
         for p in self.params:
             p.grad = torch.zeros_like(p)
+
+    def _grads_ready(self) -> None:
+        if self.grads_ready is not None:
+            self.grads_ready()
 
     def sync(self, last: bool) -> contextlib.AbstractContextManager:
         """``no_sync`` around forward and backward of every micro-step but the last."""

@@ -6,6 +6,7 @@ a hook DDP leaves the bucket untouched and the hook owns the averaging: NCCL ave
 (``ReduceOp.AVG``, no extra kernel); other backends divide the whole bucket once, then sum.
 """
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,6 +24,19 @@ def mean_allreduce_hook(group: Any, bucket: dist.GradBucket) -> torch.futures.Fu
         buf.div_(dist.get_world_size(group))
         work = dist.all_reduce(buf, group=group, async_op=True)
     return work.get_future().then(lambda fut: fut.value()[0])
+
+
+def notify_last_bucket(hook: Callable[..., Any], notify: Callable[[], None]) -> Callable[..., Any]:
+    """``hook``, calling ``notify()`` first when DDP hands it the iteration's last bucket: the moment the backward's
+    last gradient exists, before its all-reduce starts (the engine's timing marks the end of backward compute
+    there: tasks/engine/timing.py)."""
+
+    def hook_and_notify(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        if bucket.is_last():
+            notify()
+        return hook(state, bucket)
+
+    return hook_and_notify
 
 
 def folds_clipping(optimizer: torch.optim.Optimizer) -> bool:

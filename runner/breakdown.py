@@ -1,0 +1,53 @@
+"""A run's ``time_breakdown`` (summary.json) in words: the console's end-of-run lines and the phrases ddp-compare
+puts in its bottleneck sentence. Pure functions over the recorded figures (the engine measures them:
+tasks/engine/timing.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+# Below these, a phase is not worth a phrase in the bottleneck sentence.
+SHARE_WORTH_SAYING = 0.01
+GAP_WORTH_SAYING = 1.0  # percent
+
+
+def lines(tb: Mapping[str, Any] | None, prefix: str = "ddp-run: ") -> list[str]:
+    """One line per rank (mean ms per optimizer step in each phase), then the slowest and fastest rank."""
+    if not tb or not tb.get("per_rank"):
+        return []
+    out = []
+    for r, v in sorted(tb["per_rank"].items(), key=lambda kv: int(kv[0])):
+        out.append(f"{prefix}rank {r} per step (mean ms): data {v['data_ms']:.1f} · compute {v['compute_ms']:.1f}"
+                   f" · exposed gradient sync {v['exposed_sync_ms']:.1f} · optimizer {v['optimizer_ms']:.1f}"
+                   f" = {v['step_ms']:.1f}")
+    shares = tb.get("shares") or {}
+    tail = ", ".join(f"{name} {100 * shares[k]:.0f}%" for k, name in
+                     (("data", "data"), ("compute", "compute"), ("exposed_sync", "exposed sync"),
+                      ("optimizer", "optimizer")) if shares.get(k) is not None)
+    if len(tb["per_rank"]) > 1 and tb.get("gap_pct") is not None:
+        out.append(f"{prefix}slowest rank {tb['slowest_rank']}, fastest rank {tb['fastest_rank']}:"
+                   f" {tb['gap_pct']:.1f}% more work per step; the slowest rank's step: {tail}")
+    elif tail:
+        out.append(f"{prefix}each step: {tail}")
+    return out
+
+
+def phrases(tb: Mapping[str, Any] | None) -> list[str]:
+    """What the bottleneck sentence says about the time breakdown: the share of each step that waits for data
+    and for gradient sync (on the slowest rank: the waits nobody hid), and how much slower the slowest rank is."""
+    if not tb or not tb.get("shares"):
+        return []
+    shares, out = tb["shares"], []
+    if (d := shares.get("data")) is not None:
+        out.append(f"{100 * d:.0f}% of each step waits for data" if d >= SHARE_WORTH_SAYING
+                   else "data loading is hidden (under 1% of a step)")
+    if len(tb.get("per_rank") or {}) > 1 and (s := shares.get("exposed_sync")) is not None:
+        out.append(f"{100 * s:.0f}% of each step waits for gradient sync" if s >= SHARE_WORTH_SAYING
+                   else "gradient sync is hidden behind the backward (under 1% of a step)")
+    if (o := shares.get("optimizer")) is not None and o >= 0.1:
+        out.append(f"the optimizer takes {100 * o:.0f}% of each step")
+    gap = tb.get("gap_pct")
+    if gap is not None and gap >= GAP_WORTH_SAYING:
+        out.append(f"rank {tb['slowest_rank']} is {gap:.0f}% slower than rank {tb['fastest_rank']}")
+    return out
