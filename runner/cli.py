@@ -233,15 +233,19 @@ def _check_resume_source(resume: str, plan: Plan) -> None:
         else:
             raise PlanError("resume", resume, "holds no complete checkpoint (no step_<N>/meta.json)", fix)
         manifest = layout.join(run, layout.MANIFEST)
-        ws = json.loads(fs.cat_file(manifest)).get("plan", {}).get("world_size") if fs.exists(manifest) else None
+        theirs = json.loads(fs.cat_file(manifest)).get("plan", {}) if fs.exists(manifest) else {}
+        ws, global_batch = theirs.get("world_size"), theirs.get("global_batch")
     except PlanError:
         raise
     except (OSError, ValueError, ImportError) as exc:
         raise PlanError("resume", resume, f"cannot be read ({type(exc).__name__}: {exc})", fix) from exc
-    if ws is not None and ws != plan.world_size:
+    # Another world size reshards (the data order carries over: the sampler's strided split consumes a prefix of
+    # each epoch); another global batch would be another optimisation problem.
+    if ws is not None and ws != plan.world_size and global_batch != plan.global_batch:
         raise PlanError("world_size", plan.world_size,
-                        f"the checkpoint's run used world_size={ws}; per-rank RNG states and the data"
-                        " order would not carry over", f"resume with world_size={ws}")
+                        f"the checkpoint's run used world_size={ws} and global batch {global_batch}, this plan's"
+                        f" global batch is {plan.global_batch}",
+                        f"resume with world_size={ws}, or keep the global batch: batch.global={global_batch}")
 
 
 def _checkpoint_size_problem(fs: Any, ckpt_dir: str) -> str | None:

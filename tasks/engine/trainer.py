@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import os
 import socket
 import time
@@ -25,13 +26,13 @@ from tasks.api import TaskParts
 from tasks.engine import checkpoint as ckpt
 from tasks.engine import logging as tb
 from tasks.engine import metrics, worker_io
+from tasks.engine.checkpoint import sharded
 from tasks.engine.config import Config, load_config
 from tasks.engine.diagnostics import faults, profiling, termination
 from tasks.engine.diagnostics import telemetry as gpu_telemetry
 from tasks.engine.optim import apply_inductor_settings, build_optimizer, lr_factor
 from tasks.engine.progress import Progress
 from tasks.engine.sampler import ResumableDistributedSampler
-from tasks.engine.checkpoint import sharded
 from tasks.engine.strategy import factory, grad_sync
 from tasks.engine.strategy.base import Strategy
 
@@ -120,7 +121,7 @@ def evaluate(model: torch.nn.Module, data: Dataset, ctx: Context, batch: int, pr
     batches = list(DataLoader(shard, batch_size=batch, shuffle=False)) if lockstep else \
         DataLoader(shard, batch_size=batch, shuffle=False)
     if lockstep:
-        most = -(-(-(-len(data) // ctx.world_size)) // batch)  # the first rank's batch count, the largest
+        most = math.ceil(math.ceil(len(data) / ctx.world_size) / batch)  # rank 0's batch count, the largest
         filler = next(iter(DataLoader(data, batch_size=1)))
         batches += [None] * (most - len(batches))
     for xy in batches:
