@@ -100,15 +100,20 @@ def execute(cfg: DictConfig) -> int:
         plan, task_dir = _plan(conf, task_dirs)
         if not continuing and resume not in ("auto", "never"):
             _check_resume_source(resume, plan)
+        from runner import memory_plan
+
+        memory = memory_plan.check(conf, plan, task_dir)  # refuses a plan that does not fit (PlanError)
     except PlanError as err:
         return refuse(err)
 
     task = conf["task"]["name"]
     print(f"ddp-run: {task}: {plan.explanation}; device {plan.device}, backend {plan.backend}", flush=True)
+    if memory is not None:
+        print(f"ddp-run: {memory_plan.describe(memory)}", flush=True)
     if conf["dry_run"]:
         cmd = torchrun_command(plan, conf["launcher"], "<run dir>")
         print("ddp-run: dry run, nothing launched. Command:\n  " + shlex.join(cmd))
-        print(OmegaConf.to_yaml(OmegaConf.create({"plan": plan.to_manifest()})))
+        print(OmegaConf.to_yaml(OmegaConf.create({"plan": plan.to_manifest(), layout.MANIFEST_MEMORY_PLAN: memory})))
         return 0
 
     if conf["output"].get("private"):
@@ -130,6 +135,7 @@ def execute(cfg: DictConfig) -> int:
     manifest = initial_manifest(plan, cmd, task, started, invocation=_invocation(task_dir),
                                 data=data_prep.describe(conf["data"]))
     manifest["doctor"] = cheap_report(gpu=plan.device == "cuda")  # the preflight checks that cost no time
+    manifest[layout.MANIFEST_MEMORY_PLAN] = memory
     if continuing:
         previous = rd.read_json(layout.MANIFEST)
         manifest["started"] = previous.get("started", manifest["started"])

@@ -48,6 +48,10 @@ ENV_TASK_PATH = "DDP_RUNNER_TASK_PATH"
 ENV_FAULT = "DDP_RUNNER_FAULT"
 ENV_SLOW_SAVE = "DDP_RUNNER_SLOW_SAVE"
 ENV_CKPT_TEST_PAUSE = "DDP_RUNNER_CKPT_TEST_PAUSE"
+# Per-rank memory (GiB) the memory planner may count on when strategy.memory_cap_gb is null (runner/memory_plan.py).
+ENV_MEMORY_CAP_GB = "DDP_RUNNER_MEMORY_CAP_GB"
+# run.json: the memory planner's per-rank estimate under each strategy.
+MANIFEST_MEMORY_PLAN = "memory_plan"
 # Test-only: seconds between the driver's heartbeats in run.json (default runner/status.py HEARTBEAT_S).
 ENV_HEARTBEAT_S = "DDP_RUNNER_HEARTBEAT_S"
 

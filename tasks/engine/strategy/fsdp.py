@@ -5,6 +5,8 @@ layers of a GPT) and then on the root, so one block's parameters are gathered at
 each block is compiled on its own before it is sharded (FSDP2's hooks stay outside the compiled graphs, the
 torchtitan recipe). With accumulation the non-final micro-steps neither reduce gradients nor free the gathered
 parameters after the backward, so the next micro-step's forward needs no new all-gather; the final one does both.
+That holds the whole unsharded model and its unsharded fp32 gradients during the step; with
+``strategy.accumulate_unsharded=false`` every micro-step reduce-scatters and reshards instead (least memory).
 
 Checkpoints are sharded: every rank writes its own shards through ``torch.distributed.checkpoint``
 (``checkpoint/sharded.py``).
@@ -50,6 +52,7 @@ class FSDPStrategy:
         self.model, self.world_size = model, world_size
         mesh = init_device_mesh(device.type, (world_size,))
         reshard = bool(strategy_cfg.get("reshard_after_forward", True))
+        self.accumulate_unsharded = bool(strategy_cfg.get("accumulate_unsharded", True))
         kwargs = {"mesh": mesh, "mp_policy": mixed_precision(t.precision)}
         units = shard_units(model)
         compile_kwargs = {"mode": t.compile_mode} if t.get("compile_mode") else {}
@@ -68,9 +71,11 @@ class FSDPStrategy:
         self.params = [p for p in model.parameters() if p.requires_grad]
 
     def sync(self, last: bool) -> contextlib.AbstractContextManager:
-        """Non-final micro-steps keep their gradients local (unreduced) and their parameters gathered."""
-        self.fsdp.set_requires_gradient_sync(last)
-        self.fsdp.set_reshard_after_backward(last)
+        """Non-final micro-steps keep their gradients local (unreduced) and their parameters gathered, unless
+        ``strategy.accumulate_unsharded`` is false (then every micro-step reduce-scatters: least memory)."""
+        keep = not last and self.accumulate_unsharded
+        self.fsdp.set_requires_gradient_sync(not keep)
+        self.fsdp.set_reshard_after_backward(not keep)
         return contextlib.nullcontext()
 
     def forward(self, last: bool) -> Callable[..., torch.Tensor]:
