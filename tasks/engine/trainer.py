@@ -561,7 +561,8 @@ class Trainer:
             with loop.meter.paused("validation"):
                 loop.val_loss = self.validate(loop.writer, self.state.step)
         with loop.meter.paused("checkpoint"):
-            self.checkpoint(final=True)
+            if self.cfg.checkpoint.get("final", True):  # off only for benchmarks of models too big to save often
+                self.checkpoint(final=True)
             if self.saver is not None:
                 self.saver.wait()
         if loop.progress is not None:
