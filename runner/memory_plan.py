@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -150,7 +151,9 @@ def decide(estimates: dict[str, dict[str, float]], chosen: str, cap: float | Non
         room = cap - (e["total_gb"] - e["activations_gb"])
         fits = int(room // per_sample) if per_sample > 0 and room > 0 else 0
         if fits >= 1:
-            fix = (f"use strategy={lean} with batch.per_rank={fits} (add batch.global={plan.global_batch} to keep"
+            # Accumulation under fsdp must not hold the unsharded model, or the smaller batch would not fit.
+            lean_arg = f"strategy={lean}" + (" strategy.accumulate_unsharded=false" if lean == "fsdp" else "")
+            fix = (f"use {lean_arg} with batch.per_rank={fits} (add batch.global={plan.global_batch} to keep"
                    " the global batch through accumulation)")
         else:
             fix = (f"no strategy fits on {plan.world_size} rank(s): even {lean}'s model state takes"
@@ -187,6 +190,19 @@ def probe(cfg: dict[str, Any], task_dir: str | None) -> dict[str, Any]:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def gpu_total_gb(plan: Plan) -> float | None:
+    """Total memory of the first GPU the plan uses, from nvidia-smi (None when it cannot say)."""
+    if plan.device != "cuda" or not plan.gpus or shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits",
+                              "-i", str(plan.gpus[0].physical_index)], capture_output=True, text=True, timeout=30,
+                             check=True).stdout
+        return float(out.strip().splitlines()[0]) / 1024  # MiB → GiB
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
 def check(cfg: dict[str, Any], plan: Plan, task_dir: str | None) -> dict[str, Any] | None:
     """Estimate, and refuse a plan that does not fit (PlanError); the record for run.json, or None when there
     is nothing to check (CPU without a cap)."""
@@ -204,7 +220,7 @@ def check(cfg: dict[str, Any], plan: Plan, task_dir: str | None) -> dict[str, An
         return None
     facts = ModelFacts(found["params"], found["largest_unit"], found["root"], found.get("arch"))
     estimates = plan_all(facts, cfg, plan)
-    cap, source = cap_gb(cfg, found.get("device_gb"))
+    cap, source = cap_gb(cfg, gpu_total_gb(plan))
     chosen = scfg.get("name", "ddp")
     record = {"strategy": chosen, "params": facts.params, "cap_gb": cap, "cap_source": source,
               "estimates": estimates, "activations_estimated": facts.arch is not None}

@@ -23,11 +23,10 @@ ARCH = ("layers", "width", "heads", "context", "vocab", "loss")
 
 
 def probe(cfg: Config) -> dict[str, Any]:
-    """Parameter counts (unique, largest shard unit, outside the units), the model's shape when it has one,
-    and the device's total memory when CUDA is asked for and visible."""
-    meta = torch.device("meta")
-    with meta:
-        model = registry.build(cfg, meta).model
+    """Parameter counts (unique, largest shard unit, outside the units) and the model's shape when it has one.
+    CUDA is never initialised here (the driver asks nvidia-smi for the GPU's memory)."""
+    # The task builds its model on the device it is given (its datasets stay real: their checks read values).
+    model = registry.build(cfg, torch.device("meta")).model
     params = {id(p): p.numel() for p in model.parameters() if p.requires_grad}  # tied weights once
     units = [{id(p): p.numel() for p in u.parameters()} for u in shard_units(model)]
     in_units = {k for u in units for k in u}
@@ -36,10 +35,7 @@ def probe(cfg: Config) -> dict[str, Any]:
         "largest_unit": max((sum(u.values()) for u in units), default=0),
         "root": sum(n for k, n in params.items() if k not in in_units),
         "arch": {k: getattr(model, k) for k in ARCH if hasattr(model, k)} or None,
-        "device_gb": None,
     }
-    if cfg.get("device") in ("cuda", "auto") and torch.cuda.is_available():
-        out["device_gb"] = torch.cuda.get_device_properties(0).total_memory / 2**30
     return out
 
 
