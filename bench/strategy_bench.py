@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 
 ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-SMALL = ["task=gpt2_small", "batch.per_rank=16", "batch.global=64", "train.log_every=5", "train.val_every=0"]
+SMALL = ["task=gpt2_small", "batch.per_rank=16", "batch.global=64", "train.log_every=5", "train.val_every=0",
+         "checkpoint.final=false"]
 BIG = ["task=gpt_6b", "batch.per_rank=8", "train.log_every=2", "train.val_every=0", "checkpoint.every_steps=0",
        "checkpoint.final=false"]  # a 6B checkpoint is ~100 GB of shards and a 24 GB model.pt: not what is measured
 
