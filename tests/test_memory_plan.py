@@ -114,6 +114,7 @@ TINY = ["task=gpt", "device=cpu", "world_size=2", "task.model.layers=8", "task.m
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # five CLI calls, three of them training runs
 def test_planner_refuses_over_the_cap_and_its_suggestion_trains_checkpoints_and_resumes(tmp_path):
     r = ddp_run([*TINY, "strategy.memory_cap_gb=1", "dry_run=true"], tmp_path / "dry")
     assert r.returncode == 0, r.stdout + r.stderr

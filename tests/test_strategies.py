@@ -66,6 +66,7 @@ def test_zero1_and_fsdp_train_to_ddps_losses(tmp_path, text_file):
             assert math.isclose(a, b, rel_tol=1e-4), (s, losses[s], losses["ddp"])
 
 
+@pytest.mark.timeout(600)  # four CLI runs; about 200 s each on a shared 2-core machine
 @pytest.mark.parametrize("strategy,precision", [("fsdp", "bf16"), ("zero1", "fp32")])
 def test_kill_resume_is_bit_identical_and_resumes_on_one_rank(tmp_path, text_file, strategy, precision):
     args = _args(text_file, strategy, f"train.precision={precision}")
