@@ -118,6 +118,9 @@ def execute(cfg: DictConfig) -> int:
         plan, task_dir = _plan(conf, task_dirs)
         if not continuing and resume not in ("auto", "never"):
             _check_resume_source(resume, plan)
+        from runner import memory_plan
+
+        memory = memory_plan.check(conf, plan, task_dir)  # refuses a plan that does not fit (PlanError)
     except PlanError as err:
         if rd is not None and rd.lease is not None:  # refused after taking the lease: give it back now
             rd.lease.release()
@@ -125,10 +128,12 @@ def execute(cfg: DictConfig) -> int:
 
     task = conf["task"]["name"]
     print(f"ddp-run: {task}: {plan.explanation}; device {plan.device}, backend {plan.backend}", flush=True)
+    if memory is not None:
+        print(f"ddp-run: {memory_plan.describe(memory)}", flush=True)
     if conf["dry_run"]:
         cmd = torchrun_command(plan, conf["launcher"], "<run dir>")
         print("ddp-run: dry run, nothing launched. Command:\n  " + shlex.join(cmd))
-        print(OmegaConf.to_yaml(OmegaConf.create({"plan": plan.to_manifest()})))
+        print(OmegaConf.to_yaml(OmegaConf.create({"plan": plan.to_manifest(), layout.MANIFEST_MEMORY_PLAN: memory})))
         if continuing and rd.lease is not None:
             rd.lease.release()
         return 0
@@ -171,6 +176,7 @@ def execute(cfg: DictConfig) -> int:
     manifest = initial_manifest(plan, cmd, task, started, invocation=_invocation(task_dir),
                                 data=data_prep.describe(conf["data"]))
     manifest["doctor"] = cheap_report(gpu=plan.device == "cuda")  # the preflight checks that cost no time
+    manifest[layout.MANIFEST_MEMORY_PLAN] = memory
     if continuing:
         previous = rd.read_json(layout.MANIFEST)
         manifest["started"] = previous.get("started", manifest["started"])
@@ -358,15 +364,19 @@ def _check_resume_source(resume: str, plan: Plan) -> None:
         else:
             raise PlanError("resume", resume, "holds no complete checkpoint (no step_<N>/meta.json)", fix)
         manifest = layout.join(run, layout.MANIFEST)
-        ws = json.loads(fs.cat_file(manifest)).get("plan", {}).get("world_size") if fs.exists(manifest) else None
+        theirs = json.loads(fs.cat_file(manifest)).get("plan", {}) if fs.exists(manifest) else {}
+        ws, global_batch = theirs.get("world_size"), theirs.get("global_batch")
     except PlanError:
         raise
     except (OSError, ValueError, ImportError) as exc:
         raise PlanError("resume", resume, f"cannot be read ({type(exc).__name__}: {exc})", fix) from exc
-    if ws is not None and ws != plan.world_size:
+    # Another world size reshards (the data order carries over: the sampler's strided split consumes a prefix of
+    # each epoch); another global batch would be another optimisation problem.
+    if ws is not None and ws != plan.world_size and global_batch != plan.global_batch:
         raise PlanError("world_size", plan.world_size,
-                        f"the checkpoint's run used world_size={ws}; per-rank RNG states and the data"
-                        " order would not carry over", f"resume with world_size={ws}")
+                        f"the checkpoint's run used world_size={ws} and global batch {global_batch}, this plan's"
+                        f" global batch is {plan.global_batch}",
+                        f"resume with world_size={ws}, or keep the global batch: batch.global={global_batch}")
 
 
 def _checkpoint_size_problem(fs: Any, ckpt_dir: str) -> str | None:

@@ -75,6 +75,10 @@ HANG_RECORD = f"{LOGS}/hang.json"
 DEBUG_LOGS = f"{LOGS}/debug"
 # Created by the driver when it finds a hang: ranks on NCCL then dump the flight recorder (best effort).
 DUMP_REQUEST = f"{STACKS}/.dump-requested"
+# Per-rank memory (GiB) the memory planner may count on when strategy.memory_cap_gb is null (runner/memory_plan.py).
+ENV_MEMORY_CAP_GB = "DDP_RUNNER_MEMORY_CAP_GB"
+# run.json: the memory planner's per-rank estimate under each strategy.
+MANIFEST_MEMORY_PLAN = "memory_plan"
 # Test-only: seconds between the driver's heartbeats in run.json (default runner/status.py HEARTBEAT_S).
 ENV_HEARTBEAT_S = "DDP_RUNNER_HEARTBEAT_S"
 

@@ -29,6 +29,7 @@ from runner.plan import (
     PlanError,
 )
 
+STRATEGIES = ("ddp", "zero1", "fsdp")  # tasks/engine/strategy/factory.py
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # Seeds feed torch, numpy and Python generators alike (seed + rank, seed + epoch): numpy takes 32 bits.
 SEED_MAX = 2**32 - 1024
@@ -183,6 +184,11 @@ ENGINE_RULES: tuple[Rule, ...] = (
     integer("checkpoint.every_steps", lo=0, example="100"),
     integer("checkpoint.keep_last", lo=0, example="2"),  # 0 keeps them all
     flag("checkpoint.async_save"),
+    flag("checkpoint.final", null=True),
+    choice("strategy.name", STRATEGIES),
+    number("strategy.memory_cap_gb", lo=0, lo_open=True, null=True, example="80"),
+    flag("strategy.reshard_after_forward", null=True),
+    flag("strategy.accumulate_unsharded", null=True),
     text("resume", example="auto"),
     text("output.root", example="outputs"),
     flag("output.private"),

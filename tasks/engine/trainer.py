@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import os
 import socket
 import time
@@ -25,15 +26,15 @@ from tasks.api import TaskParts
 from tasks.engine import checkpoint as ckpt
 from tasks.engine import compile_cache, metrics, timing, worker_io
 from tasks.engine import logging as tb
+from tasks.engine.checkpoint import sharded
 from tasks.engine.config import Config, load_config
 from tasks.engine.diagnostics import faults, heartbeat, profiling, termination
 from tasks.engine.diagnostics import telemetry as gpu_telemetry
 from tasks.engine.optim import apply_inductor_settings, build_optimizer, lr_factor
 from tasks.engine.progress import Progress
 from tasks.engine.sampler import ResumableDistributedSampler
-from tasks.engine.strategy import grad_sync
+from tasks.engine.strategy import factory, grad_sync
 from tasks.engine.strategy.base import Strategy
-from tasks.engine.strategy.ddp import DDPStrategy
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -115,19 +116,30 @@ def _facts(ctx: Context, **extra: Any) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, data: Dataset, ctx: Context, batch: int, precision: str) -> float:
+def evaluate(model: torch.nn.Module, data: Dataset, ctx: Context, batch: int, precision: str,
+             lockstep: bool = False) -> float:
     """Mean loss over the whole dataset, each sample counted exactly once across ranks.
 
     DistributedSampler pads uneven splits with duplicates; here rank r takes samples r, r+W, r+2W, … with
-    no padding, and the sums and counts are reduced across ranks.
+    no padding, and the sums and counts are reduced across ranks. ``lockstep``: every forward is a collective
+    (a sharded model gathers its parameters), so a rank with fewer batches runs extra forwards that count zero.
     """
     was_training = model.training
     model.eval()
     shard = Subset(data, range(ctx.rank, len(data), ctx.world_size))
     totals = torch.zeros(2, dtype=torch.float64, device=ctx.device)
-    for x, y in DataLoader(shard, batch_size=batch, shuffle=False):
+    batches = list(DataLoader(shard, batch_size=batch, shuffle=False)) if lockstep else \
+        DataLoader(shard, batch_size=batch, shuffle=False)
+    if lockstep:
+        most = math.ceil(math.ceil(len(data) / ctx.world_size) / batch)  # rank 0's batch count, the largest
+        filler = next(iter(DataLoader(data, batch_size=1)))
+        batches += [None] * (most - len(batches))
+    for xy in batches:
+        x, y = xy if xy is not None else filler
         with _autocast(ctx.device, precision):
             loss = model(x.to(ctx.device), y.to(ctx.device))
+        if xy is None:
+            continue
         totals[0] += loss.double() * len(x)
         totals[1] += len(x)
     dist.all_reduce(totals)
@@ -181,8 +193,10 @@ class Trainer:
         # Before anything compiles: jobs and reruns under one output root share what was compiled.
         self.compile_cache = (compile_cache.configure(str(cfg.output.root))
                               if t.compile and t.get("compile_cache", True) else None)
-        self.strategy: Strategy = DDPStrategy(self.model, ctx.device, ctx.local_rank, ctx.world_size, t)
+        self.strategy: Strategy = factory.build(cfg, self.model, ctx.device, ctx.local_rank, ctx.world_size)
         self.optimizer = build_optimizer(t, self.strategy.params)
+        if hasattr(self.strategy, "wrap_optimizer"):  # zero1: the optimizer state sharded over the ranks
+            self.optimizer = self.strategy.wrap_optimizer(self.optimizer)
         self.scaler = torch.amp.GradScaler(ctx.device.type) if t.precision == "fp16" else None
         self.per_rank, self.accumulation = cfg.batch.per_rank, cfg.batch.accumulation
         # shuffle=True here, never in the DataLoader: the sampler shuffles by (seed, epoch) identically on every
@@ -215,7 +229,9 @@ class Trainer:
         )
         self.resumed_from: str | None = None
         self.first_commit_unix: float | None = None  # when this launch's first checkpoint was committed
-        self.saver = ckpt.AsyncSaver() if (ctx.is_main and cfg.checkpoint.async_save) else None
+        # Background saving snapshots rank 0's whole state; a strategy whose state is spread saves collectively.
+        self.saver = ckpt.AsyncSaver() if (ctx.is_main and cfg.checkpoint.async_save
+                                           and self.strategy.full_state_on_rank0) else None
         if self.saver is not None:  # stopped by SIGTERM (a peer failed, or Ctrl-C): finish the write in flight
             termination.on_terminate(self.saver.finish)
         self.ckpt_root = layout.join(ctx.run_dir, layout.CHECKPOINTS)
@@ -279,22 +295,41 @@ class Trainer:
                 if self.ctx.console is not None:  # and the user's console: a checkpoint was passed over
                     print(f"warning: {msg}", file=self.ctx.console, flush=True)
         self._check_compatible(state, src)
+        if sharded.is_sharded(state):  # model and optimizer state come from every rank's shards
+            shards = self.strategy.state_dict(self.optimizer)
+            sharded.load_shards(src, state, shards)
+            state = {**state, **shards}
         self.strategy.load_state_dict(state, self.optimizer)
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         p = state["progress"]
         # The data position is counted in micro-batches of the checkpoint's per-rank batch.
-        samples = p["micro_in_epoch"] * state.get("plan", {}).get("per_rank_batch", self.per_rank)
+        samples = self._samples_done(state) // self.ctx.world_size
         self.state = TrainState(p["step"], p["epoch"], samples // self.per_rank, list(p.get("losses", [])))
         self.total_steps = self._total_steps()
-        ckpt.set_rng_state(state["rng"][self.ctx.rank])
+        if self.ctx.rank < len(state["rng"]):  # a rank the checkpoint did not have keeps its own seeded stream
+            ckpt.set_rng_state(state["rng"][self.ctx.rank])
         self.resumed_from = src
         self._say(f"resumed from {src} at step {self.state.step}")
 
+    def _samples_done(self, state: dict[str, Any]) -> int:
+        """Samples of the current epoch all ranks together had used: with the sampler's strided split these are
+        exactly the epoch's first ones, so a run at another world size continues at the same place."""
+        plan = state.get("plan", {})
+        per_rank = plan.get("per_rank_batch", self.per_rank)
+        return state["progress"]["micro_in_epoch"] * per_rank * plan.get("world_size", self.ctx.world_size)
+
     def _check_compatible(self, state: dict[str, Any], src: str) -> None:
         mine = self.model.state_dict()
-        theirs = state["model"]
+        theirs = state.get("model") or {}  # a sharded checkpoint: DCP checks names and shapes as it loads
+        if sharded.is_sharded(state) != bool(getattr(self.strategy, "sharded_checkpoint", False)):
+            have = "sharded (strategy=fsdp)" if sharded.is_sharded(state) else "single-file (strategy=ddp/zero1)"
+            raise ValueError(f"cannot resume from {src}: it is a {have} checkpoint and this run uses strategy="
+                             f"{(self.cfg.get('strategy') or {}).get('name', 'ddp')}. Fix: resume it under the"
+                             " strategy that wrote it (at any world size), or start over with resume=never")
+        if not theirs:
+            mine = {}
         problems = [f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(mine[k].shape)}"
                     for k, v in theirs.items() if k in mine and tuple(v.shape) != tuple(mine[k].shape)]
         problems += [f"{k}: missing in checkpoint" for k in mine if k not in theirs]
@@ -303,26 +338,57 @@ class Trainer:
             raise ValueError(f"cannot resume from {src}: the model differs ({len(problems)} keys): "
                              + "; ".join(problems[:8]) + ". Fix: resume with the same task.model settings")
         plan = state.get("plan", {})
-        if plan.get("world_size") not in (None, self.ctx.world_size):
-            raise ValueError(f"cannot resume from {src}: it ran with world_size={plan['world_size']}, this run"
-                             f" has {self.ctx.world_size}. Fix: resume with world_size={plan['world_size']}")
-        done = state["progress"]["micro_in_epoch"] * plan.get("per_rank_batch", self.per_rank)
-        if done % self.per_rank:
+        global_batch = self.per_rank * self.ctx.world_size * self.accumulation
+        if plan.get("world_size") not in (None, self.ctx.world_size) and plan.get("global_batch") != global_batch:
+            # Another world size is fine (resharding), another optimisation problem is not.
+            raise ValueError(f"cannot resume from {src}: it ran with world_size={plan['world_size']} and global"
+                             f" batch {plan.get('global_batch')}, this run has world_size={self.ctx.world_size} and"
+                             f" global batch {global_batch}. Fix: resume with batch.global={plan.get('global_batch')}"
+                             f" (or world_size={plan['world_size']})")
+        done_all = self._samples_done(state)
+        done = done_all // self.ctx.world_size
+        if done_all % self.ctx.world_size or done % self.per_rank:
             raise ValueError(f"cannot resume from {src}: each rank had used {done} samples of the epoch, not a"
                              f" whole number of batch.per_rank={self.per_rank} micro-batches, so the data order"
                              f" would not continue exactly. Fix: resume with batch.per_rank="
                              f"{plan['per_rank_batch']} (or a divisor of {done})")
 
-    def checkpoint(self) -> None:
-        """Every rank hands its RNG state to rank 0 (one collective), which saves atomically."""
+    def checkpoint(self, final: bool = False) -> None:
+        """Every rank hands its RNG state to rank 0 (one collective), which saves atomically. A strategy whose
+        state is spread over the ranks gathers it first (zero1) or has every rank write its shards (fsdp)."""
         heartbeat.phase("checkpoint")
         rng = [None] * self.ctx.world_size
         dist.all_gather_object(rng, ckpt.rng_state())
+        spread = not self.strategy.full_state_on_rank0
+        model_optim = self.strategy.state_dict(self.optimizer) if spread else None  # collective
+        if getattr(self.strategy, "sharded_checkpoint", False):
+            self._save_sharded(rng, model_optim, final)
+            return
         if not self.ctx.is_main:
             return
+        state = {**(model_optim or self.strategy.state_dict(self.optimizer)), **self._small_state(rng)}
+        protect = frozenset({self.resumed_from} if self.resumed_from else ())
+        keep = self.cfg.checkpoint.keep_last
+        if self.saver is not None:
+            self.saver.save(self.ckpt_root, self.state.step, state, keep_last=keep, protect=protect)
+        else:
+            ckpt.save(self.ckpt_root, self.state.step, state, keep_last=keep, protect=protect)
+            if self.first_commit_unix is None:
+                self.first_commit_unix = time.time()
+
+    def _save_sharded(self, rng: list[Any], shards: dict[str, Any], final: bool) -> None:
+        """Every rank writes its shards; rank 0 commits (the last checkpoint also gets a consolidated model)."""
+        protect = frozenset({self.resumed_from} if self.resumed_from else ())
+        sharded.save(self.ckpt_root, self.state.step, self._small_state(rng) if self.ctx.is_main else {}, shards,
+                     keep_last=self.cfg.checkpoint.keep_last, protect=protect,
+                     export=self.model if final else None)
+        if self.first_commit_unix is None:
+            self.first_commit_unix = time.time()
+
+    def _small_state(self, rng: list[Any]) -> dict[str, Any]:
+        """Everything in a checkpoint but model and optimizer state."""
         s = self.state
-        state = {
-            **self.strategy.state_dict(self.optimizer),
+        return {
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "progress": {"step": s.step, "epoch": s.epoch, "micro_in_epoch": s.micro_in_epoch,
@@ -333,14 +399,6 @@ class Trainer:
                      "global_batch": self.per_rank * self.ctx.world_size * self.accumulation},
             "config": self.cfg.to_yaml(),
         }
-        protect = frozenset({self.resumed_from} if self.resumed_from else ())
-        keep = self.cfg.checkpoint.keep_last
-        if self.saver is not None:
-            self.saver.save(self.ckpt_root, s.step, state, keep_last=keep, protect=protect)
-        else:
-            ckpt.save(self.ckpt_root, s.step, state, keep_last=keep, protect=protect)
-            if self.first_commit_unix is None:
-                self.first_commit_unix = time.time()
 
     # -- the loop --------------------------------------------------------------------------------------
 
@@ -529,7 +587,8 @@ class Trainer:
         cap = self.cfg.train.get("val_samples")
         if cap and cap < len(data):  # the same leading samples every time, each counted once
             data = Subset(data, range(cap))
-        loss = evaluate(self.model, data, self.ctx, self.per_rank, self.cfg.train.precision)
+        loss = evaluate(self.model, data, self.ctx, self.per_rank, self.cfg.train.precision,
+                        lockstep=getattr(self.strategy, "sharded_checkpoint", False))
         if writer is not None:
             writer.add_scalar("val/loss", loss, step)
         self._say(f"step {step} val/loss {loss:.4f}")
@@ -543,7 +602,8 @@ class Trainer:
             with loop.meter.paused("validation"):
                 loop.val_loss = self.validate(loop.writer, self.state.step)
         with loop.meter.paused("checkpoint"):
-            self.checkpoint()
+            if self.cfg.checkpoint.get("final", True):  # off only for benchmarks of models too big to save often
+                self.checkpoint(final=True)
             if self.saver is not None:
                 self.saver.wait()
         if loop.progress is not None:

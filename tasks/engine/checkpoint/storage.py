@@ -109,8 +109,8 @@ class _HashingWriter:
         return self._hash.hexdigest()
 
 
-def _meta_bytes(step: int, nbytes: int, digest: str) -> bytes:
-    meta = {
+def _meta_bytes(step: int, nbytes: int, digest: str, files: dict[str, int] | None = None) -> bytes:
+    meta: dict[str, Any] = {
         "format": FORMAT,
         "step": step,
         "time": time.time(),
@@ -119,6 +119,8 @@ def _meta_bytes(step: int, nbytes: int, digest: str) -> bytes:
         "sha256": digest,
         "torch": torch.__version__,
     }
+    if files:  # a sharded checkpoint: every rank's files beside state.pt, with their sizes
+        meta["files"] = files
     return (json.dumps(meta, indent=1) + "\n").encode()
 
 
@@ -283,8 +285,38 @@ def _write_payload(fs: fsspec.AbstractFileSystem, path: str, state: dict, local:
     return w.nbytes, w.hexdigest()
 
 
+def stage_dir(ckpt_root: str, step: int) -> str:
+    """Create and return the temporary directory a sharded save writes into (local filesystems only): every rank
+    writes its shards there, then global rank 0 commits it with ``save(..., staged=...)``."""
+    fs, root = _fs(ckpt_root)
+    if not _is_local(fs):
+        raise CheckpointError(f"{ckpt_root}: sharded checkpoints need a local or shared filesystem (they are"
+                              " committed by a rename). Fix: set output.root to a local path, or use strategy=ddp")
+    os.makedirs(root, exist_ok=True)
+    tmp = f"{root}/{_step_dir_name(step)}.tmp-{uuid.uuid4().hex}"
+    os.mkdir(tmp)
+    return tmp
+
+
+def _staged_files(tmp: str) -> dict[str, int]:
+    """Relative path → size of every file under ``tmp`` but the state and the marker (fsynced on the way)."""
+    out = {}
+    for dirpath, _, names in os.walk(tmp):
+        for n in names:
+            full = os.path.join(dirpath, n)
+            rel = os.path.relpath(full, tmp)
+            if rel in (STATE_FILE, META_FILE):
+                continue
+            with open(full, "rb") as f:
+                os.fsync(f.fileno())
+            out[rel] = os.path.getsize(full)
+        if dirpath != tmp:
+            _fsync_dir(dirpath)
+    return out
+
+
 def save(ckpt_root: str, step: int, state: dict, *, keep_last: int,
-         protect: frozenset[str] = frozenset()) -> str:
+         protect: frozenset[str] = frozenset(), staged: str | None = None) -> str:
     """Write ``state`` as checkpoint ``<ckpt_root>/step_<step>`` atomically; return its URL.
 
     The checkpoint becomes visible only once complete. Afterwards retention keeps the newest ``keep_last``
@@ -292,6 +324,9 @@ def save(ckpt_root: str, step: int, state: dict, *, keep_last: int,
     checkpoint this run resumed from) nor the one just written (it is known good; a newer one left by an earlier
     attempt may have failed its integrity check), never counts partial ones, and removes partial/temp leftovers
     no newer than the checkpoint just written. Saving a step that already exists replaces it.
+
+    ``staged`` (from :func:`stage_dir`) is a temporary directory other ranks have already written their shards
+    into: it is committed together with ``state``, and meta.json records every file's size.
     """
     name = _step_dir_name(step)
     fs, root = _fs(ckpt_root)
@@ -299,13 +334,15 @@ def save(ckpt_root: str, step: int, state: dict, *, keep_last: int,
     url = _join_url(ckpt_root, name)
     if _is_local(fs):
         os.makedirs(root, exist_ok=True)
-        tmp = f"{root}/{name}.tmp-{uuid.uuid4().hex}"
-        os.mkdir(tmp)
+        tmp = staged or f"{root}/{name}.tmp-{uuid.uuid4().hex}"
+        if staged is None:
+            os.mkdir(tmp)
         try:
             nbytes, digest = _write_payload(fs, f"{tmp}/{STATE_FILE}", state, local=True)
+            files = _staged_files(tmp) if staged else None
             faults.pause_before_commit(step, url)
             with open(f"{tmp}/{META_FILE}", "wb") as f:
-                f.write(_meta_bytes(step, nbytes, digest))
+                f.write(_meta_bytes(step, nbytes, digest, files))
                 f.flush()
                 os.fsync(f.fileno())
             _fsync_dir(tmp)
@@ -323,6 +360,8 @@ def save(ckpt_root: str, step: int, state: dict, *, keep_last: int,
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     else:
+        if staged is not None:
+            raise CheckpointError(f"{ckpt_root}: a staged (sharded) save needs a local filesystem")
         if fs.exists(final):
             _remove_dir(fs, final)  # un-commit first (meta.json goes first), then overwrite
         nbytes, digest = _write_payload(fs, f"{final}/{STATE_FILE}", state, local=False)
@@ -370,6 +409,13 @@ def load(url: str, map_location: Any = "cpu", *, verify: bool = True) -> dict:
         source = io.BytesIO(data)
     if digest != meta["sha256"]:
         raise CheckpointError(f"{url}: sha256 of {STATE_FILE} does not match {META_FILE} (corrupt file)")
+    for rel, want in (meta.get("files") or {}).items():  # a sharded checkpoint's other files
+        try:
+            got = fs.size(f"{path}/{rel}")
+        except FileNotFoundError:
+            raise CheckpointError(f"{url}: {rel} is missing although {META_FILE} lists it") from None
+        if got != want:
+            raise CheckpointError(f"{url}: {rel} is {got} bytes, {META_FILE} says {want}")
     try:
         return torch.load(source, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:

@@ -21,7 +21,10 @@ class Strategy(Protocol):
     model: torch.nn.Module          # the task's own module, unwrapped: parameters, evaluation, shapes
     params: list[torch.Tensor]      # the trained parameters, in the optimizer's order
     cudagraphs: bool                # micro-steps replay CUDA graphs: mark each one's start
-    full_state_on_rank0: bool       # the checkpoint's state is complete on global rank 0 alone
+    full_state_on_rank0: bool       # the checkpoint's state is complete on global rank 0 alone; False: every rank
+                                    # calls state_dict (a collective). Optional extras, read with getattr:
+                                    # ``sharded_checkpoint`` (every rank writes its shards: checkpoint/sharded.py)
+                                    # and ``wrap_optimizer(opt)`` (zero1: the optimizer state partitioned)
 
     def sync(self, last: bool) -> contextlib.AbstractContextManager:
         """Context around forward *and* backward of a micro-step; only the ``last`` one synchronises."""

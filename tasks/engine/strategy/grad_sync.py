@@ -45,6 +45,12 @@ def folds_clipping(optimizer: torch.optim.Optimizer) -> bool:
         g.get("fused") for g in optimizer.param_groups)
 
 
+def _is_sharded(t: torch.Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
 def clipped_step(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], max_norm: float | None) -> torch.Tensor:
     """Clip the gradients of ``params`` to total norm ``max_norm`` (None: no clipping), step; return the norm.
 
@@ -52,6 +58,15 @@ def clipped_step(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], m
     it already applies to every gradient for AMP (``grad_scale``), so the gradients are not rewritten in a
     separate pass; the norm stays on the device either way (no host sync).
     """
+    grads = [p.grad for p in params if p.grad is not None]
+    if grads and _is_sharded(grads[0]):
+        # FSDP2: each rank holds a shard of every gradient; the norm is the whole one (torchtitan's recipe).
+        norm = torch.nn.utils.get_total_norm(grads)
+        norm = norm.full_tensor()  # type: ignore[attr-defined]
+        if max_norm:
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+        optimizer.step()
+        return norm
     if max_norm and not folds_clipping(optimizer):
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         optimizer.step()

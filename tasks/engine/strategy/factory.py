@@ -1,0 +1,30 @@
+"""``strategy.name`` → the strategy object that wraps the model (``ddp``, ``zero1``, ``fsdp``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tasks.engine.strategy.base import Strategy
+
+NAMES = ("ddp", "zero1", "fsdp")
+
+
+def build(cfg: Any, model: torch.nn.Module, device: torch.device, local_rank: int, world_size: int) -> Strategy:
+    """The configured strategy around ``model`` (a config without a ``strategy`` group means DDP)."""
+    scfg = cfg.get("strategy") or {}
+    name = scfg.get("name", "ddp")
+    if name == "ddp":
+        from tasks.engine.strategy.ddp import DDPStrategy
+
+        return DDPStrategy(model, device, local_rank, world_size, cfg.train)
+    if name == "zero1":
+        from tasks.engine.strategy.zero1 import Zero1Strategy
+
+        return Zero1Strategy(model, device, local_rank, world_size, cfg.train)
+    if name == "fsdp":
+        from tasks.engine.strategy.fsdp import FSDPStrategy
+
+        return FSDPStrategy(model, device, local_rank, world_size, cfg.train, scfg)
+    raise ValueError(f"strategy={name!r}: unknown strategy. Fix: use one of {', '.join(NAMES)}")

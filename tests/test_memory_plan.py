@@ -1,0 +1,141 @@
+"""The memory planner's arithmetic (pure: no torch, no processes) and its refusal through the real CLI."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ddp_run, load_json, run_dirs
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from runner import memory_plan as mp  # noqa: E402
+from runner.plan import Plan, PlanError  # noqa: E402
+
+GIB = 2**30
+N = 1_000_000_000  # a round parameter count: 4N bytes = 3.725 GiB
+FACTS = mp.ModelFacts(params=N, largest_unit=N // 10, root=N // 20, arch=None)
+
+
+def _plan(world_size: int = 2, per_rank: int = 8, accumulation: int = 1, device: str = "cuda") -> Plan:
+    return Plan(world_size, per_rank, accumulation, per_rank * world_size * accumulation, device, "nccl", 1,
+                world_size)
+
+
+def _est(strategy: str, **kw) -> dict[str, float]:
+    args = {"world_size": 2, "per_rank": 8, "accumulation": 1, "precision": "bf16", "cuda": False, **kw}
+    return mp.estimate(FACTS, strategy, **args)
+
+
+def test_state_bytes_per_parameter_under_each_strategy():
+    ddp, zero1, fsdp = _est("ddp"), _est("zero1"), _est("fsdp")
+    # DDP: fp32 weights, fp32 grads, AdamW's two fp32 moments, autocast's bf16 weight copies.
+    assert (ddp["params_gb"], ddp["grads_gb"], ddp["optimizer_gb"]) == pytest.approx((4 * N / GIB, 4 * N / GIB,
+                                                                                       8 * N / GIB))
+    assert ddp["transient_gb"] == pytest.approx((2 + 4) * N / GIB)  # + DDP's reduced copy of the gradients
+    assert _est("ddp", world_size=1)["transient_gb"] == pytest.approx(2 * N / GIB)
+    # ZeRO-1: only the optimizer state is split.
+    assert zero1["optimizer_gb"] == pytest.approx(4 * N / GIB) and zero1["params_gb"] == ddp["params_gb"]
+    # FSDP: everything split; gathered: the root and two blocks in bf16, two blocks' fp32 grads.
+    assert fsdp["params_gb"] == pytest.approx(2 * N / GIB) and fsdp["optimizer_gb"] == pytest.approx(4 * N / GIB)
+    assert fsdp["transient_gb"] == pytest.approx((2 * (N // 20 + 2 * N // 10) + 8 * N // 10) / GIB)
+    assert fsdp["total_gb"] < zero1["total_gb"] < ddp["total_gb"]
+    # At world size 1 nothing is split and FSDP gathers nothing.
+    one = _est("fsdp", world_size=1)
+    assert one["params_gb"] == ddp["params_gb"] and one["transient_gb"] == 0
+    assert _est("zero1", world_size=1)["optimizer_gb"] == ddp["optimizer_gb"]
+
+
+def test_fsdp_accumulation_holds_the_unsharded_model_unless_told_not_to():
+    held = _est("fsdp", accumulation=4)["transient_gb"]
+    assert held == pytest.approx((2 + 4) * N / GIB)  # bf16 parameters and fp32 gradients, whole
+    assert _est("fsdp", accumulation=4, accumulate_unsharded=False)["transient_gb"] < held
+    assert _est("ddp", optimizer="sgd")["optimizer_gb"] == 0
+    assert _est("ddp", optimizer="sgd", momentum=0.9)["optimizer_gb"] == pytest.approx(4 * N / GIB)
+
+
+def test_gpt2_small_activations_follow_the_megatron_formula():
+    arch = {"layers": 12, "width": 768, "heads": 12, "context": 1024, "vocab": 50304, "loss": "fused"}
+    per_sample = mp.activation_bytes_per_sample(arch, "bf16", flash=True)
+    assert per_sample == 1024 * (12 * 34 * 768 + 12 * 768)
+    assert mp.activation_bytes_per_sample(arch, "fp32", flash=True) > 1.9 * per_sample
+    # Without a fused attention kernel the scores count; without the fused loss, the logits.
+    assert mp.activation_bytes_per_sample(arch, "bf16", flash=False) > per_sample
+    assert mp.activation_bytes_per_sample({**arch, "loss": "plain"}, "bf16", flash=True) == \
+        per_sample + 1024 * 50304 * 6
+    assert mp.activation_bytes_per_sample(None, "bf16", flash=True) is None
+    assert mp.activation_bytes_per_sample({"width": 8}, "bf16", flash=True) is None
+
+
+def test_refusal_names_the_numbers_and_a_strategy_that_fits():
+    plan = _plan()
+    est = mp.plan_all(FACTS, {"train": {"precision": "bf16"}}, plan)
+    cap = (est["fsdp"]["total_gb"] + est["zero1"]["total_gb"]) / 2
+    mp.decide(est, "fsdp", cap, "test", plan)  # fits: no refusal
+    with pytest.raises(PlanError) as e:
+        mp.decide(est, "ddp", cap, "test", plan)
+    assert e.value.key == "strategy" and e.value.value == "ddp"
+    assert f"{est['ddp']['total_gb']:.3g} GiB" in e.value.problem and "parameters" in e.value.problem
+    assert e.value.fix.startswith("use strategy=fsdp")
+    mp.decide(est, "ddp", None, "no limit (CPU)", plan)  # no cap: nothing refused
+
+
+def test_when_no_strategy_fits_the_fix_is_a_smaller_batch_or_more_gpus():
+    arch = {"layers": 12, "width": 768, "heads": 12, "context": 1024, "vocab": 50304, "loss": "fused"}
+    facts = mp.ModelFacts(params=124_000_000, largest_unit=7_000_000, root=40_000_000, arch=arch)
+    plan = _plan(per_rank=64)
+    est = mp.plan_all(facts, {"train": {"precision": "bf16"}}, plan)
+    state = est["fsdp"]["total_gb"] - est["fsdp"]["activations_gb"]
+    with pytest.raises(PlanError) as e:
+        mp.decide(est, "fsdp", state + est["fsdp"]["activations_gb"] / 4, "test", plan)
+    m = re.search(r"batch\.per_rank=(\d+)", e.value.fix)
+    assert m and 1 <= int(m.group(1)) < 64 and "batch.global=128" in e.value.fix
+    with pytest.raises(PlanError) as e:
+        mp.decide(est, "fsdp", state / 2, "test", plan)
+    assert "no strategy fits" in e.value.fix
+
+
+def test_cap_source_order(monkeypatch):
+    monkeypatch.delenv("DDP_RUNNER_MEMORY_CAP_GB", raising=False)
+    assert mp.cap_gb({}, 139.8) == (139.8, "the GPU's total memory")
+    assert mp.cap_gb({}, None)[0] is None
+    monkeypatch.setenv("DDP_RUNNER_MEMORY_CAP_GB", "40")
+    assert mp.cap_gb({}, 139.8) == (40.0, "DDP_RUNNER_MEMORY_CAP_GB")
+    assert mp.cap_gb({"strategy": {"memory_cap_gb": 20}}, 139.8) == (20.0, "strategy.memory_cap_gb")
+
+
+TINY = ["task=gpt", "device=cpu", "world_size=2", "task.model.layers=8", "task.model.width=128",
+        "task.model.context=16", "batch.per_rank=2", "checkpoint.async_save=false", "train.val_every=0",
+        "data.val_fraction=0.01"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # five CLI calls, three of them training runs
+def test_planner_refuses_over_the_cap_and_its_suggestion_trains_checkpoints_and_resumes(tmp_path):
+    r = ddp_run([*TINY, "strategy.memory_cap_gb=1", "dry_run=true"], tmp_path / "dry")
+    assert r.returncode == 0, r.stdout + r.stderr
+    totals = {s: float(v) for s, v in re.findall(r"(zero1|fsdp) ([\d.e-]+)", r.stdout)}
+    cap = (totals["fsdp"] + totals["zero1"]) / 2  # DDP and ZeRO-1 do not fit, FSDP does
+
+    r = ddp_run([*TINY, f"strategy.memory_cap_gb={cap}"], tmp_path / "refused")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "refused: strategy='ddp': needs ~" in r.stderr and "GiB per rank" in r.stderr
+    fix = re.search(r"fix:\s+use (strategy=\w+)", r.stderr)
+    assert fix and fix.group(1) == "strategy=fsdp", r.stderr
+    assert not (tmp_path / "refused").exists()
+
+    args = [*TINY, fix.group(1), f"strategy.memory_cap_gb={cap}", "train.max_steps=4", "checkpoint.every_steps=2"]
+    r = ddp_run(args, tmp_path / "ok", env={"DDP_RUNNER_FAULT": "kill@1:3"})
+    assert r.returncode != 0
+    [run] = run_dirs(tmp_path / "ok")
+    memory = load_json(run / "run.json")["memory_plan"]
+    assert memory["strategy"] == "fsdp" and memory["cap_gb"] == pytest.approx(cap)
+    assert memory["estimates"]["fsdp"]["total_gb"] <= cap < memory["estimates"]["ddp"]["total_gb"]
+    r = ddp_run([f"resume={run}"], tmp_path / "unused")
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary = load_json(run / "summary.json")
+    assert summary["steps"] == 4 and summary["resumed_from"].endswith("step_2")
