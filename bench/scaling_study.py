@@ -261,18 +261,26 @@ def main(argv: list[str] | None = None) -> int:
     res: dict[str, Any] = {"args": vars(a), "work": str(work), "reference": [], "studies": [], "compare": [],
                            "pairs": []}
     t0 = time.time()
+
+    def save() -> None:  # after every run: a study cut short by a time limit keeps what it measured
+        res["wall_s"] = time.time() - t0
+        (out / "results.json").write_text(json.dumps(res, indent=2, default=str))
+
     worlds = [int(w) for w in a.worlds.split(",")]
     if "a" in parts and a.reference:
         for w in worlds:
             _say(f"(a) reference on {w} GPU(s)")
             res["reference"].append(run_reference(a.reference, w, a, work))
+            save()
     for scope in a.scopes.split(",") if "b" in parts else []:
         _say(f"(b) study, compile scope {scope}")
         st = run_study(scope, a, work)
         res["studies"].append(st)
+        save()
         if "c" in parts and st.get("sweep_dir"):
             _say(f"(c) ddp-compare {st['sweep_dir']}")
             res["compare"].append(run_compare(st, out))
+            save()
     # The pairs run under the first study's root: its compile cache is warm, so they start quickly.
     warm = work / f"study-{a.scopes.split(',')[0]}"
     single = [*common_overrides(a), f"train.max_steps={a.pair_steps}", f"batch.global={a.global_batch}",
@@ -282,13 +290,13 @@ def main(argv: list[str] | None = None) -> int:
         res["pairs"].append(run_pair("d", ["world_size=1", *single, "train.val_samples=256"],
                                      ["checkpoint.every_steps=0", "train.val_every=0"],
                                      ["checkpoint.every_steps=5", "train.val_every=5"], warm, a.timeout))
+        save()
     if "e" in parts:
         w = max(worlds)
         _say(f"(e) the time breakdown's cost on {w} GPU(s): timing off, then on")
         res["pairs"].append(run_pair("e", [f"world_size={w}", *single], ["train.timing_every=0"],
                                      ["train.timing_every=1"], warm, a.timeout))
-    res["wall_s"] = time.time() - t0
-    (out / "results.json").write_text(json.dumps(res, indent=2, default=str))
+    save()
     print("\n".join(summary_lines(res)), flush=True)
     print(f"results: {out / 'results.json'}")
     failed = [s for s in res["studies"] if s["rc"] != 0] + [r for r in res["reference"] if r.get("error")]
