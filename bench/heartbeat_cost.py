@@ -27,9 +27,6 @@ import tempfile
 import time
 from pathlib import Path
 
-BIN = Path(sys.executable).parent
-
-
 def micro(step_ms: float, micro_steps: int) -> dict[str, float]:
     """ns per progress call with the writer running, and the share of a ``step_ms`` step it costs."""
     from tasks.engine.diagnostics import heartbeat
@@ -55,7 +52,7 @@ def micro(step_ms: float, micro_steps: int) -> dict[str, float]:
 def median_step_s(overrides: list[str], out: str, watchdog: str) -> float:
     """One run's median step time (seconds) from its summary.json."""
     root = tempfile.mkdtemp(dir=out)
-    subprocess.run([str(BIN / "ddp-run"), *overrides, f"watchdog.timeout_s={watchdog}", f"output.root={root}"],
+    subprocess.run([sys.executable, "-m", "runner", *overrides, f"watchdog.timeout_s={watchdog}", f"output.root={root}"],
                    check=True, stdout=subprocess.DEVNULL)
     [summary] = Path(root).rglob("summary.json")
     return float(json.loads(summary.read_text())["median"]["step_time_s"])
