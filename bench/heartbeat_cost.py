@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+
 def micro(step_ms: float, micro_steps: int) -> dict[str, float]:
     """ns per progress call with the writer running, and the share of a ``step_ms`` step it costs."""
     from tasks.engine.diagnostics import heartbeat
@@ -52,8 +53,8 @@ def micro(step_ms: float, micro_steps: int) -> dict[str, float]:
 def median_step_s(overrides: list[str], out: str, watchdog: str) -> float:
     """One run's median step time (seconds) from its summary.json."""
     root = tempfile.mkdtemp(dir=out)
-    subprocess.run([sys.executable, "-m", "runner", *overrides, f"watchdog.timeout_s={watchdog}", f"output.root={root}"],
-                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([sys.executable, "-m", "runner", *overrides, f"watchdog.timeout_s={watchdog}",
+                    f"output.root={root}"], check=True, stdout=subprocess.DEVNULL)
     [summary] = Path(root).rglob("summary.json")
     return float(json.loads(summary.read_text())["median"]["step_time_s"])
 
