@@ -26,8 +26,12 @@ def lines(tb: Mapping[str, Any] | None, prefix: str = "ddp-run: ") -> list[str]:
                      (("data", "data"), ("compute", "compute"), ("exposed_sync", "exposed sync"),
                       ("optimizer", "optimizer")) if shares.get(k) is not None)
     if len(tb["per_rank"]) > 1 and tb.get("gap_pct") is not None:
+        # The work in ms beside the percentage: on tiny steps a small difference is a large percentage.
+        work = {r: v["step_ms"] - v["exposed_sync_ms"] for r, v in tb["per_rank"].items()}
+        slow, fast = work.get(str(tb["slowest_rank"])), work.get(str(tb["fastest_rank"]))
+        ms = f" ({slow:.2f} against {fast:.2f} ms)" if slow is not None and fast is not None else ""
         out.append(f"{prefix}slowest rank {tb['slowest_rank']}, fastest rank {tb['fastest_rank']}:"
-                   f" {tb['gap_pct']:.1f}% more work per step; the slowest rank's step: {tail}")
+                   f" {tb['gap_pct']:.1f}% more work per step{ms}; the slowest rank's step: {tail}")
     elif tail:
         out.append(f"{prefix}each step: {tail}")
     return out
