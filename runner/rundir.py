@@ -73,6 +73,24 @@ def _unwritable(root: str, exc: BaseException) -> PlanError:
 
 
 
+# Object stores whose first path part is a bucket (s3fs, gcsfs, adlfs): their makedirs creates a missing bucket.
+_BUCKET_STORES = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"}
+
+
+def _check_bucket(fs: Any, root_path: str, root: str) -> None:
+    """Refuse a root whose bucket does not exist: a typo must not create a new bucket (s3fs would)."""
+    protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+    if not protocols & _BUCKET_STORES:
+        return
+    bucket = root_path.strip("/").split("/", 1)[0]
+    try:
+        fs.info(bucket)  # unlike exists(), lets a missing credential through as its own error
+    except FileNotFoundError:
+        raise PlanError("output.root", root, f"its bucket {bucket!r} does not exist (or cannot be listed)",
+                        "create the bucket first, or fix its name in output.root; ddp-run never creates buckets",
+                        ) from None
+
+
 def _staging(path: str) -> str:
     """A fresh local staging directory for a remote run (logs and TensorBoard are written here, then mirrored)."""
     local = tempfile.mkdtemp(prefix=f"ddp-run-{path.rsplit('/', 1)[-1]}-")
@@ -156,7 +174,10 @@ def create_sweep_dir(root: str, now: datetime) -> str:
     """Make ``<root>/<YYYY-MM-DD>/<HH-MM-SS>_sweep[_<n>]`` (a filesystem path) for the jobs of one sweep."""
     try:
         fs, root_path = fsspec.core.url_to_fs(root)
+        _check_bucket(fs, root_path, root)
         return _claim(fs, _dated(root_path, now), f"{now.strftime('%H-%M-%S')}_sweep")[0]
+    except PlanError:
+        raise
     except Exception as exc:  # a backend's own error types too (botocore's NoCredentialsError is no OSError)
         raise _unwritable(root, exc) from exc
 
@@ -171,8 +192,11 @@ def create_run_dir(root: str, task: str, world_size: int, now: datetime, parent:
     """
     try:
         fs, root_path = fsspec.core.url_to_fs(root)
+        _check_bucket(fs, root_path, root)
         parent_path = parent or _dated(root_path, now)
         made_parent = not fs.exists(parent_path)
+    except PlanError:
+        raise
     except Exception as exc:  # a backend's own error types too (botocore's NoCredentialsError is no OSError)
         raise _unwritable(root, exc) from exc
     local_fs = isinstance(fs, LocalFileSystem)

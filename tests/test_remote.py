@@ -129,3 +129,16 @@ def test_dry_run_of_a_remote_continue_leaves_no_local_staging(s3_url, tmp_path):
     r = ddp_run([f"resume={run}", "dry_run=true"], tmp_path / "unused", env={"TMPDIR": str(tmp)})
     assert r.returncode == 0 and "dry run, nothing launched" in r.stdout, r.stdout + r.stderr
     assert not [p for p in tmp.iterdir() if p.name.startswith("ddp-run-")]
+
+
+def test_a_root_in_a_missing_bucket_is_refused_and_no_bucket_is_made(s3_url, tmp_path):  # noqa: F811 - fixture
+    """Guards against s3fs's makedirs creating a bucket from a typo in output.root (it did, and the run went on)."""
+    bucket = f"no-such-bucket-{tmp_path.name[-8:].lower().replace('_', '-')}"
+    root = s3_url.replace(s3_url.split("/")[2], bucket, 1)
+    r = ddp_run(["task=smoke", "device=cpu", "world_size=1", "train.max_steps=1"], root)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "key:   output.root" in r.stderr and f"bucket '{bucket}' does not exist" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    fs = fsspec.filesystem("s3")
+    fs.invalidate_cache()
+    assert not fs.exists(bucket), "a bucket was created"
