@@ -80,6 +80,7 @@ def main() -> int:
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "faults"))
     ap.add_argument("--watchdog", type=float, default=20)
     ap.add_argument("--timeout", type=float, default=150, help="per case, seconds")
+    ap.add_argument("--cases", default="sigstop,hang,sigkill,oom", help="which cases to run")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
     out = Path(a.out)
@@ -87,11 +88,11 @@ def main() -> int:
     base = ["task=gpt", "world_size=2", "train.max_steps=100000", "train.log_every=100", "checkpoint.every_steps=0",
             "checkpoint.final=false", f"watchdog.timeout_s={a.watchdog:g}", "timeout_s=120", *a.overrides]
     cases = [
-        ("sigstop rank 1 from outside", base, 1),
-        ("fault.kind=hang rank 1", [*base, "fault.kind=hang", "fault.rank=1", "fault.step=50"], None),
-        ("fault.kind=sigkill rank 1", [*base, "fault.kind=sigkill", "fault.rank=1", "fault.step=50"], None),
-        ("fault.kind=oom rank 1", [*base, "fault.kind=oom", "fault.rank=1", "fault.step=50"], None),
+        ("sigstop", "sigstop rank 1 from outside", base, 1),
+        *((k, f"fault.kind={k} rank 1", [*base, f"fault.kind={k}", "fault.rank=1", "fault.step=50"], None)
+          for k in ("hang", "sigkill", "oom")),
     ]
+    cases = [(name, o, stop) for key, name, o, stop in cases if key in a.cases.split(",")]
     results = []
     for name, overrides, stop in cases:
         root = Path(tempfile.mkdtemp(prefix="faults-", dir=out))

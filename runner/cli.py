@@ -209,7 +209,7 @@ def execute(cfg: DictConfig) -> int:
     mirror = finalize.Mirror(rd) if rd.is_remote else None
     _state["job"]["run_dir"] = rd.url
     watch = Watchdog(rd.local, rd.url, plan.world_size, float(conf.get("watchdog", {}).get("timeout_s") or 0),
-                     lambda: sup.proc)
+                     lambda: sup.proc, nccl=plan.backend == "nccl")
     ticks = [finalize.Heartbeat(rd, manifest).tick, watch.tick, *([mirror.tick] if mirror else []),
              _lease_tick(rd.lease)]
     rc = sup.run(on_tick=lambda: [tick() for tick in ticks])

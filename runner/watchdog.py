@@ -45,6 +45,7 @@ PHASE_ORDER = ("step_end", "log", "validate", "checkpoint", "data", "forward_bac
                "finish")
 IDLE_PHASES = ("startup", "done", "terminated")  # never judged: not started, or leaving
 STACK_WAIT_S = 3.0    # for the ranks' faulthandler output
+NCCL_WAIT_S = 5.0     # for the ranks' NCCL flight recorder dumps (their progress thread polls once a second)
 PYSPY_TIMEOUT_S = 10.0
 END_GRACE_S = 25.0    # torchrun's own grace is 30 s; the driver's supervisor gives 20 s on Ctrl-C
 
@@ -108,9 +109,9 @@ class Watchdog:
 
     def __init__(self, local_dir: str, run_url: str, world_size: int, timeout_s: float,
                  torchrun: Callable[[], subprocess.Popen[bytes] | None], say: Callable[[str], None] | None = None,
-                 ) -> None:
+                 nccl: bool = False) -> None:
         self.local_dir, self.run_url, self.world_size, self.timeout_s = local_dir, run_url, world_size, timeout_s
-        self.torchrun = torchrun
+        self.torchrun, self.nccl = torchrun, nccl
         self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
         self.seen: dict[int, tuple[int, float]] = {}  # rank -> (seq, monotonic time it was first seen)
         self.progress: dict[int, dict[str, Any]] = {}
@@ -210,6 +211,8 @@ class Watchdog:
                 with contextlib.suppress(psutil.Error):
                     proc.send_signal(signal.SIGUSR1)  # a stopped rank handles it when resumed
         native = self._py_spy()
+        if self.nccl:  # the flight recorder is dumped by each rank's progress thread: give it time before SIGTERM
+            self._wait_for_nccl_traces([r for r in self.procs if r not in self.gone and r not in stopped])
         # End the run (torchrun's stop path), and resume stopped ranks: their pending SIGUSR1 writes their stack
         # from where they were stopped, then SIGTERM stops them.
         proc = self.torchrun()
@@ -276,6 +279,13 @@ class Watchdog:
                 result[r] = f"py-spy failed (exit {rc}): {lines[-1] if lines else 'no output'}"
                 path.unlink(missing_ok=True)
         return result
+
+    def _wait_for_nccl_traces(self, ranks: list[int]) -> None:
+        """Until every running rank has written NCCL's flight recorder (up to NCCL_WAIT_S)."""
+        deadline = time.monotonic() + NCCL_WAIT_S
+        while time.monotonic() < deadline and not all(
+                Path(self.local_dir, layout.rank_stack(r, "nccl")).exists() for r in ranks):
+            time.sleep(0.2)
 
     def _wait_for_stacks(self) -> dict[int, str | None]:
         """Each rank's top frame (main thread) once its faulthandler dump is there (up to STACK_WAIT_S)."""

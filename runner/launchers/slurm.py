@@ -279,7 +279,7 @@ def job_main(run_url: str) -> int:
     sup = Supervisor(cmd, env, str(Path(rd.local, layout.AGENT_LOG)))
     mirror = finalize.Mirror(rd) if rd.is_remote else None
     watch = Watchdog(rd.local, rd.url, plan.world_size, float(conf.get("watchdog", {}).get("timeout_s") or 0),
-                     lambda: sup.proc)
+                     lambda: sup.proc, nccl=plan.backend == "nccl")
     ticks = [finalize.Heartbeat(rd, manifest).tick, watch.tick, *([mirror.tick] if mirror else [])]
     rc = sup.run(on_tick=lambda: [tick() for tick in ticks])
     watch.tick(judge=False)
