@@ -80,9 +80,23 @@ class _Writer(threading.Thread):
         while not self.stop.wait(WRITE_EVERY_S):
             with contextlib.suppress(OSError):
                 self.write()
-            if self.nccl and not self.dumped and os.path.exists(self.request):
+            if not self.dumped and os.path.exists(self.request):
                 self.dumped = True
-                _dump_nccl_trace(self.nccl_path)
+                _ensure_stacks()
+                if self.nccl:
+                    _dump_nccl_trace(self.nccl_path)
+
+
+def _ensure_stacks() -> None:
+    """Write every thread's stack from this thread if the SIGUSR1 dump left the file empty (seen on NCCL runs: a
+    rank had either its stacks or its flight recorder on disk, never both)."""
+    f = _stack_file
+    if f is None:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        if os.fstat(f.fileno()).st_size == 0:
+            faulthandler.dump_traceback(file=f, all_threads=True)
+            f.flush()
 
 
 def _dump_nccl_trace(path: str) -> None:
