@@ -104,7 +104,6 @@ def test_report_over_a_fixed_global_batch_sweep_and_a_failed_run(tmp_path):
     assert "rank 1 per step (mean ms): data" in r.stdout and "slowest rank" in r.stdout
     assert "of each step waits for gradient sync" in w2["bottleneck"] and w2["exposed_sync_share"]
     report = (out / "report.md").read_text()
-    assert "other settings differ: train.lr" in report  # the failed run used another learning rate
     assert "| failed ⚠ |" in report
     assert json.dumps(table)  # parses as plain data
 
