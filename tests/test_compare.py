@@ -104,6 +104,8 @@ def test_report_over_a_fixed_global_batch_sweep_and_a_failed_run(tmp_path):
     assert "rank 1 per step (mean ms): data" in r.stdout and "slowest rank" in r.stdout
     assert "of each step waits for gradient sync" in w2["bottleneck"] and w2["exposed_sync_share"]
     report = (out / "report.md").read_text()
+    # The failed run used another learning rate (and a rehearsal fault): both are listed as differing settings.
+    assert "other settings differ:" in report and "train.lr (" in report and "fault.kind (" in report
     assert "| failed ⚠ |" in report
     assert json.dumps(table)  # parses as plain data
 
