@@ -39,7 +39,7 @@ def test_world_size_must_be_nodes_times_processes():
 def test_local_command_is_a_c10d_rendezvous_on_loopback():
     plan = make_plan(cfg(), [])
     cmd = local.command(plan, {"name": "local", "max_restarts": 1}, "/runs/r")
-    assert cmd[1:3] == ["-m", "runner.launchers.agent"] and "--standalone" not in cmd
+    assert cmd[1:4] == ["-P", "-m", "runner.launchers.agent"] and "--standalone" not in cmd
     assert {"--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", "--local-addr=127.0.0.1", "--nnodes=1",
             "--nproc-per-node=2", "--max-restarts=1"} <= set(cmd)
     assert cmd[-3:] == ["-m", "tasks", "/runs/r"]

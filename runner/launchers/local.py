@@ -18,8 +18,9 @@ LOOPBACK = "127.0.0.1"
 
 
 def agent_prefix() -> list[str]:
-    """How every launcher starts torchrun's agent (with bound stores)."""
-    return [sys.executable, "-m", "runner.launchers.agent"]
+    """How every launcher starts torchrun's agent (with bound stores). ``-P``: as for the workers, a stray
+    ``runner.py`` in the user's working directory must not shadow this package."""
+    return [sys.executable, "-P", "-m", "runner.launchers.agent"]
 
 
 def worker_tail(run_url: str) -> list[str]:
