@@ -129,7 +129,7 @@ def test_planner_refuses_over_the_cap_and_its_suggestion_trains_checkpoints_and_
     assert not (tmp_path / "refused").exists()
 
     args = [*TINY, fix.group(1), f"strategy.memory_cap_gb={cap}", "train.max_steps=4", "checkpoint.every_steps=2"]
-    r = ddp_run(args, tmp_path / "ok", env={"DDP_RUNNER_FAULT": "kill@1:3"})
+    r = ddp_run([*args, "fault.kind=sigkill", "fault.rank=1", "fault.step=3"], tmp_path / "ok")
     assert r.returncode != 0
     [run] = run_dirs(tmp_path / "ok")
     memory = load_json(run / "run.json")["memory_plan"]

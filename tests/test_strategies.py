@@ -74,7 +74,7 @@ def test_kill_resume_is_bit_identical_and_resumes_on_one_rank(tmp_path, text_fil
     assert len(_losses(clean)) == 16
 
     # Rank 1 is SIGKILLed after step 7: step_4 is the newest complete checkpoint; resumed in place.
-    crashed = _run(args, tmp_path / "crash", env={"DDP_RUNNER_FAULT": "kill@1:7"}, ok=False)
+    crashed = _run([*args, "fault.kind=sigkill", "fault.rank=1", "fault.step=7"], tmp_path / "crash", ok=False)
     assert ck.latest(f"{crashed}/checkpoints").endswith("step_4")
     r = ddp_run([f"resume={crashed}"], tmp_path / "unused")
     assert r.returncode == 0, r.stdout + r.stderr
