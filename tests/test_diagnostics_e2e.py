@@ -82,6 +82,18 @@ def test_a_slow_rank_below_the_watchdog_is_not_a_hang(tmp_path):
     assert not (run / layout.STACKS).exists(), "the empty stack files are tidied away"
 
 
+def test_a_long_validation_is_progress_not_a_hang(tmp_path):
+    # 32 validation batches of 0.25 s per rank (8 s) against a 3 s watchdog: each batch counts as progress.
+    here = Path(__file__).resolve().parent / "user_tasks"
+    r = subprocess.run([sys.executable, "-P", "-m", "runner", "device=cpu", "world_size=2", "train.max_steps=2",
+                        "batch.per_rank=1", "task.module=slow_validation", "watchdog.timeout_s=3", "timeout_s=60",
+                        f"output.root={tmp_path}"], cwd=here, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    [run] = run_dirs(tmp_path)
+    assert not (run / layout.HANG_RECORD).exists()
+    assert load_json(run / layout.SUMMARY)["val_loss"] is not None
+
+
 def test_a_rank_stopped_from_outside_is_named_with_its_stack(tmp_path):
     driver = subprocess.Popen([sys.executable, "-m", "runner", "device=cpu", "world_size=2", "train.max_steps=1000000",
                                "train.log_every=1000", f"watchdog.timeout_s={WATCHDOG_S}", "timeout_s=90",

@@ -142,6 +142,7 @@ def evaluate(model: torch.nn.Module, data: Dataset, ctx: Context, batch: int, pr
             continue
         totals[0] += loss.double() * len(x)
         totals[1] += len(x)
+        heartbeat.tick()
     dist.all_reduce(totals)
     model.train(was_training)
     return (totals[0] / totals[1]).item()

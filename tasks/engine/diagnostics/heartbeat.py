@@ -42,6 +42,12 @@ def phase(name: str) -> None:
     _phase, _since, _seq = name, time.time(), _seq + 1
 
 
+def tick() -> None:
+    """Progress inside the current phase (one validation batch done): long phases are not taken for hangs."""
+    global _seq
+    _seq += 1
+
+
 def step(done: int) -> None:
     """``done`` optimizer steps are complete (phase ``step_end`` until the next one is named)."""
     global _step, _phase, _since, _seq
