@@ -113,7 +113,8 @@ def run_figures(run_dir: Path) -> dict[str, Any]:
             "tok_s_spread_pct": (100 * statistics.pstdev(windows) / statistics.fmean(windows)
                                  if len(windows) > 1 else None),
             "step_s": med.get("step_time_s"), "mfu_pct": med.get("mfu_pct"),
-            "goodput_shares": g.get("shares"), "goodput_tok_s": g.get("tokens_per_s"),
+            "goodput_shares": g.get("shares"), "goodput_seconds": g.get("seconds"),
+            "startup_parts": g.get("startup_parts"), "goodput_tok_s": g.get("tokens_per_s"),
             "time_to_first_checkpoint_s": g.get("time_to_first_checkpoint_s"),
             "cache_hits": comp.get("cache_hits"), "cache_misses": comp.get("cache_misses"),
             "compile_scope": comp.get("scope"), "time_breakdown": tb or None,

@@ -55,3 +55,30 @@ def phrases(tb: Mapping[str, Any] | None) -> list[str]:
     if gap is not None and gap >= GAP_WORTH_SAYING:
         out.append(f"rank {tb['slowest_rank']} is {gap:.0f}% slower than rank {tb['fastest_rank']}")
     return out
+
+
+STARTUP_NAMES = {"driver": "driver checks", "agent": "torchrun and interpreter", "imports": "imports",
+                 "process_group": "process group", "build": "model and data", "loop_setup": "loop set-up"}
+WALL_NAMES = {"startup": "start-up", "first_step": "first step", "checkpoint": "checkpoints",
+              "validation": "validation", "training": "training"}
+
+
+def goodput_lines(goodput: Mapping[str, Any] | None, prefix: str = "ddp-run: ") -> list[str]:
+    """Where the launch's wall-clock went (start-up and its parts, first step, checkpoints, validation, training)
+    and the throughput over all of it."""
+    if not goodput or not goodput.get("seconds"):
+        return []
+    secs, wall = goodput["seconds"], goodput.get("wall_s") or 0.0
+    shown = [f"{WALL_NAMES[k]} {secs[k]:.1f} s" for k in WALL_NAMES if secs.get(k)]
+    rate = goodput.get("tokens_per_s")
+    unit = "tokens/s"
+    if rate is None:
+        rate, unit = goodput.get("samples_per_s"), "samples/s"
+    out = [f"{prefix}wall-clock {wall:.1f} s: " + ", ".join(shown)
+           + (f"; goodput {rate:,.0f} {unit}" if rate is not None else "")]
+    parts = goodput.get("startup_parts") or {}
+    if parts:
+        out.append(f"{prefix}start-up: " + ", ".join(f"{STARTUP_NAMES.get(k, k)} {v:.1f} s" for k, v in parts.items()))
+    if goodput.get("time_to_first_checkpoint_s") is not None:
+        out[-1] += f"; first checkpoint at {goodput['time_to_first_checkpoint_s']:.1f} s"
+    return out

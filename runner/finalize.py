@@ -151,6 +151,8 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
             print(line, flush=True)
         for line in breakdown.lines(train.get("time_breakdown")):
             print(line, flush=True)
+        for line in breakdown.goodput_lines(train.get("goodput")):
+            print(line, flush=True)
         return 0
     label = "INTERRUPTED" if interrupted is not None else "FAILED"
     for line in cause.get("traceback", [])[-6:]:

@@ -53,6 +53,7 @@ ENV_RUN_DIR = "DDP_RUNNER_RUN_DIR"
 ENV_LOCAL_DIR = "DDP_RUNNER_LOCAL_DIR"
 # When the driver started (Unix seconds), so a rank can report its time to first step from the launch.
 ENV_T0 = "DDP_RUNNER_T0"
+ENV_LAUNCH_T = "DDP_RUNNER_LAUNCH_T"  # when the driver started torchrun (Unix seconds)
 # Directories (os.pathsep-separated) that workers append to sys.path to import a task module found there by the
 # driver: appended, not prepended, so a stray file in the user's directory cannot shadow an installed module.
 ENV_TASK_PATH = "DDP_RUNNER_TASK_PATH"

@@ -79,6 +79,7 @@ class Supervisor:
         try:
             with open(self.agent_log, "ab") as log:
                 # torchrun's own chatter goes to logs/torchrun.log; rank 0's console output keeps stdout.
+                self.env[layout.ENV_LAUNCH_T] = repr(time.time())
                 self.proc = subprocess.Popen(self.cmd, env=self.env, stderr=log, start_new_session=True,
                                              preexec_fn=_torchrun_dies_with_us)
                 tree: list[psutil.Process] = []

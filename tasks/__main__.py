@@ -16,12 +16,13 @@ import socket
 import sys
 
 from runner import layout, netbind, osutil
-from tasks.engine import worker_io
+from tasks.engine import startup, worker_io
 from tasks.engine.diagnostics import termination
 
 
 def main() -> int:
     """Run this rank; return its exit code."""
+    startup.mark("worker_start")
     run_dir = sys.argv[1] if len(sys.argv) > 1 else os.environ[layout.ENV_RUN_DIR]
     local_dir = os.environ.get(layout.ENV_LOCAL_DIR, run_dir)
     rank = int(os.environ.get("RANK", "0"))
@@ -46,6 +47,7 @@ def main() -> int:
     try:
         from tasks.engine.trainer import run
 
+        startup.mark("imports")
         run(run_dir, local_dir, console)
         return 0
     except BaseException as exc:  # noqa: B036 - every failure, KeyboardInterrupt too, is recorded

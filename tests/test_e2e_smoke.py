@@ -62,6 +62,15 @@ def test_smoke_two_ranks_gloo_tree_and_manifest(out_root):
     acc = EventAccumulator(str(run / "tb"))
     acc.Reload()
     assert "plan/text_summary" in acc.Tags()["tensors"]
+    # Where the wall-clock went: the start-up's parts add up to its share, and the console says the same.
+    g = summary["goodput"]
+    parts = g["startup_parts"]
+    assert list(parts) == ["driver", "agent", "imports", "process_group", "build", "loop_setup"]
+    assert all(v >= 0 for v in parts.values()) and parts["imports"] > 0.1 and parts["agent"] > 0.1
+    assert sum(parts.values()) == pytest.approx(g["seconds"]["startup"], abs=0.01)
+    assert f"start-up: driver checks {parts['driver']:.1f} s, torchrun and interpreter {parts['agent']:.1f} s" \
+        in r.stdout
+    assert f"wall-clock {g['wall_s']:.1f} s: start-up {g['seconds']['startup']:.1f} s" in r.stdout
     # Only the driver makes directories: no Hydra output dirs anywhere.
     assert not list(out_root.parent.rglob(".hydra")) and not (Path(tempfile.gettempdir()) / "outputs").exists()
 

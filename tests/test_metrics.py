@@ -173,3 +173,21 @@ def test_goodput_shares_add_up_and_rates_use_the_whole_wall_clock():
     assert g["samples_per_s"] == pytest.approx(64.0) and g["tokens_per_s"] == pytest.approx(64.0 * 1024)
     assert "tokens_per_s" not in goodput(wall_s=1.0, startup_s=0, first_step_s=0, excluded={}, samples=1,
                                          tokens_per_sample=None)
+
+
+def test_startup_parts_run_from_the_driver_start_through_each_mark(monkeypatch):
+    from runner import layout
+    from tasks.engine import startup
+
+    monkeypatch.setattr(startup, "_marks", {})
+    monkeypatch.setenv(layout.ENV_T0, "100.0")
+    monkeypatch.setenv(layout.ENV_LAUNCH_T, "104.5")
+    for name, when in (("worker_start", 107.0), ("imports", 110.0), ("process_group", 110.5), ("ready", 115.0),
+                       ("loop_start", 115.25)):
+        startup.mark(name, when)
+    assert startup.parts() == {"driver": 4.5, "agent": 2.5, "imports": 3.0, "process_group": 0.5, "build": 4.5,
+                               "loop_setup": 0.25}
+    # A worker started by hand (no driver): the parts it can time, nothing invented for the rest.
+    monkeypatch.delenv(layout.ENV_T0)
+    monkeypatch.delenv(layout.ENV_LAUNCH_T)
+    assert startup.parts() == {"imports": 3.0, "process_group": 0.5, "build": 4.5, "loop_setup": 0.25}

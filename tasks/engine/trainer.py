@@ -24,7 +24,7 @@ from runner import layout
 from tasks import registry
 from tasks.api import TaskParts
 from tasks.engine import checkpoint as ckpt
-from tasks.engine import compile_cache, metrics, timing, worker_io
+from tasks.engine import compile_cache, metrics, startup, timing, worker_io
 from tasks.engine import logging as tb
 from tasks.engine.checkpoint import sharded
 from tasks.engine.config import Config, load_config
@@ -645,6 +645,8 @@ class Trainer:
             tokens_per_sample=self.parts.tokens_per_sample)
         committed = self.saver.first_commit_unix if self.saver is not None else self.first_commit_unix
         out["time_to_first_checkpoint_s"] = committed - t0 if committed is not None else None
+        startup.mark("loop_start", loop.start_unix)
+        out["startup_parts"] = startup.parts()  # where the start-up went, on rank 0
         return out
 
     def _compile_facts(self) -> dict[str, Any] | None:
@@ -688,6 +690,7 @@ def run(run_dir: str, local_dir: str, console: IO[str] | None) -> None:
         writer_future = ThreadPoolExecutor(1).submit(tb.open_writer, os.path.join(local_dir, layout.TB))
     t0 = time.perf_counter()
     ctx = setup(run_dir, local_dir, console, cfg)
+    startup.mark("process_group")
     print(f"startup: process group ready in {time.perf_counter() - t0:.1f} s", flush=True)
     worker_io.write_json(local_dir, layout.rank_facts(ctx.rank), _facts(ctx, completed=False))
     failed = False
@@ -696,6 +699,7 @@ def run(run_dir: str, local_dir: str, console: IO[str] | None) -> None:
         trainer.maybe_resume()
         heartbeat.start(local_dir, ctx.rank, trainer.state.step, enabled=bool((cfg.get("watchdog") or {}).get(
             "timeout_s")), nccl=cfg.backend == "nccl")
+        startup.mark("ready")
         print(f"startup: task, model, DDP and data ready in {time.perf_counter() - t0:.1f} s", flush=True)
         summary = trainer.train()
         trainer.close()
