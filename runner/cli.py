@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner import diagnostics, layout
 from runner.plan import Plan, PlanError, make_plan
+from runner.probe import Probe, ProbeError
 
 # The configs ship inside the package (conf/ in the checkout): found from any working directory. A checkout used
 # without installing it (PYTHONPATH=<checkout>) reads its conf/ directly.
@@ -34,13 +35,6 @@ _state: dict[str, Any] = {"exit": 0, "sweep_dir": None, "argv": None, "jobs": 0,
                           "swept": [], "records": [], "job": {}}
 
 
-def inductor_settings() -> dict[str, Any]:
-    """torch._inductor's settings and their defaults (imported only when ``train.inductor`` sets something)."""
-    import torch._inductor.config as inductor_config
-
-    return inductor_config.get_config_copy()
-
-
 def refuse(err: PlanError) -> int:
     """Print a refusal the user can act on; return the refusal exit code."""
     _state["job"]["reason"] = f"refused: {err.key}={err.value!r}: {err.problem}"
@@ -51,9 +45,23 @@ def refuse(err: PlanError) -> int:
 
 
 
-def _plan(cfg: dict[str, Any], task_dirs: list[str]) -> tuple[Plan, str | None]:
-    """The plan for a composed config (refusing it with PlanError), and the directory the workers must search
-    for the task module (None when it is installed). ``task_dirs``: where else to look (a continued run's)."""
+def _start_probe(cfg: dict[str, Any], task_dir: str | None) -> Probe | None:
+    """The driver's torch probe for this config, started now (None when nothing needs torch's answers)."""
+    from runner import memory_plan
+    from runner.plan import flatten
+    from tasks.engine import compile_cache
+
+    inductor = list(flatten(cfg.get("train", {}).get("inductor") or {}))
+    want = (["inductor"] if inductor else []) + (["model"] if memory_plan.wanted(cfg) else [])
+    if not want:
+        return None
+    return Probe(cfg, want, task_dir, compile_cache.cache_dir(str(cfg["output"]["root"])), inductor_keys=inductor)
+
+
+def _plan(cfg: dict[str, Any], task_dirs: list[str]) -> tuple[Plan, str | None, Probe | None]:
+    """The plan for a composed config (refusing it with PlanError), the directory the workers must search for
+    the task module (None when it is installed), and the driver's probe (see runner/probe.py), already started.
+    ``task_dirs``: where else to look (a continued run's)."""
     from runner import data_prep, task_module, validate
     from runner.devices import visible_gpus
 
@@ -61,12 +69,18 @@ def _plan(cfg: dict[str, Any], task_dirs: list[str]) -> tuple[Plan, str | None]:
     for line in validate.warnings(cfg):
         print(f"ddp-run: warning: {line}", file=sys.stderr, flush=True)
     task_dir = task_module.locate(cfg["task"].get("module"), extra=task_dirs)
-    gpus = visible_gpus() if cfg["device"] != "cpu" else []
-    train_samples = data_prep.prepare(cfg["data"], cfg["task"])
-    task_module.run_checks(cfg, task_dir)
-    data_file = cfg["data"].get("path") if cfg["data"].get("name") == "text" else None
-    plan = make_plan(cfg, gpus, train_samples=train_samples, data_file=data_file,
-                     inductor_settings=inductor_settings() if cfg.get("train", {}).get("inductor") else None)
+    probe = _start_probe(cfg, task_dir)  # torch's answers come in while the checks below run
+    try:
+        gpus = visible_gpus() if cfg["device"] != "cpu" else []
+        train_samples = data_prep.prepare(cfg["data"], cfg["task"])
+        task_module.run_checks(cfg, task_dir)
+        data_file = cfg["data"].get("path") if cfg["data"].get("name") == "text" else None
+        plan = make_plan(cfg, gpus, train_samples=train_samples, data_file=data_file,
+                         inductor_settings=_inductor_defaults(probe))
+    except BaseException:
+        if probe is not None:
+            probe.cancel()
+        raise
     if cfg["launcher"].get("name") in ("multinode", "slurm"):
         from runner.launchers import launcher_check
 
@@ -76,7 +90,18 @@ def _plan(cfg: dict[str, Any], task_dirs: list[str]) -> tuple[Plan, str | None]:
     # The resolved config holds what the plan decided: workers run exactly this.
     cfg["batch"]["accumulation"] = plan.accumulation
     cfg["device"], cfg["backend"], cfg["world_size"] = plan.device, plan.backend, plan.world_size
-    return plan, task_dir
+    return plan, task_dir, probe
+
+
+def _inductor_defaults(probe: Probe | None) -> dict[str, Any] | None:
+    """The defaults of the ``train.inductor`` settings torch has (None: none were set)."""
+    if probe is None or "inductor" not in probe.want:
+        return None
+    try:
+        return probe.result()["inductor"]
+    except ProbeError as exc:
+        raise PlanError("train.inductor", "…", f"torch._inductor.config could not be read ({exc})",
+                        "check that torch imports in this environment, or leave train.inductor out") from exc
 
 
 def execute(cfg: DictConfig) -> int:
@@ -115,12 +140,16 @@ def execute(cfg: DictConfig) -> int:
                 from runner import overrides
 
                 overrides.check_composed(HydraConfig.get().overrides.task, conf)
-        plan, task_dir = _plan(conf, task_dirs)
-        if not continuing and resume not in ("auto", "never"):
-            _check_resume_source(resume, plan)
-        from runner import memory_plan
+        plan, task_dir, probe = _plan(conf, task_dirs)
+        try:
+            if not continuing and resume not in ("auto", "never"):
+                _check_resume_source(resume, plan)
+            from runner import memory_plan
 
-        memory = memory_plan.check(conf, plan, task_dir)  # refuses a plan that does not fit (PlanError)
+            memory = memory_plan.check(conf, plan, probe)  # refuses a plan that does not fit (PlanError)
+        finally:
+            if probe is not None:
+                probe.cancel()
     except PlanError as err:
         if rd is not None and rd.lease is not None:  # refused after taking the lease: give it back now
             rd.lease.release()
@@ -168,6 +197,8 @@ def execute(cfg: DictConfig) -> int:
             return refuse(err)
     if continuing:
         rundir.prepare_continue(rd)
+    if probe is not None:
+        probe.keep()  # the next job with this task and model skips the probe
     cmd = torchrun_command(plan, conf["launcher"], rd.url)
     rd.write_text(layout.CONFIG, OmegaConf.to_yaml(OmegaConf.create(conf)))
     from runner.doctor import cheap_report

@@ -18,7 +18,7 @@ Activations (every strategy): saved tensors per token per transformer layer, Kor
 ``5·heads·T`` bytes per token for the attention scores when no fused (flash) attention kernel runs (CPU), plus
 what the loss keeps (the fused loss: nothing of size vocab; the plain loss: bf16 logits and their fp32 softmax).
 CUDA adds a fixed workspace (cuBLAS, the allocator's rounding). The model's counts come from
-``tasks/engine/memory_probe.py``, run in a subprocess (the driver never imports torch).
+``tasks/engine/driver_probe.py``, run in a subprocess (the driver never imports torch; runner/probe.py).
 
 Checked against ``strategy.memory_cap_gb``, else ``$DDP_RUNNER_MEMORY_CAP_GB``, else the GPU's total memory;
 on CPU without a cap nothing is estimated (nothing to protect, and the probe would cost every run a torch import).
@@ -26,7 +26,6 @@ on CPU without a cap nothing is estimated (nothing to protect, and the probe wou
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -36,6 +35,7 @@ from typing import Any
 
 from runner import layout
 from runner.plan import Plan, PlanError
+from runner.probe import Probe, ProbeError
 
 GIB = 2**30
 STRATEGIES = ("ddp", "zero1", "fsdp")
@@ -179,17 +179,14 @@ def describe(memory: dict[str, Any]) -> str:
     return (f"memory per rank ({chosen}): ~{e['total_gb']:.3g} GiB{cap} ({_parts(e)}); {others} GiB")
 
 
-def probe(cfg: dict[str, Any], task_dir: str | None) -> dict[str, Any]:
-    """The model's counts, from ``tasks.engine.memory_probe`` in a subprocess (it imports torch; we do not)."""
-    env = dict(os.environ)
-    if task_dir:
-        env[layout.ENV_TASK_PATH] = os.pathsep.join(filter(None, [env.get(layout.ENV_TASK_PATH), task_dir]))
-    r = subprocess.run([sys.executable, "-m", "tasks.engine.memory_probe"], input=json.dumps(cfg), env=env,
-                       capture_output=True, text=True, timeout=300)
-    if r.returncode != 0:
-        tail = (r.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"the memory probe failed: {tail}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+def wanted(cfg: dict[str, Any]) -> bool:
+    """Whether this config's plan will be checked (and so the probe's model facts are needed): on GPUs, or under
+    an explicit cap. Decided before the devices are listed, so that the probe can start first."""
+    scfg = cfg.get("strategy") or {}
+    if scfg.get("memory_cap_gb") is not None or os.environ.get(layout.ENV_MEMORY_CAP_GB):
+        return True
+    device = cfg.get("device")
+    return device == "cuda" or (device != "cpu" and shutil.which("nvidia-smi") is not None)
 
 
 def gpu_total_gb(plan: Plan) -> float | None:
@@ -205,16 +202,18 @@ def gpu_total_gb(plan: Plan) -> float | None:
         return None
 
 
-def check(cfg: dict[str, Any], plan: Plan, task_dir: str | None) -> dict[str, Any] | None:
+def check(cfg: dict[str, Any], plan: Plan, probe: Probe | None) -> dict[str, Any] | None:
     """Estimate, and refuse a plan that does not fit (PlanError); the record for run.json, or None when there
-    is nothing to check (CPU without a cap)."""
+    is nothing to check (CPU without a cap). ``probe``: the driver's probe, asked for the model's facts."""
     scfg = cfg.get("strategy") or {}
     explicit_cap = scfg.get("memory_cap_gb") is not None or bool(os.environ.get(layout.ENV_MEMORY_CAP_GB))
     if plan.device != "cuda" and not explicit_cap:
         return None
     try:
-        found = probe(cfg, task_dir)
-    except (RuntimeError, OSError, ValueError, subprocess.SubprocessError) as exc:
+        if probe is None or "model" not in probe.want:
+            raise ProbeError("the model was not probed")
+        found = probe.result()["model"]
+    except (ProbeError, OSError, ValueError, KeyError) as exc:
         if explicit_cap:
             raise PlanError("strategy.memory_cap_gb", scfg.get("memory_cap_gb"), str(exc),
                             "fix the task so its model builds on the meta device, or drop the cap") from exc

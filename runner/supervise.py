@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 
-from runner import layout
+from runner import bytecode, layout
 from runner.osutil import die_with_parent
 
 # Every environment built for workers keeps NVLink multicast off (it can take shared GPUs out of service).
@@ -47,7 +47,7 @@ def worker_env(run_url: str, local_dir: str, t0: float, restarts: int = 0,
         env[layout.ENV_TASK_PATH] = task_path
     else:
         env.pop(layout.ENV_TASK_PATH, None)
-    return env
+    return bytecode.child_env(env)
 
 
 def _torchrun_dies_with_us() -> None:  # runs in the child between fork and exec

@@ -137,7 +137,10 @@ def _driver_plan(cfg: dict[str, Any]) -> Any:
     from runner import cli
 
     sys.path.append(str(EXAMPLE)) if str(EXAMPLE) not in sys.path else None
-    return cli._plan(cfg, [str(EXAMPLE)])
+    plan, task_dir, probe = cli._plan(cfg, [str(EXAMPLE)])
+    if probe is not None:  # torch's answers were needed only for the plan
+        probe.cancel()
+    return plan, task_dir
 
 
 @st.composite

@@ -22,12 +22,9 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from tasks.engine.strategy.units import shard_units
+
 PARAM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The modules sharded on their own: every element of every ``nn.ModuleList`` (a GPT's blocks)."""
-    return [m for lst in model.modules() if isinstance(lst, torch.nn.ModuleList) for m in lst]
 
 
 def mixed_precision(precision: str) -> MixedPrecisionPolicy:
