@@ -7,8 +7,10 @@ Standard library only at import (the driver never imports torch at start-up).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from runner import layout
@@ -93,11 +95,28 @@ def without_fault(conf: dict[str, Any]) -> bool:
     return True
 
 
+FLIGHT_RECORDER_VARIABLES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+
+
+def flight_recorder_variable() -> str:
+    """The name the installed torch reads for the flight recorder's size: ``TORCH_FR_BUFFER_SIZE`` in recent
+    releases (they warn about the older ``TORCH_NCCL_TRACE_BUFFER_SIZE``), read from its source, not imported."""
+    spec = importlib.util.find_spec("torch")
+    if spec is not None and spec.origin:
+        with contextlib.suppress(OSError):
+            source = Path(spec.origin).parent.joinpath("distributed", "distributed_c10d.py").read_text()
+            if FLIGHT_RECORDER_VARIABLES[0] in source:
+                return FLIGHT_RECORDER_VARIABLES[0]
+    return FLIGHT_RECORDER_VARIABLES[1]
+
+
 def worker_env(conf: Mapping[str, Any], backend: str) -> dict[str, str]:
     """Variables the workers need for debug mode and NCCL's flight recorder (existing user settings win)."""
     env: dict[str, str] = {}
     if backend == "nccl" and (conf.get("watchdog") or {}).get("timeout_s"):
-        env["TORCH_NCCL_TRACE_BUFFER_SIZE"] = os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE", NCCL_TRACE_ENTRIES)
+        name = flight_recorder_variable()
+        if not any(os.environ.get(v) for v in FLIGHT_RECORDER_VARIABLES):
+            env[name] = NCCL_TRACE_ENTRIES
     if conf.get("debug"):
         env.update({layout.ENV_DEBUG: "1", "NCCL_DEBUG": "INFO", "TORCH_DISTRIBUTED_DEBUG": "DETAIL",
                     "TORCH_CPP_LOG_LEVEL": "INFO"})

@@ -69,11 +69,16 @@ def test_refused_on_the_command_line_before_anything_starts(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_debug_and_flight_recorder_environment():
+def test_debug_and_flight_recorder_environment(monkeypatch):
     env = diagnostics.worker_env(_conf(debug=True), "nccl")
     assert env["TORCH_DISTRIBUTED_DEBUG"] == "DETAIL" and env["NCCL_DEBUG"] == "INFO"
     assert env["TORCH_CPP_LOG_LEVEL"] == "INFO" and env[layout.ENV_DEBUG] == "1"
-    assert int(env["TORCH_NCCL_TRACE_BUFFER_SIZE"]) > 0
+    # The name this torch reads (the older one makes recent torch warn on every rank); a user's own size wins.
+    name = diagnostics.flight_recorder_variable()
+    assert name in diagnostics.FLIGHT_RECORDER_VARIABLES and int(env[name]) > 0
+    assert not set(diagnostics.FLIGHT_RECORDER_VARIABLES) - {name} & set(env)
+    monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "50")
+    assert not set(diagnostics.FLIGHT_RECORDER_VARIABLES) & set(diagnostics.worker_env(_conf(debug=True), "nccl"))
     assert diagnostics.worker_env(_conf(watchdog__timeout_s=0), "nccl") == {}
     assert diagnostics.worker_env(_conf(), "gloo") == {}
 

@@ -106,7 +106,7 @@ def _ensure_stacks() -> None:
 
 
 def _dump_nccl_trace(path: str) -> None:
-    """NCCL's flight recorder (needs TORCH_NCCL_TRACE_BUFFER_SIZE > 0; the driver sets it on NCCL runs)."""
+    """NCCL's flight recorder (needs its buffer size > 0: the driver sets it on NCCL runs)."""
     try:
         import torch
 
