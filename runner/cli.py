@@ -47,7 +47,7 @@ def refuse(err: PlanError) -> int:
 
 def _start_probe(cfg: dict[str, Any], task_dir: str | None) -> Probe | None:
     """The driver's torch probe for this config, started now (None when nothing needs torch's answers)."""
-    from runner import memory_plan
+    from runner import inductor_settings, memory_plan, task_module
     from runner.plan import flatten
     from tasks.engine import compile_cache
 
@@ -55,7 +55,18 @@ def _start_probe(cfg: dict[str, Any], task_dir: str | None) -> Probe | None:
     want = (["inductor"] if inductor else []) + (["model"] if memory_plan.wanted(cfg) else [])
     if not want:
         return None
-    return Probe(cfg, want, task_dir, compile_cache.cache_dir(str(cfg["output"]["root"])), inductor_keys=inductor)
+    known: dict[str, Any] = {}  # what the driver answers without torch: then nothing is started for it
+    if inductor and (static := inductor_settings.settings()) is not None:
+        known["inductor"] = {k: static[k] for k in inductor if k in static}
+    if "model" in want:
+        try:
+            facts = task_module.memory_facts(cfg, task_dir)
+        except Exception:  # noqa: BLE001 - a task's own arithmetic failing: torch's probe answers instead
+            facts = None
+        if facts is not None:
+            known["model"] = facts
+    return Probe(cfg, want, task_dir, compile_cache.cache_dir(str(cfg["output"]["root"])), inductor_keys=inductor,
+                 known=known)
 
 
 def _plan(cfg: dict[str, Any], task_dirs: list[str]) -> tuple[Plan, str | None, Probe | None]:

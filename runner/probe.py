@@ -1,6 +1,8 @@
 """The driver's one torch subprocess (``tasks.engine.driver_probe``): started as soon as the config is checked, so
 it runs while the driver does the rest of its checks, and its answer kept in the output root's cache so that the
-next job with the same task, model and torch skips it (the jobs of a sweep, reruns).
+next job with the same task, model and torch skips it (the jobs of a sweep, reruns). It is not started at all when
+the driver can answer without torch: ``train.inductor`` keys from torch's config source
+(runner/inductor_settings.py), a model's counts from its task's ``memory_facts(cfg)`` (task=gpt has one).
 
 The cache key covers everything the answer depends on: the parts asked for, the task, data and ``train.inductor``
 sections of the config, the torch version, and the size and time of every source file of the task's package and of
@@ -71,22 +73,28 @@ class Probe:
     cached by :meth:`keep`."""
 
     def __init__(self, cfg: dict[str, Any], want: list[str], task_dir: str | None, cache_dir: str | None,
-                 inductor_keys: list[str] | None = None) -> None:
+                 inductor_keys: list[str] | None = None, known: dict[str, Any] | None = None) -> None:
+        """``want``: the parts needed; ``known``: parts the driver answered without torch (not asked again)."""
         self.want = want
-        self.cache_path = (os.path.join(cache_dir, CACHE_SUBDIR, cache_key(cfg, want, task_dir) + ".json")
-                           if cache_dir else None)
+        self.known = {k: v for k, v in (known or {}).items() if k in want}
+        ask = [w for w in want if w not in self.known]
+        self.cache_path = (os.path.join(cache_dir, CACHE_SUBDIR, cache_key(cfg, ask, task_dir) + ".json")
+                           if cache_dir and ask else None)
         self.answer: dict[str, Any] | None = None
         self.proc: subprocess.Popen[str] | None = None
         self.cached = False
+        if not ask:  # nothing for torch to answer: no subprocess, nothing to cache
+            self.answer, self.cached = dict(self.known), True
+            return
         if self.cache_path:
             with contextlib.suppress(OSError, ValueError):
-                self.answer = json.loads(Path(self.cache_path).read_text())
+                self.answer = {**json.loads(Path(self.cache_path).read_text()), **self.known}
                 self.cached = True
                 return
         env = bytecode.child_env(os.environ)
         if task_dir:
             env[layout.ENV_TASK_PATH] = os.pathsep.join(filter(None, [env.get(layout.ENV_TASK_PATH), task_dir]))
-        self.request = json.dumps({"config": cfg, "want": want, "inductor_keys": inductor_keys or []})
+        self.request = json.dumps({"config": cfg, "want": ask, "inductor_keys": inductor_keys or []})
         self.proc = subprocess.Popen([sys.executable, "-m", "tasks.engine.driver_probe"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
         # The request goes in now (a config is far below a pipe's buffer): the probe works while the driver does.
@@ -112,6 +120,8 @@ class Probe:
             self.answer = json.loads(out.strip().splitlines()[-1])
         except (ValueError, IndexError) as exc:
             raise ProbeError(f"unreadable answer: {out[-200:]!r}") from exc
+        self.asked = dict(self.answer)  # what torch answered: the part worth caching
+        self.answer.update(self.known)
         return self.answer
 
     def cancel(self) -> None:
@@ -130,5 +140,5 @@ class Probe:
             os.makedirs(folder, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
             with os.fdopen(fd, "w") as f:
-                json.dump(self.answer, f)
+                json.dump(self.asked, f)
             os.replace(tmp, self.cache_path)

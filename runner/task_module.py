@@ -116,3 +116,18 @@ def run_checks(cfg: Mapping[str, Any], where: str | None) -> None:
     if not callable(getattr(mod, "check", None)):
         raise PlanError("task.checks", checks, "defines no check(cfg)", "define check(cfg) there, or set null")
     mod.check(cfg)
+
+
+def memory_facts(cfg: Mapping[str, Any], where: str | None) -> dict[str, Any] | None:
+    """The model's parameter counts from the task's ``task.checks`` module, when it computes them without torch
+    (``memory_facts(cfg)``: the keys of tasks/engine/driver_probe.py's ``model`` answer); None otherwise."""
+    checks = cfg["task"].get("checks")
+    if not checks:
+        return None
+    if where and where not in sys.path:
+        sys.path.append(where)
+    try:
+        fn = getattr(importlib.import_module(checks), "memory_facts", None)
+    except ImportError:
+        return None  # run_checks reports it, with the fix
+    return fn(cfg) if callable(fn) else None

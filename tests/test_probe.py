@@ -12,12 +12,14 @@ from conftest import ddp_run, run_dirs
 
 from runner import probe as probe_mod
 
-TINY = ["task=gpt", "device=cpu", "world_size=1", "batch.per_rank=2", "train.max_steps=1", "train.compile=false",
-        "strategy.memory_cap_gb=100", "checkpoint.final=false"]
+# The smoke task computes no memory_facts of its own: torch's probe counts its model.
+TINY = ["task=smoke", "device=cpu", "world_size=1", "train.max_steps=1", "strategy.memory_cap_gb=100",
+        "checkpoint.final=false"]
 
 
-def _params(stdout: str) -> float:
-    return float(re.search(r"parameters ([\d.e-]+)", stdout).group(1))
+def _params(stdout: str) -> int:
+    """The parameter count a dry run's plan printout records."""
+    return int(re.search(r"^  params: (\d+)$", stdout, re.M).group(1))
 
 
 def test_the_answer_is_cached_for_the_next_job_and_read_from_there(tmp_path):
@@ -31,7 +33,9 @@ def test_the_answer_is_cached_for_the_next_job_and_read_from_there(tmp_path):
     [cached] = list((root / ".compile_cache" / probe_mod.CACHE_SUBDIR).glob("*.json"))
     answer = json.loads(cached.read_text())
     assert answer["model"]["params"] > 0
-    first = _params(r.stdout)
+    [run] = run_dirs(root)
+    first = json.loads((run / "run.json").read_text())["memory_plan"]["params"]
+    assert first == answer["model"]["params"] == 9
 
     # The next job reads the cache instead of probing: a doctored count shows in its plan.
     answer["model"]["params"] *= 2
@@ -41,14 +45,14 @@ def test_the_answer_is_cached_for_the_next_job_and_read_from_there(tmp_path):
     assert _params(r.stdout) == 2 * first
 
     # Another model is another key: probed afresh, and cached beside the first.
-    r = ddp_run([*TINY, "task.model.width=32"], root)
+    r = ddp_run([*TINY, "task.in_features=16"], root)
     assert r.returncode == 0, r.stdout + r.stderr
     assert len(list((root / ".compile_cache" / probe_mod.CACHE_SUBDIR).glob("*.json"))) == 2
     assert len(run_dirs(root)) == 2
 
 
 def test_a_refused_plan_writes_nothing(tmp_path):
-    r = ddp_run([*TINY, "strategy.memory_cap_gb=0.001"], tmp_path / "out")
+    r = ddp_run(["task=gpt", "device=cpu", "world_size=1", "strategy.memory_cap_gb=0.001"], tmp_path / "out")
     assert r.returncode == 2, r.stdout + r.stderr
     assert not (tmp_path / "out").exists()
 
@@ -69,3 +73,52 @@ def test_the_key_follows_the_model_config_torch_and_the_sources(tmp_path, monkey
     monkeypatch.setattr(probe_mod, "_torch_version", lambda: "0.0.0")
     os.utime(src, (later, later))
     assert probe_mod.cache_key(cfg, ["model"], str(tmp_path)) != key
+
+
+def test_gpt_counts_its_parameters_as_the_model_built_on_the_meta_device_does():
+    from tasks.engine.config import Config
+    from tasks.engine.driver_probe import model_facts
+    from tasks.gpt import checks
+
+    base = {"task": {"name": "gpt", "module": "tasks.gpt.task", "model": {"layers": 2, "heads": 2, "width": 64,
+                                                                         "context": 64, "vocab": 256}},
+            "data": {"name": "text", "path": None, "val_fraction": 0.1}, "seed": 0}
+    for shape in ({}, {"layers": 3, "width": 96, "heads": 4, "vocab": 300, "context": 32},
+                  {"layers": 12, "heads": 12, "width": 768, "context": 1024, "vocab": 50304}):
+        cfg = {**base, "task": {**base["task"], "model": {**base["task"]["model"], **shape}}}
+        probed = model_facts(Config(cfg))
+        assert checks.memory_facts(cfg) == {**probed, "arch": {**probed["arch"], "loss": "fused"}}, shape
+
+
+def test_inductor_settings_read_from_source_are_torchs_own():
+    import torch._inductor.config as inductor_config
+
+    from runner import inductor_settings
+
+    real = inductor_config.get_config_copy()
+    static = inductor_settings.settings()
+    assert set(real) - set(static) <= {"TYPE_CHECKING"}  # imported from typing, not a setting anyone sets
+    # Extra names are aliases (Config(alias=...)), settable but not copied by get_config_copy.
+    assert len(set(static) - set(real)) < 10
+    for key, kind in static.items():
+        if kind is inductor_settings.BOOL and key in real:
+            assert isinstance(real[key], bool) or real[key] is None, key  # booleans, or unset tristates
+    assert static["triton.cudagraphs"] is inductor_settings.BOOL and "triton.mix_order_reduction" in static
+
+
+def test_the_driver_answers_gpt_and_inductor_questions_without_a_subprocess(tmp_path):
+    from runner import cli
+
+    cfg = {"task": {"name": "gpt", "module": "tasks.gpt.task", "checks": "tasks.gpt.checks",
+                    "model": {"layers": 2, "heads": 2, "width": 64, "context": 64, "vocab": 256}},
+           "data": {"name": "text"}, "device": "cpu", "strategy": {"memory_cap_gb": 1},
+           "train": {"inductor": {"triton": {"cudagraphs": False}}}, "output": {"root": str(tmp_path)}}
+    probe = cli._start_probe(cfg, None)
+    assert probe.proc is None and set(probe.result()) == {"model", "inductor"}
+    assert probe.result()["inductor"] == {"triton.cudagraphs": True}  # a boolean setting (its placeholder)
+    smoke = {**cfg, "task": {"name": "smoke", "module": "tasks.smoke", "checks": "tasks.smoke_checks",
+                             "in_features": 8, "out_features": 1}, "data": {"name": "synthetic", "num_samples": 8,
+                                                                            "seed": 0}}
+    probe = cli._start_probe(smoke, None)
+    assert probe.proc is not None, "the smoke task has no memory_facts: torch counts its model"
+    assert probe.result()["model"]["params"] == 9

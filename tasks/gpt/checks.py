@@ -52,3 +52,17 @@ def check(cfg: Mapping[str, Any]) -> None:
                           f"{need.why} needs a vocabulary of at least {need.size}",
                           f"set task.model.vocab >= {need.size} (e.g. {-(-need.size // 128) * 128}, a multiple of"
                           " 128), or tokenize the data with a smaller vocabulary")
+
+
+def memory_facts(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """tasks/gpt/model.py's trained parameters by arithmetic, for the driver's memory planner (no torch): per
+    block two LayerNorms (2·2w), qkv (3w² + 3w), the attention output (w² + w), the MLP (4w² + 4w and 4w² + w);
+    outside the blocks the token and position embeddings and the final LayerNorm; the LM head is tied to the token
+    embedding. A test checks this against the model built on the meta device."""
+    m = cfg["task"]["model"]
+    w, layers, vocab, context = m["width"], m["layers"], m["vocab"], m["context"]
+    block = 12 * w * w + 13 * w
+    root = vocab * w + context * w + 2 * w
+    arch = {k: m[k] for k in ("layers", "width", "heads", "context", "vocab", "loss") if k in m}
+    arch.setdefault("loss", "fused")
+    return {"params": layers * block + root, "largest_unit": block, "root": root, "arch": arch}

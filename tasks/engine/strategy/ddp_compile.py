@@ -81,8 +81,11 @@ def compiled_forwards(ddp: torch.nn.Module, model: torch.nn.Module, *, distribut
             return ddp, ddp
         print("compile: train.compile_scope=blocks, but the model has no nn.ModuleList of blocks;"
               " compiling the whole model", flush=True)
-    if distributed and not split:
-        torch._dynamo.config.optimize_ddp = False  # one whole graph; DDP's hooks fire after the backward
+    if not split:
+        # One whole graph; DDP's hooks fire after the backward. Set on one process too, where there is no DDP to
+        # cut for: the setting is part of the compile cache's key, and a 1-rank job's graphs must serve the
+        # 2-rank job of the same sweep.
+        torch._dynamo.config.optimize_ddp = False
     sync = torch.compile(ddp, **compile_kwargs)
     if not (distributed and split) or ddp_forward_needed(model):
         return sync, sync
