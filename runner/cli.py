@@ -243,6 +243,7 @@ def execute(cfg: DictConfig) -> int:
                      lambda: sup.proc, nccl=plan.backend == "nccl")
     ticks = [finalize.Heartbeat(rd, manifest).tick, watch.tick, *([mirror.tick] if mirror else []),
              _lease_tick(rd.lease)]
+    launched = time.time()
     rc = sup.run(on_tick=lambda: [tick() for tick in ticks])
     if rd.lease is not None and rd.lease.lost:  # another driver owns the directory now: its run.json is its own
         print(f"ddp-run: FAILED: lost the lease on {rd.url} to another driver; run.json left to it",
@@ -253,6 +254,11 @@ def execute(cfg: DictConfig) -> int:
     if multi:
         multinode.write_node(rd, node, multinode.node_end(record, rc, sup.interrupted))
         nodes = multinode.collect(rd, plan_node_range(conf)[0])
+        try:  # a remote root: the other nodes' ranks wrote their facts on their own hosts, mirrored since
+            multinode.gather(rd, launched)
+        except Exception as exc:  # noqa: BLE001 - judged then from this node's ranks alone: said, not raised
+            print(f"ddp-run: warning: could not read the other nodes' rank files from {rd.url}: {exc}",
+                  file=sys.stderr, flush=True)
         plan = multinode.elastic_plan(rd, plan, launcher)
     code = finalize.finish(rd, manifest, plan, rc, sup.interrupted, watch=watch.observations())
     if multi:

@@ -3,6 +3,7 @@ loopback, each started by its own ``ddp-run`` with the same command line; and wh
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -12,9 +13,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import fsspec
 import psutil
 import pytest
 from conftest import load_json, run_dirs
+from s3_server import s3_server, s3_url  # noqa: F401 - fixtures
 
 from runner import layout
 
@@ -29,7 +32,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_node(rank: int, root: Path, port: int, rdzv_id: str, *args: str,
+def start_node(rank: int, root: Path | str, port: int, rdzv_id: str, *args: str,
                env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     """One node's ``ddp-run``, as the README has it (only the node rank differs between the nodes)."""
     cmd = [sys.executable, "-m", "runner", "device=cpu", "world_size=2", "launcher=multinode",
@@ -167,3 +170,26 @@ def test_an_elastic_range_runs_with_the_nodes_present(out_root):
     summary = load_json(run / "summary.json")
     assert summary["status"] == "completed" and summary["completion"]["completed_ranks"] == [0]
     assert "--nnodes=1:2" in load_json(run / "run.json")["command"]
+
+
+def test_two_nodes_under_an_s3_root_are_judged_from_every_nodes_ranks(s3_url):  # noqa: F811 - fixture
+    # No shared filesystem: each node stages its ranks' files on its own disk (two staging folders here) and
+    # mirrors them to the bucket. Node 0 must judge the run from both nodes' ranks, not only its own.
+    root, port = f"{s3_url}/runs", free_port()
+    nodes = [start_node(r, root, port, "s3job", "task=smoke", "train.max_steps=4") for r in (0, 1)]
+    fs = fsspec.filesystem("s3")
+    run = f"{root}/s3job_smoke_w2".removeprefix("s3://")
+    results = finish(*nodes)
+    for rc, out, err in results:
+        assert rc == 0, out + err
+
+    manifest = json.loads(fs.cat_file(f"{run}/run.json"))
+    summary = json.loads(fs.cat_file(f"{run}/summary.json"))
+    assert manifest["status"] == summary["status"] == "completed", summary
+    assert summary["completion"]["completed_ranks"] == [0, 1] and summary["steps"] == 4, summary
+    assert summary["root_cause"] is None
+    assert sorted(manifest["nodes"]) == ["0", "1"]
+    assert {n["host"] for n in manifest["nodes"].values()} == {socket.gethostname()}
+    assert {r["node"] for r in manifest["ranks"].values()} == {"0", "1"}, manifest["ranks"]
+    for rank in (0, 1):
+        assert fs.exists(f"{run}/logs/rank{rank}.json")

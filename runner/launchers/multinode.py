@@ -274,6 +274,31 @@ def collect(rd: RunDir, nnodes: int, grace_s: float = NODES_GRACE_S) -> dict[str
         time.sleep(POLL_S)
 
 
+def gather(rd: RunDir, since: float) -> int:
+    """Node 0 under a remote root (``s3://``…): copy into this driver's staging directory the rank files and logs
+    that the other nodes' drivers mirrored to the shared tree, so that completion, the summary and the root cause
+    are judged from every rank, not only this node's. Returns how many files were copied.
+
+    A local file written since ``since`` (this node's launch) is this node's own and kept; an older one (staged
+    from an earlier attempt by a restart) is replaced by the shared tree's, which its node has just mirrored.
+    Call it after :func:`collect`: each node's driver mirrors its files before it records its end.
+    """
+    if not rd.is_remote:
+        return 0  # a shared filesystem: every node's ranks wrote into this very directory
+    logs = layout.join(rd.path, layout.LOGS)
+    rd.fs.invalidate_cache()
+    copied = 0
+    for remote in rd.fs.find(logs):
+        rel = remote[len(logs):].lstrip("/")
+        target = os.path.join(rd.local, layout.LOGS, *rel.split("/"))
+        if not rel or ".tmp" in rel or (os.path.exists(target) and os.path.getmtime(target) >= since):
+            continue
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        rd.fs.get_file(remote, target)
+        copied += 1
+    return copied
+
+
 def elastic_plan(rd: RunDir, plan: Plan, launcher: Mapping[str, Any]) -> Plan:
     """With an elastic range (``launcher.nnodes=min:max``) the job may run on fewer nodes than the plan's maximum:
     the plan as it ran (world size and global batch from the ranks that reported), for finalisation."""
