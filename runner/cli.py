@@ -300,10 +300,12 @@ def _open_multinode_dir(conf: dict[str, Any], plan: Plan):
     except (OSError, ValueError) as exc:
         raise PlanError("output.root", conf["output"]["root"], f"cannot be reached ({type(exc).__name__}: {exc})",
                         "give every node the same output.root on a filesystem they all mount") from exc
+    rdzv_id = str(conf["launcher"]["rdzv_id"])
     if not again:
-        return multinode.create(url), False
+        return multinode.create(url, rdzv_id), False
     rd = rundir.open_run_dir(url)
     _check_no_live_driver(rd.url, rd.read_json(layout.MANIFEST))
+    multinode.take_lease(rd, rdzv_id)  # held until this driver exits, as a local run's driver holds its own
     print(f"ddp-run: {url} holds this run already: continuing it (resume from its newest checkpoint)", flush=True)
     return rd, True
 

@@ -20,6 +20,7 @@ from conftest import load_json, run_dirs
 from s3_server import s3_server, s3_url  # noqa: F401 - fixtures
 
 from runner import layout
+from runner.lease import Taken, take
 
 pytestmark = pytest.mark.slow
 
@@ -179,9 +180,19 @@ def test_two_nodes_under_an_s3_root_are_judged_from_every_nodes_ranks(s3_url):  
     nodes = [start_node(r, root, port, "s3job", "task=smoke", "train.max_steps=4") for r in (0, 1)]
     fs = fsspec.filesystem("s3")
     run = f"{root}/s3job_smoke_w2".removeprefix("s3://")
+    lease = f"{run}/{layout.DRIVER_LEASE}"
+    joined = f"{run}/{layout.node_record(1)}"
+    while nodes[0].poll() is None and not fs.exists(joined):
+        time.sleep(0.1)
+        fs.invalidate_cache()
+    # Node 1 has joined, and its workers need seconds to start: node 0's driver holds the lease now.
+    holder = json.loads(fs.cat_file(lease)) if fs.exists(lease) else None
     results = finish(*nodes)
     for rc, out, err in results:
         assert rc == 0, out + err
+    assert holder is not None and holder["pid"] == nodes[0].pid, holder
+    fs.invalidate_cache()
+    assert not fs.exists(lease), "released when node 0's driver ended"
 
     manifest = json.loads(fs.cat_file(f"{run}/run.json"))
     summary = json.loads(fs.cat_file(f"{run}/summary.json"))
@@ -193,3 +204,30 @@ def test_two_nodes_under_an_s3_root_are_judged_from_every_nodes_ranks(s3_url):  
     assert {r["node"] for r in manifest["ranks"].values()} == {"0", "1"}, manifest["ranks"]
     for rank in (0, 1):
         assert fs.exists(f"{run}/logs/rank{rank}.json")
+
+
+def test_node_0_holds_the_lease_and_a_second_node_0_is_refused(out_root):
+    port = free_port()
+    args = ["task=smoke", "train.max_steps=1000000", "train.log_every=1000"]
+    nodes = [start_node(r, out_root, port, "held", *args) for r in (0, 1)]
+    try:
+        run = out_root / "held_smoke_w2"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(list(run.glob("logs/rank*.json"))) < 2:
+            assert all(p.poll() is None for p in nodes), finish(*nodes)
+            time.sleep(0.2)
+        # The run directory's lease is node 0's driver's: nobody else can take it while that driver lives.
+        with pytest.raises(Taken) as held:
+            take(fsspec.filesystem("file"), str(run)).release()
+        assert held.value.holder["pid"] == nodes[0].pid
+        # The same node-0 command a second time: refused (exit 2), the running job left alone.
+        rc, out, err = finish(start_node(0, out_root, port, "held", *args), timeout=120)[0]
+        assert rc == 2 and "refused" in err and str(nodes[0].pid) in err, err
+        assert all(p.poll() is None for p in nodes), "the first job still runs"
+    finally:
+        for p in nodes:
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)
+        finish(*nodes, timeout=120)
+    assert run_dirs(out_root) == [run]
+    assert load_json(run / "run.json")["status"] == "interrupted"

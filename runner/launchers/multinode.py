@@ -4,7 +4,9 @@ Every node plans the same run from the same command line and so computes the sam
 ``<output.root>/<rdzv_id>_<task>_w<world_size>`` (a root all nodes reach: a shared filesystem or an fsspec URL).
 Node 0 (``launcher.node_rank=0``; with ``node_rank=null``, the host the rendezvous endpoint names) creates it, or
 continues it when it already holds the run (a restart resumes from its newest checkpoint); every other node waits
-until node 0's driver has opened it, then joins. Node 0's driver writes ``run.json`` and ``summary.json``; every
+until node 0's driver has opened it, then joins. Node 0's driver holds the run directory's lease (runner/lease.py)
+until it exits, so that a second node-0 driver of the same job is refused; the joining nodes take none. Node 0's
+driver writes ``run.json`` and ``summary.json``, judging the run from every node's rank files; every
 node's driver records its host, devices and outcome in ``nodes/<node>.json``, and a failed run names the node
 that failed.
 
@@ -147,22 +149,65 @@ def exists(url: str) -> bool:
     return fs.exists(layout.join(path, layout.CONFIG)) and fs.exists(layout.join(path, layout.MANIFEST))
 
 
-def create(url: str) -> RunDir:
-    """Node 0: make the run directory and its subfolders (PlanError when the root cannot be written)."""
+def create(url: str, rdzv_id: str) -> RunDir:
+    """Node 0: make the run directory and its subfolders, holding its lease (runner/lease.py) as a local run's
+    driver does, so that a second node-0 driver of the same job is refused (exit 2) however close behind it
+    starts. PlanError when the root cannot be written or another live driver holds the run directory; a
+    directory this driver made is removed again then, one another driver made is left to it."""
     import fsspec
+    from fsspec.implementations.local import LocalFileSystem
 
     from runner import rundir
+    from runner.lease import Taken, take
 
     try:
         fs, path = fsspec.core.url_to_fs(url)
-        for sub in (layout.LOGS, layout.TB, layout.CHECKPOINTS, layout.NODES):
-            fs.makedirs(layout.join(path, sub), exist_ok=True)
+        path = path.rstrip("/")
+        local = isinstance(fs, LocalFileSystem)
+        made = not fs.exists(path)
+        if local:  # the flock lives in the directory: make it first (there the flock is the claim, not mkdir)
+            fs.makedirs(path, exist_ok=True)
+        lease = take(fs, path)  # an object store has no directories: its conditional put is the claim
+    except Taken as held:
+        raise _held(url, rdzv_id, held.holder) from None
     except Exception as exc:  # a backend's own error types too: a refusal, not a traceback
         raise _unreachable(str(url).rsplit("/", 1)[0], exc) from exc
+    try:
+        for sub in (layout.LOGS, layout.TB, layout.CHECKPOINTS, layout.NODES):
+            fs.makedirs(layout.join(path, sub), exist_ok=True)
+    except Exception as exc:
+        lease.release()
+        if made and local:
+            fs.rm(path, recursive=True)
+        raise _unreachable(str(url).rsplit("/", 1)[0], exc) from exc
     rd = rundir.open_run_dir(url)
+    rd.lease = lease  # held until node 0's driver exits; renewed on its tick (object stores)
     if rd.is_remote:
         rd.local = rundir._staging(rd.path)
     return rd
+
+
+def take_lease(rd: RunDir, rdzv_id: str) -> None:
+    """Node 0 continuing its run directory (a restart): take its lease, refusing (PlanError) while another live
+    driver holds it."""
+    from runner.lease import Taken, take
+
+    try:
+        rd.lease = take(rd.fs, rd.path)
+    except Taken as held:
+        raise _held(rd.url, rdzv_id, held.holder) from None
+
+
+def _held(url: str, rdzv_id: str, holder: dict[str, Any] | None) -> PlanError:
+    from runner import status
+
+    d = holder or {}
+    who = status.describe_driver({"driver": d})
+    return PlanError("launcher.rdzv_id", rdzv_id,
+                     f"its run directory {url} is held by another live driver ({who}); one node-0 driver per run"
+                     " directory",
+                     f"wait for that job to end, or stop it (Ctrl-C, or kill -INT {d.get('pid')} on"
+                     f" {d.get('host')}), or start this job under another launcher.rdzv_id")
 
 
 def wait_to_join(url: str, root: str, timeout_s: float) -> RunDir:
