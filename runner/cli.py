@@ -286,26 +286,40 @@ def _lease_tick(held: Any) -> Any:
     return tick
 
 
-def _open_multinode_dir(conf: dict[str, Any], plan: Plan):
+def _open_multinode_dir(conf: dict[str, Any], plan: Plan) -> tuple[Any, bool]:
     """Node 0 of a multi-node run: create its run directory, or continue it when it already holds the run (a
-    restart of the same command). Returns (run dir, continuing); (None, False) on the other nodes."""
-    from runner import rundir
+    restart of the same command), holding its lease. Returns (run dir, continuing); (None, False) on the other
+    nodes, and, with elastic ranks (``launcher.node_rank=null``, several drivers on the endpoint's host), on
+    every driver but the one that took the lease first: exactly one driver opens the run directory."""
+    from runner import rundir, status
     from runner.launchers import multinode
 
-    if not multinode.is_creator(conf["launcher"]):
+    launcher = conf["launcher"]
+    if not multinode.is_creator(launcher):
         return None, False
+    elastic = launcher.get("node_rank") is None
     url = multinode.run_url(conf, plan)
+    rdzv_id = str(launcher["rdzv_id"])
     try:
         again = multinode.exists(url)
     except (OSError, ValueError) as exc:
         raise PlanError("output.root", conf["output"]["root"], f"cannot be reached ({type(exc).__name__}: {exc})",
                         "give every node the same output.root on a filesystem they all mount") from exc
-    rdzv_id = str(conf["launcher"]["rdzv_id"])
-    if not again:
-        return multinode.create(url, rdzv_id), False
-    rd = rundir.open_run_dir(url)
-    _check_no_live_driver(rd.url, rd.read_json(layout.MANIFEST))
-    multinode.take_lease(rd, rdzv_id)  # held until this driver exits, as a local run's driver holds its own
+    try:
+        if not again:
+            return multinode.create(url, rdzv_id), False
+        rd = rundir.open_run_dir(url)
+        previous = rd.read_json(layout.MANIFEST)
+        if elastic and status.status_of(previous) == layout.STATUS_RUNNING:
+            raise multinode.Held("launcher.rdzv_id", rdzv_id, "opened by another driver", "")
+        _check_no_live_driver(rd.url, previous)
+        multinode.take_lease(rd, rdzv_id)  # held until this driver exits, as a local run's driver holds its own
+    except multinode.Held:
+        if not elastic:
+            raise
+        # Another driver of this job (launcher.node_rank=null) opened it first: this one joins as another node.
+        print(f"ddp-run: another driver of this job opened {url} first: joining it", flush=True)
+        return None, False
     print(f"ddp-run: {url} holds this run already: continuing it (resume from its newest checkpoint)", flush=True)
     return rd, True
 

@@ -33,18 +33,33 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_node(rank: int, root: Path | str, port: int, rdzv_id: str, *args: str,
+def start_node(rank: int | None, root: Path | str, port: int, rdzv_id: str, *args: str,
                env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     """One node's ``ddp-run``, as the README has it (only the node rank differs between the nodes)."""
     cmd = [sys.executable, "-m", "runner", "device=cpu", "world_size=2", "launcher=multinode",
-           "launcher.nnodes=2", f"launcher.node_rank={rank}", f"launcher.rdzv_endpoint=127.0.0.1:{port}",
-           f"launcher.rdzv_id={rdzv_id}", "timeout_s=60", *args, f"output.root={root}"]
+           "launcher.nnodes=2", f"launcher.node_rank={'null' if rank is None else rank}",
+           f"launcher.rdzv_endpoint=127.0.0.1:{port}", f"launcher.rdzv_id={rdzv_id}", "timeout_s=60", *args,
+           f"output.root={root}"]
     return subprocess.Popen(cmd, cwd=tempfile.gettempdir(), env={**os.environ, **(env or {})},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def finish(*procs: subprocess.Popen[str], timeout: float = 240) -> list[tuple[int, str, str]]:
-    outputs = [p.communicate(timeout=timeout) for p in procs]
+    """Wait for every driver; on a timeout stop them all (Ctrl-C, then SIGKILL) so that a failing test leaves
+    no process behind, and raise."""
+    try:
+        outputs = [p.communicate(timeout=timeout) for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)
+        for p in procs:
+            try:
+                p.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.communicate()
+        raise
     return [(p.returncode, *o) for p, o in zip(procs, outputs, strict=True)]
 
 
@@ -231,3 +246,25 @@ def test_node_0_holds_the_lease_and_a_second_node_0_is_refused(out_root):
         finish(*nodes, timeout=120)
     assert run_dirs(out_root) == [run]
     assert load_json(run / "run.json")["status"] == "interrupted"
+
+
+def test_elastic_ranks_with_both_agents_on_one_host_open_one_run_directory(out_root):
+    # launcher.node_rank=null: torchrun assigns the ranks, and both drivers run on the endpoint's host, so both
+    # may open the run directory. The one that takes its lease first does; the other joins it as a node.
+    port = free_port()
+    nodes = [start_node(None, out_root, port, "el2", "task=smoke", "train.max_steps=4") for _ in range(2)]
+    results = finish(*nodes)
+    for rc, out, err in results:
+        assert rc == 0, out + err
+    [run] = run_dirs(out_root)
+    assert run.name == "el2_smoke_w2"
+    joined = [i for i, (_, out, _) in enumerate(results) if "opened" in out and "first: joining it" in out]
+    assert len(joined) == 1, [r[1] for r in results]
+    opener = nodes[1 - joined[0]]
+    manifest, summary = load_json(run / "run.json"), load_json(run / "summary.json")
+    assert manifest["driver"]["pid"] == opener.pid, "the driver that opened it writes run.json"
+    assert manifest["status"] == summary["status"] == "completed"
+    assert summary["completion"]["completed_ranks"] == [0, 1]
+    host = socket.gethostname()
+    assert sorted(manifest["nodes"]) == sorted(f"{host}-{p.pid}" for p in nodes)
+    assert all(n["torchrun_exit_code"] == 0 and n["node_rank"] is None for n in manifest["nodes"].values())

@@ -112,8 +112,9 @@ def node_name(launcher: Mapping[str, Any]) -> str:
 
 
 def is_creator(launcher: Mapping[str, Any]) -> bool:
-    """Does this node's driver create (or continue) the run directory? Node 0, or, with elastic ranks, the host
-    the rendezvous endpoint names (the one that hosts the store)."""
+    """May this node's driver create (or continue) the run directory? Node 0, or, with elastic ranks, a driver
+    on the host the rendezvous endpoint names (where the store is). Several drivers may share that host: the one
+    that takes the run directory's lease first creates it, the others join it (``cli._open_multinode_dir``)."""
     rank = launcher.get("node_rank")
     if rank is not None:
         return rank == 0
@@ -152,8 +153,8 @@ def exists(url: str) -> bool:
 def create(url: str, rdzv_id: str) -> RunDir:
     """Node 0: make the run directory and its subfolders, holding its lease (runner/lease.py) as a local run's
     driver does, so that a second node-0 driver of the same job is refused (exit 2) however close behind it
-    starts. PlanError when the root cannot be written or another live driver holds the run directory; a
-    directory this driver made is removed again then, one another driver made is left to it."""
+    starts. PlanError when the root cannot be written, :class:`Held` when another live driver holds the run
+    directory; a directory this driver made is removed again then, one another driver made is left to it."""
     import fsspec
     from fsspec.implementations.local import LocalFileSystem
 
@@ -187,9 +188,14 @@ def create(url: str, rdzv_id: str) -> RunDir:
     return rd
 
 
+class Held(PlanError):
+    """Another live driver holds the run directory's lease: a refusal for node 0; with elastic ranks
+    (``launcher.node_rank=null``) the sign that another node's driver opened the directory first."""
+
+
 def take_lease(rd: RunDir, rdzv_id: str) -> None:
-    """Node 0 continuing its run directory (a restart): take its lease, refusing (PlanError) while another live
-    driver holds it."""
+    """Node 0 continuing its run directory (a restart): take its lease; :class:`Held` while another live driver
+    holds it."""
     from runner.lease import Taken, take
 
     try:
@@ -198,12 +204,12 @@ def take_lease(rd: RunDir, rdzv_id: str) -> None:
         raise _held(rd.url, rdzv_id, held.holder) from None
 
 
-def _held(url: str, rdzv_id: str, holder: dict[str, Any] | None) -> PlanError:
+def _held(url: str, rdzv_id: str, holder: dict[str, Any] | None) -> Held:
     from runner import status
 
     d = holder or {}
     who = status.describe_driver({"driver": d})
-    return PlanError("launcher.rdzv_id", rdzv_id,
+    return Held("launcher.rdzv_id", rdzv_id,
                      f"its run directory {url} is held by another live driver ({who}); one node-0 driver per run"
                      " directory",
                      f"wait for that job to end, or stop it (Ctrl-C, or kill -INT {d.get('pid')} on"
