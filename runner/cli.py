@@ -195,8 +195,7 @@ def execute(cfg: DictConfig) -> int:
             rd = _new_run_dir(conf, plan, started)
         except PlanError as err:
             return refuse(err)
-    if continuing:
-        rundir.prepare_continue(rd)
+    staged = rundir.prepare_continue(rd) if continuing else {}
     if probe is not None:
         probe.keep()  # the next job with this task and model skips the probe
     cmd = torchrun_command(plan, conf["launcher"], rd.url)
@@ -237,7 +236,7 @@ def execute(cfg: DictConfig) -> int:
         record = multinode.node_start(plan, launcher, node, cmd)
         multinode.write_node(rd, node, record)
     sup = Supervisor(cmd, env, str(Path(rd.local, layout.node_agent_log(node) if multi else layout.AGENT_LOG)))
-    mirror = finalize.Mirror(rd) if rd.is_remote else None
+    mirror = finalize.Mirror(rd, staged=staged) if rd.is_remote else None
     _state["job"]["run_dir"] = rd.url
     watch = Watchdog(rd.local, rd.url, plan.world_size, float(conf.get("watchdog", {}).get("timeout_s") or 0),
                      lambda: sup.proc, nccl=plan.backend == "nccl")

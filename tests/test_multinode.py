@@ -268,3 +268,23 @@ def test_elastic_ranks_with_both_agents_on_one_host_open_one_run_directory(out_r
     host = socket.gethostname()
     assert sorted(manifest["nodes"]) == sorted(f"{host}-{p.pid}" for p in nodes)
     assert all(n["torchrun_exit_code"] == 0 and n["node_rank"] is None for n in manifest["nodes"].values())
+
+
+def test_a_restart_under_an_s3_root_keeps_every_ranks_earlier_log_lines(s3_url):  # noqa: F811 - fixture
+    # Each rank's log goes on across restarts. Under s3:// every node stages the earlier lines before its ranks
+    # append, and mirrors only what changed: no node pushes its stale copy of a log another node's rank writes.
+    root, port = f"{s3_url}/runs", free_port()
+    args = ["task=smoke", "train.max_steps=4", "checkpoint.async_save=false"]
+    for steps in (4, 6):
+        results = finish(*[start_node(r, root, port, "again", *args, f"train.max_steps={steps}") for r in (0, 1)])
+        for rc, out, err in results:
+            assert rc == 0, out + err
+    fs = fsspec.filesystem("s3")
+    fs.invalidate_cache()
+    run = f"{root}/again_smoke_w2".removeprefix("s3://")
+    summary = json.loads(fs.cat_file(f"{run}/summary.json"))
+    assert summary["status"] == "completed" and summary["steps"] == 6, summary
+    for rank in (0, 1):
+        log = fs.cat_file(f"{run}/logs/rank{rank}.log").decode()
+        assert log.count(f"ddp-run: rank {rank} on node ") == 2, log
+        assert "resumed from" in log, log

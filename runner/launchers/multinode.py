@@ -285,12 +285,14 @@ def follow(rd: RunDir, plan: Plan, launcher: Mapping[str, Any], env_: dict[str, 
     record = node_start(plan, launcher, node, cmd)
     write_node(rd, node, record)
     print(f"ddp-run: node {node} joined {rd.url}", flush=True)
-    sup = Supervisor(cmd, env_, str(Path(rd.local, layout.node_agent_log(node))))
     mirror = None
     if rd.is_remote:  # this node's rank logs and facts are written locally: copy them into the shared tree
+        from runner import rundir
         from runner.finalize import Mirror
 
-        mirror = Mirror(rd)
+        # A restart: whichever ranks land here append to their earlier lines (torchrun assigns them).
+        mirror = Mirror(rd, staged=rundir.stage_logs(rd))
+    sup = Supervisor(cmd, env_, str(Path(rd.local, layout.node_agent_log(node))))
     rc = sup.run(on_tick=mirror.tick if mirror else None)
     if mirror:
         mirror.flush()
