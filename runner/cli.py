@@ -206,8 +206,7 @@ def execute(cfg: DictConfig) -> int:
             rd = _new_run_dir(conf, plan, started)
         except PlanError as err:
             return refuse(err)
-    if continuing:
-        rundir.prepare_continue(rd)
+    staged = rundir.prepare_continue(rd) if continuing else {}
     if probe is not None:
         probe.keep()  # the next job with this task and model skips the probe
     cmd = torchrun_command(plan, conf["launcher"], rd.url)
@@ -248,12 +247,13 @@ def execute(cfg: DictConfig) -> int:
         record = multinode.node_start(plan, launcher, node, cmd)
         multinode.write_node(rd, node, record)
     sup = Supervisor(cmd, env, str(Path(rd.local, layout.node_agent_log(node) if multi else layout.AGENT_LOG)))
-    mirror = finalize.Mirror(rd) if rd.is_remote else None
+    mirror = finalize.Mirror(rd, staged=staged) if rd.is_remote else None
     _state["job"]["run_dir"] = rd.url
     watch = Watchdog(rd.local, rd.url, plan.world_size, float(conf.get("watchdog", {}).get("timeout_s") or 0),
                      lambda: sup.proc, nccl=plan.backend == "nccl")
     ticks = [finalize.Heartbeat(rd, manifest).tick, watch.tick, *([mirror.tick] if mirror else []),
              _lease_tick(rd.lease)]
+    launched = time.time()
     rc = sup.run(on_tick=lambda: [tick() for tick in ticks])
     if rd.lease is not None and rd.lease.lost:  # another driver owns the directory now: its run.json is its own
         print(f"ddp-run: FAILED: lost the lease on {rd.url} to another driver; run.json left to it",
@@ -264,6 +264,11 @@ def execute(cfg: DictConfig) -> int:
     if multi:
         multinode.write_node(rd, node, multinode.node_end(record, rc, sup.interrupted))
         nodes = multinode.collect(rd, plan_node_range(conf)[0])
+        try:  # a remote root: the other nodes' ranks wrote their facts on their own hosts, mirrored since
+            multinode.gather(rd, launched)
+        except Exception as exc:  # noqa: BLE001 - judged then from this node's ranks alone: said, not raised
+            print(f"ddp-run: warning: could not read the other nodes' rank files from {rd.url}: {exc}",
+                  file=sys.stderr, flush=True)
         plan = multinode.elastic_plan(rd, plan, launcher)
     code = finalize.finish(rd, manifest, plan, rc, sup.interrupted, watch=watch.observations())
     if multi:
@@ -291,24 +296,40 @@ def _lease_tick(held: Any) -> Any:
     return tick
 
 
-def _open_multinode_dir(conf: dict[str, Any], plan: Plan):
+def _open_multinode_dir(conf: dict[str, Any], plan: Plan) -> tuple[Any, bool]:
     """Node 0 of a multi-node run: create its run directory, or continue it when it already holds the run (a
-    restart of the same command). Returns (run dir, continuing); (None, False) on the other nodes."""
-    from runner import rundir
+    restart of the same command), holding its lease. Returns (run dir, continuing); (None, False) on the other
+    nodes, and, with elastic ranks (``launcher.node_rank=null``, several drivers on the endpoint's host), on
+    every driver but the one that took the lease first: exactly one driver opens the run directory."""
+    from runner import rundir, status
     from runner.launchers import multinode
 
-    if not multinode.is_creator(conf["launcher"]):
+    launcher = conf["launcher"]
+    if not multinode.is_creator(launcher):
         return None, False
+    elastic = launcher.get("node_rank") is None
     url = multinode.run_url(conf, plan)
+    rdzv_id = str(launcher["rdzv_id"])
     try:
         again = multinode.exists(url)
     except (OSError, ValueError) as exc:
         raise PlanError("output.root", conf["output"]["root"], f"cannot be reached ({type(exc).__name__}: {exc})",
                         "give every node the same output.root on a filesystem they all mount") from exc
-    if not again:
-        return multinode.create(url), False
-    rd = rundir.open_run_dir(url)
-    _check_no_live_driver(rd.url, rd.read_json(layout.MANIFEST))
+    try:
+        if not again:
+            return multinode.create(url, rdzv_id), False
+        rd = rundir.open_run_dir(url)
+        previous = rd.read_json(layout.MANIFEST)
+        if elastic and status.status_of(previous) == layout.STATUS_RUNNING:
+            raise multinode.Held("launcher.rdzv_id", rdzv_id, "opened by another driver", "")
+        _check_no_live_driver(rd.url, previous)
+        multinode.take_lease(rd, rdzv_id)  # held until this driver exits, as a local run's driver holds its own
+    except multinode.Held:
+        if not elastic:
+            raise
+        # Another driver of this job (launcher.node_rank=null) opened it first: this one joins as another node.
+        print(f"ddp-run: another driver of this job opened {url} first: joining it", flush=True)
+        return None, False
     print(f"ddp-run: {url} holds this run already: continuing it (resume from its newest checkpoint)", flush=True)
     return rd, True
 

@@ -217,8 +217,12 @@ class Heartbeat:
 class Mirror:
     """Copies the locally written files (logs, TensorBoard) into a remote run tree, during and after a run."""
 
-    def __init__(self, rd: RunDir, every_s: float = 15.0) -> None:
+    def __init__(self, rd: RunDir, every_s: float = 15.0, staged: dict[str, tuple[int, int]] | None = None) -> None:
         self.rd, self.every_s, self.last = rd, every_s, time.monotonic()
+        # What the remote tree holds already, {relative path: (mtime_ns, size)}: staged from it
+        # (rundir.stage_logs) or copied since. Only what changed is copied: on a multi-node run another node's
+        # rank may be writing a log of which this staging folder holds an older copy.
+        self.sent: dict[str, tuple[int, int]] = dict(staged or {})
         self.clean = False  # did the last flush copy everything?
         # The staging dir goes when the driver exits, unless its last copy failed (then it is all there is).
         atexit.register(self._remove_staging)
@@ -241,7 +245,11 @@ class Mirror:
             if p.is_file() and ".tmp" not in p.name:
                 rel = p.relative_to(local).as_posix()
                 try:
+                    st = p.stat()
+                    if self.sent.get(rel) == (st.st_mtime_ns, st.st_size):
+                        continue
                     self.rd.fs.put_file(str(p), layout.join(self.rd.path, rel))
+                    self.sent[rel] = (st.st_mtime_ns, st.st_size)
                 except Exception as exc:  # noqa: BLE001 - a failed mirror must not kill the run (botocore's
                     # connection errors are no OSError); the next tick retries
                     clean = False

@@ -109,8 +109,31 @@ def open_run_dir(url: str) -> RunDir:
     return RunDir(url=fs.unstrip_protocol(path), local="", fs=fs, path=path)
 
 
-def prepare_continue(rd: RunDir) -> None:
-    """Get an existing run directory ready to be continued in place by a new launch.
+def stage_logs(rd: RunDir) -> dict[str, tuple[int, int]]:
+    """A remote run: copy the shared tree's ``logs/`` (error records aside) into this driver's staging directory,
+    so that ranks started here append to their earlier lines. Returns what was staged, ``{relative path:
+    (mtime_ns, size)}``, for :class:`runner.finalize.Mirror`, which then uploads a staged file only once it has
+    changed: a node never pushes back its stale copy of a log that another node's rank writes now."""
+    staged: dict[str, tuple[int, int]] = {}
+    if not rd.is_remote:
+        return staged
+    logs = layout.join(rd.path, layout.LOGS)
+    rd.local = rd.local or _staging(rd.path)
+    rd.fs.invalidate_cache(logs)
+    for remote in rd.fs.find(logs):
+        rel = remote[len(logs):].lstrip("/")
+        if rel and not rel.endswith(".error.json"):
+            target = os.path.join(rd.local, layout.LOGS, *rel.split("/"))
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            rd.fs.get_file(remote, target)
+            st = os.stat(target)
+            staged[f"{layout.LOGS}/{rel}"] = (st.st_mtime_ns, st.st_size)
+    return staged
+
+
+def prepare_continue(rd: RunDir) -> dict[str, tuple[int, int]]:
+    """Get an existing run directory ready to be continued in place by a new launch; returns what
+    :func:`stage_logs` staged.
 
     Error records of the earlier attempt are removed (they would otherwise be taken for this attempt's root
     cause), and so are temporary files a killed driver left; for a remote run the earlier logs are staged
@@ -118,15 +141,7 @@ def prepare_continue(rd: RunDir) -> None:
     lines.
     """
     logs = layout.join(rd.path, layout.LOGS)
-    if rd.is_remote:
-        rd.local = rd.local or _staging(rd.path)
-        rd.fs.invalidate_cache(logs)
-        for remote in rd.fs.find(logs):
-            rel = remote[len(logs):].lstrip("/")
-            if rel and not rel.endswith(".error.json"):
-                target = os.path.join(rd.local, layout.LOGS, *rel.split("/"))
-                os.makedirs(os.path.dirname(target), exist_ok=True)
-                rd.fs.get_file(remote, target)
+    staged = stage_logs(rd)
     # A driver killed in the middle of an atomic write leaves its temporary sibling (osutil.atomic_write).
     for name in (layout.MANIFEST, layout.SUMMARY, layout.CONFIG):
         for p in glob.glob(os.path.join(rd.local, f".{name}.*.tmp")):
@@ -135,6 +150,7 @@ def prepare_continue(rd: RunDir) -> None:
         rd.fs.rm_file(remote)
     for p in glob.glob(os.path.join(rd.local, layout.LOGS, "rank*.error.json")):
         os.remove(p)
+    return staged
 
 
 def _claim(fs: fsspec.AbstractFileSystem, parent: str, base: str, lease: bool = False) -> tuple[str, Lease | None]:

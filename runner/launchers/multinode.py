@@ -4,7 +4,9 @@ Every node plans the same run from the same command line and so computes the sam
 ``<output.root>/<rdzv_id>_<task>_w<world_size>`` (a root all nodes reach: a shared filesystem or an fsspec URL).
 Node 0 (``launcher.node_rank=0``; with ``node_rank=null``, the host the rendezvous endpoint names) creates it, or
 continues it when it already holds the run (a restart resumes from its newest checkpoint); every other node waits
-until node 0's driver has opened it, then joins. Node 0's driver writes ``run.json`` and ``summary.json``; every
+until node 0's driver has opened it, then joins. Node 0's driver holds the run directory's lease (runner/lease.py)
+until it exits, so that a second node-0 driver of the same job is refused; the joining nodes take none. Node 0's
+driver writes ``run.json`` and ``summary.json``, judging the run from every node's rank files; every
 node's driver records its host, devices and outcome in ``nodes/<node>.json``, and a failed run names the node
 that failed.
 
@@ -110,8 +112,9 @@ def node_name(launcher: Mapping[str, Any]) -> str:
 
 
 def is_creator(launcher: Mapping[str, Any]) -> bool:
-    """Does this node's driver create (or continue) the run directory? Node 0, or, with elastic ranks, the host
-    the rendezvous endpoint names (the one that hosts the store)."""
+    """May this node's driver create (or continue) the run directory? Node 0, or, with elastic ranks, a driver
+    on the host the rendezvous endpoint names (where the store is). Several drivers may share that host: the one
+    that takes the run directory's lease first creates it, the others join it (``cli._open_multinode_dir``)."""
     rank = launcher.get("node_rank")
     if rank is not None:
         return rank == 0
@@ -147,22 +150,70 @@ def exists(url: str) -> bool:
     return fs.exists(layout.join(path, layout.CONFIG)) and fs.exists(layout.join(path, layout.MANIFEST))
 
 
-def create(url: str) -> RunDir:
-    """Node 0: make the run directory and its subfolders (PlanError when the root cannot be written)."""
+def create(url: str, rdzv_id: str) -> RunDir:
+    """Node 0: make the run directory and its subfolders, holding its lease (runner/lease.py) as a local run's
+    driver does, so that a second node-0 driver of the same job is refused (exit 2) however close behind it
+    starts. PlanError when the root cannot be written, :class:`Held` when another live driver holds the run
+    directory; a directory this driver made is removed again then, one another driver made is left to it."""
     import fsspec
+    from fsspec.implementations.local import LocalFileSystem
 
     from runner import rundir
+    from runner.lease import Taken, take
 
     try:
         fs, path = fsspec.core.url_to_fs(url)
-        for sub in (layout.LOGS, layout.TB, layout.CHECKPOINTS, layout.NODES):
-            fs.makedirs(layout.join(path, sub), exist_ok=True)
+        path = path.rstrip("/")
+        local = isinstance(fs, LocalFileSystem)
+        made = not fs.exists(path)
+        if local:  # the flock lives in the directory: make it first (there the flock is the claim, not mkdir)
+            fs.makedirs(path, exist_ok=True)
+        lease = take(fs, path)  # an object store has no directories: its conditional put is the claim
+    except Taken as held:
+        raise _held(url, rdzv_id, held.holder) from None
     except Exception as exc:  # a backend's own error types too: a refusal, not a traceback
         raise _unreachable(str(url).rsplit("/", 1)[0], exc) from exc
+    try:
+        for sub in (layout.LOGS, layout.TB, layout.CHECKPOINTS, layout.NODES):
+            fs.makedirs(layout.join(path, sub), exist_ok=True)
+    except Exception as exc:
+        lease.release()
+        if made and local:
+            fs.rm(path, recursive=True)
+        raise _unreachable(str(url).rsplit("/", 1)[0], exc) from exc
     rd = rundir.open_run_dir(url)
+    rd.lease = lease  # held until node 0's driver exits; renewed on its tick (object stores)
     if rd.is_remote:
         rd.local = rundir._staging(rd.path)
     return rd
+
+
+class Held(PlanError):
+    """Another live driver holds the run directory's lease: a refusal for node 0; with elastic ranks
+    (``launcher.node_rank=null``) the sign that another node's driver opened the directory first."""
+
+
+def take_lease(rd: RunDir, rdzv_id: str) -> None:
+    """Node 0 continuing its run directory (a restart): take its lease; :class:`Held` while another live driver
+    holds it."""
+    from runner.lease import Taken, take
+
+    try:
+        rd.lease = take(rd.fs, rd.path)
+    except Taken as held:
+        raise _held(rd.url, rdzv_id, held.holder) from None
+
+
+def _held(url: str, rdzv_id: str, holder: dict[str, Any] | None) -> Held:
+    from runner import status
+
+    d = holder or {}
+    who = status.describe_driver({"driver": d})
+    return Held("launcher.rdzv_id", rdzv_id,
+                     f"its run directory {url} is held by another live driver ({who}); one node-0 driver per run"
+                     " directory",
+                     f"wait for that job to end, or stop it (Ctrl-C, or kill -INT {d.get('pid')} on"
+                     f" {d.get('host')}), or start this job under another launcher.rdzv_id")
 
 
 def wait_to_join(url: str, root: str, timeout_s: float) -> RunDir:
@@ -234,12 +285,14 @@ def follow(rd: RunDir, plan: Plan, launcher: Mapping[str, Any], env_: dict[str, 
     record = node_start(plan, launcher, node, cmd)
     write_node(rd, node, record)
     print(f"ddp-run: node {node} joined {rd.url}", flush=True)
-    sup = Supervisor(cmd, env_, str(Path(rd.local, layout.node_agent_log(node))))
     mirror = None
     if rd.is_remote:  # this node's rank logs and facts are written locally: copy them into the shared tree
+        from runner import rundir
         from runner.finalize import Mirror
 
-        mirror = Mirror(rd)
+        # A restart: whichever ranks land here append to their earlier lines (torchrun assigns them).
+        mirror = Mirror(rd, staged=rundir.stage_logs(rd))
+    sup = Supervisor(cmd, env_, str(Path(rd.local, layout.node_agent_log(node))))
     rc = sup.run(on_tick=mirror.tick if mirror else None)
     if mirror:
         mirror.flush()
@@ -272,6 +325,31 @@ def collect(rd: RunDir, nnodes: int, grace_s: float = NODES_GRACE_S) -> dict[str
         if done or time.monotonic() > deadline:
             return nodes
         time.sleep(POLL_S)
+
+
+def gather(rd: RunDir, since: float) -> int:
+    """Node 0 under a remote root (``s3://``…): copy into this driver's staging directory the rank files and logs
+    that the other nodes' drivers mirrored to the shared tree, so that completion, the summary and the root cause
+    are judged from every rank, not only this node's. Returns how many files were copied.
+
+    A local file written since ``since`` (this node's launch) is this node's own and kept; an older one (staged
+    from an earlier attempt by a restart) is replaced by the shared tree's, which its node has just mirrored.
+    Call it after :func:`collect`: each node's driver mirrors its files before it records its end.
+    """
+    if not rd.is_remote:
+        return 0  # a shared filesystem: every node's ranks wrote into this very directory
+    logs = layout.join(rd.path, layout.LOGS)
+    rd.fs.invalidate_cache()
+    copied = 0
+    for remote in rd.fs.find(logs):
+        rel = remote[len(logs):].lstrip("/")
+        target = os.path.join(rd.local, layout.LOGS, *rel.split("/"))
+        if not rel or ".tmp" in rel or (os.path.exists(target) and os.path.getmtime(target) >= since):
+            continue
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        rd.fs.get_file(remote, target)
+        copied += 1
+    return copied
 
 
 def elastic_plan(rd: RunDir, plan: Plan, launcher: Mapping[str, Any]) -> Plan:
