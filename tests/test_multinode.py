@@ -126,6 +126,18 @@ def test_killing_one_node_fails_the_run_naming_it_and_a_restart_resumes(out_root
     assert len(load_json(run / "run.json")["continued"]) == 1
 
 
+def test_a_rank_killed_on_node_1_is_named_with_its_exit_code(out_root):
+    # Rank 1 dies of SIGKILL on node 1: no error record of its own, only node 1's torchrun log has its exit code.
+    port = free_port()
+    args = ["task=smoke", "train.max_steps=6", "fault.kind=sigkill", "fault.rank=1", "fault.step=2"]
+    (rc0, out0, err0), (rc1, _, _) = finish(*[start_node(r, out_root, port, "exp5", *args) for r in (0, 1)])
+    assert rc0 != 0 and rc1 != 0, out0 + err0
+    [run] = run_dirs(out_root)
+    manifest, summary = load_json(run / "run.json"), load_json(run / "summary.json")
+    assert manifest["exit_codes"]["1"] == -9, manifest["exit_codes"]
+    assert summary["root_cause"]["rank"] == 1 and summary["root_cause"]["class"] == "signal", summary["root_cause"]
+
+
 def test_multinode_refuses_missing_endpoint_and_a_node_that_cannot_join(out_root):
     r = subprocess.run([sys.executable, "-m", "runner", "device=cpu", "world_size=2", "launcher=multinode",
                         "launcher.rdzv_id=x", f"output.root={out_root}"], capture_output=True, text=True,
