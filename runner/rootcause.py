@@ -112,7 +112,9 @@ def _events(evidence: Mapping[str, Any]) -> list[dict[str, Any]]:
                        "type": name or "signal",
                        "message": ("killed by the kernel's OOM killer (SIGKILL; the cgroup's oom_kill count rose)"
                                    if oom else how),
-                       "where": _at(prog), "traceback": []})
+                       # A killed rank says nothing more: its progress file (written at most once a second) is
+                       # the last word, and it may trail the moment of death by up to that second.
+                       "where": f"last reported {_at(prog)}" if prog else _at(prog), "traceback": []})
     return events
 
 

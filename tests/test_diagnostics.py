@@ -99,7 +99,7 @@ def test_a_killed_rank_is_the_cause_and_its_peer_lost_error_a_consequence():
         "watch": {"gone": {1: {"time": 100.4, "exit_code": None}}},
         "exit_codes": {"0": 1, "1": -9}})
     assert (cause["rank"], cause["class"], cause["type"]) == (1, "signal", "SIGKILL")
-    assert "SIGKILL" in cause["message"] and cause["where"] == "after step 7, in phase sync"
+    assert "SIGKILL" in cause["message"] and cause["where"] == "last reported after step 7, in phase sync"
     assert cause["consequences"] == [{"rank": 0, "class": "peer_lost",
                                       "message": "Connection closed by peer [127.0.0.1]:4242"}]
 
