@@ -47,8 +47,16 @@ def _worker(rank: int, store: str, split: bool, with_buffer: bool, out: str) -> 
             same_grads.append(all(torch.equal(a, b) for a, b in zip(local_grads, ddp_grads, strict=True)))
             sync(x, y).backward()
             counts.append(len(graphs))
-        torch.save({"graphs": graphs, "counts": counts, "same_grads": same_grads, "same_fn": sync is local},
-                   f"{out}.{rank}")
+        # Each rank's own batch, one synchronising backward: DDP leaves the same averaged gradients on both.
+        for p in params:
+            p.grad = None
+        xr, yr = torch.randint(0, 64, (2, 16)) + rank, torch.randint(0, 64, (2, 16))
+        sync(xr.clamp(max=63), yr).backward()
+        flat = torch.cat([p.grad.flatten() for p in params])
+        both = [torch.empty_like(flat) for _ in range(2)]
+        dist.all_gather(both, flat)
+        torch.save({"graphs": graphs, "counts": counts, "same_grads": same_grads, "same_fn": sync is local,
+                    "synced": torch.equal(both[0], both[1])}, f"{out}.{rank}")
         del sync, local, ddp
         gc.collect()  # DDP's reducer goes before the process group, not at interpreter exit
     finally:
@@ -65,6 +73,7 @@ def _run(tmp_path, split: bool, with_buffer: bool = False) -> dict:
 
 def test_split_cuts_only_the_synchronising_micro_steps_graph(tmp_path):
     r = _run(tmp_path, split=True)
+    assert r["synced"]
     whole, *pieces = r["graphs"]  # the no_sync micro-step runs first, as in the engine
     assert len(pieces) >= 3, f"the synchronising graph is cut at DDP's buckets: {r['graphs']}"
     assert whole > max(pieces), "the other micro-steps run the model as one graph"
@@ -75,6 +84,7 @@ def test_split_cuts_only_the_synchronising_micro_steps_graph(tmp_path):
 def test_no_split_compiles_one_whole_graph_for_every_micro_step(tmp_path):
     r = _run(tmp_path, split=False)
     assert len(r["graphs"]) == 1 and r["counts"] == [1, 1, 1] and r["same_fn"]
+    assert r["synced"], "the model compiled in place under DDP still has its gradients all-reduced"
 
 
 def test_a_model_with_buffers_keeps_ddps_forward_for_every_micro_step(tmp_path):

@@ -10,7 +10,8 @@ replay). Two ways are offered (``train.ddp_split_graph``):
   whole graph. That is the same computation: under ``no_sync`` DDP's forward only calls the module (for a model
   without buffers to broadcast), and the engine runs those backwards with ``autograd.grad``, which DDP's reducer
   never sees.
-- not split: one whole graph for every micro-step; the all-reduce follows the backward.
+- not split: one whole graph for every micro-step, the model compiled in place under DDP's forward; the
+  all-reduce follows the backward.
 
 The separate frame matters: dynamo caches compiled code on the code object it compiled, so calling the module
 itself would reuse whichever graph, cut or whole, was compiled first.
@@ -81,13 +82,16 @@ def compiled_forwards(ddp: torch.nn.Module, model: torch.nn.Module, *, distribut
             return ddp, ddp
         print("compile: train.compile_scope=blocks, but the model has no nn.ModuleList of blocks;"
               " compiling the whole model", flush=True)
-    if not split:
-        # One whole graph; DDP's hooks fire after the backward. Set on one process too, where there is no DDP to
-        # cut for: the setting is part of the compile cache's key, and a 1-rank job's graphs must serve the
-        # 2-rank job of the same sweep.
+    if not (distributed and split):
+        # One whole graph; DDP's hooks fire after the backward. The model is compiled in place, under DDP's
+        # forward rather than through it, so that one process (no DDP) and several trace the very same graph:
+        # compiled through the wrapper, its graph's inputs are named after it, and the 2-rank job of a sweep
+        # missed the 1-rank job's AOTAutograd cache entry (measured on 2×H200, BENCHMARKS.md).
         torch._dynamo.config.optimize_ddp = False
+        model.compile(**compile_kwargs)
+        return ddp, ddp
     sync = torch.compile(ddp, **compile_kwargs)
-    if not (distributed and split) or ddp_forward_needed(model):
+    if ddp_forward_needed(model):
         return sync, sync
 
     def whole_graph(*args: Any, **kwargs: Any) -> Any:  # its own code object, so its own compiled graph
