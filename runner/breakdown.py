@@ -34,6 +34,9 @@ def lines(tb: Mapping[str, Any] | None, prefix: str = "ddp-run: ") -> list[str]:
                    f" {tb['gap_pct']:.1f}% more work per step{ms}; the slowest rank's step: {tail}")
     elif tail:
         out.append(f"{prefix}each step: {tail}")
+    if tb.get("warmup_included"):
+        out.append(f"{prefix}(one logging window only, warm-up included: run more steps than train.log_every for"
+                   " the steady state)")
     return out
 
 
@@ -54,6 +57,8 @@ def phrases(tb: Mapping[str, Any] | None) -> list[str]:
     gap = tb.get("gap_pct")
     if gap is not None and gap >= GAP_WORTH_SAYING:
         out.append(f"rank {tb['slowest_rank']} is {gap:.0f}% slower than rank {tb['fastest_rank']}")
+    if out and tb.get("warmup_included"):
+        out.append("(these from one logging window, warm-up included)")
     return out
 
 

@@ -84,7 +84,9 @@ def test_summary_names_the_rank_with_most_work_and_drops_the_warm_up_window():
 
 
 def test_console_lines_and_bottleneck_sentence_from_the_breakdown():
-    tb = timing.summarize({0: [_w(0.5, 90, 10, 4)], 1: [_w(0.5, 96, 4, 4)]}, every=1)
+    warm = _w(0, 500, 0, 0)  # the first logging window (warm-up): left out
+    tb = timing.summarize({0: [warm, _w(0.5, 90, 10, 4)], 1: [warm, _w(0.5, 96, 4, 4)]}, every=1)
+    assert not tb["warmup_included"]
     lines = breakdown.lines(tb)
     assert lines[0].startswith("ddp-run: rank 0 per step (mean ms): data 0.5 · compute 90.0 · exposed gradient"
                                " sync 10.0 · optimizer 4.0 = 104.5")
@@ -98,6 +100,10 @@ def test_console_lines_and_bottleneck_sentence_from_the_breakdown():
     assert row["exposed_sync_share"] == pytest.approx(4 / 104.5)
     assert row["rank_gap_pct"] == pytest.approx(100 * 6 / 94.5)
     assert breakdown.lines(None) == [] and breakdown.phrases(None) == []
+    # One window only: the figures include the warm-up, and every reader is told.
+    short = timing.summarize({0: [_w(0.5, 90, 10, 4)], 1: [_w(0.5, 96, 4, 4)]}, every=1)
+    assert short["warmup_included"]
+    assert "warm-up included" in breakdown.lines(short)[-1] and "warm-up included" in breakdown.phrases(short)[-1]
 
 
 def _ddp_worker(rank: int, store: str, out: str) -> None:

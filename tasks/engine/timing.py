@@ -185,5 +185,8 @@ def summarize(windows: Mapping[int, Sequence[Mapping[str, float]]], every: int) 
     slow, fast, gap = slowest_fastest(per_rank)
     step = per_rank[slow]["step_ms"]
     shares = {p: (per_rank[slow][f"{p}_ms"] / step if step > 0 else None) for p in PHASES}
+    # One logging window only: its steps include the warm-up (CUDA-graph recording, allocator growth), which
+    # can make one rank look several times slower than it is; readers are told.
+    warmup = all(len(ws) <= 1 for ws in windows.values())
     return {"per_rank": per_rank, "slowest_rank": int(slow), "fastest_rank": int(fast), "gap_pct": gap,
-            "shares": shares, "sampled_every": every}
+            "shares": shares, "sampled_every": every, "warmup_included": warmup}
