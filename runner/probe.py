@@ -81,13 +81,14 @@ class Probe:
         self.cache_path = (os.path.join(cache_dir, CACHE_SUBDIR, cache_key(cfg, ask, task_dir) + ".json")
                            if cache_dir and ask else None)
         self.answer: dict[str, Any] | None = None
+        self.asked: dict[str, Any] = {}  # what torch answered in this process: the part worth caching
         self.proc: subprocess.Popen[str] | None = None
         self.cached = False
         if not ask:  # nothing for torch to answer: no subprocess, nothing to cache
             self.answer, self.cached = dict(self.known), True
             return
         if self.cache_path:
-            with contextlib.suppress(OSError, ValueError):
+            with contextlib.suppress(OSError, ValueError, TypeError):  # unreadable: probed again
                 self.answer = {**json.loads(Path(self.cache_path).read_text()), **self.known}
                 self.cached = True
                 return
@@ -120,7 +121,7 @@ class Probe:
             self.answer = json.loads(out.strip().splitlines()[-1])
         except (ValueError, IndexError) as exc:
             raise ProbeError(f"unreadable answer: {out[-200:]!r}") from exc
-        self.asked = dict(self.answer)  # what torch answered: the part worth caching
+        self.asked = dict(self.answer)
         self.answer.update(self.known)
         return self.answer
 
@@ -133,7 +134,7 @@ class Probe:
     def keep(self) -> None:
         """Store a fresh answer in the cache. Called once the run directory exists: a refused plan or a dry run
         creates nothing under the output root."""
-        if not self.cache_path or self.cached or self.answer is None:
+        if not self.cache_path or self.cached or not self.asked:
             return
         with contextlib.suppress(OSError):  # a cache that cannot be written only costs the next job the probe
             folder = os.path.dirname(self.cache_path)
