@@ -88,16 +88,16 @@ def _plan(cfg: dict[str, Any], task_dirs: list[str]) -> tuple[Plan, str | None, 
         data_file = cfg["data"].get("path") if cfg["data"].get("name") == "text" else None
         plan = make_plan(cfg, gpus, train_samples=train_samples, data_file=data_file,
                          inductor_settings=_inductor_defaults(probe))
-    except BaseException:
+        if cfg["launcher"].get("name") in ("multinode", "slurm"):
+            from runner.launchers import launcher_check
+
+            launcher_check(cfg["launcher"])
+        diagnostics.resolve(cfg)
+        diagnostics.check(cfg, plan.world_size)
+    except BaseException:  # refused (or interrupted): the probe must not outlive the driver
         if probe is not None:
             probe.cancel()
         raise
-    if cfg["launcher"].get("name") in ("multinode", "slurm"):
-        from runner.launchers import launcher_check
-
-        launcher_check(cfg["launcher"])
-    diagnostics.resolve(cfg)
-    diagnostics.check(cfg, plan.world_size)
     # The resolved config holds what the plan decided: workers run exactly this.
     cfg["batch"]["accumulation"] = plan.accumulation
     cfg["device"], cfg["backend"], cfg["world_size"] = plan.device, plan.backend, plan.world_size

@@ -122,3 +122,15 @@ def test_the_driver_answers_gpt_and_inductor_questions_without_a_subprocess(tmp_
     probe = cli._start_probe(smoke, None)
     assert probe.proc is not None, "the smoke task has no memory_facts: torch counts its model"
     assert probe.result()["model"]["params"] == 9
+
+
+def test_a_plan_refused_after_the_probe_started_leaves_no_probe_running(tmp_path):
+    import psutil
+
+    # The probe starts (the smoke task has no memory_facts), then the watchdog setting is refused.
+    r = ddp_run(["task=smoke", "device=cpu", "strategy.memory_cap_gb=100", "timeout_s=60", "watchdog.timeout_s=90"],
+                tmp_path / "out")
+    assert r.returncode == 2 and "watchdog.timeout_s" in r.stderr, r.stdout + r.stderr
+    assert not (tmp_path / "out").exists()
+    probes = [p for p in psutil.process_iter(["cmdline"]) if "tasks.engine.driver_probe" in (p.info["cmdline"] or [])]
+    assert probes == []
