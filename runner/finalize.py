@@ -99,7 +99,7 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
 
     facts, errors, logs = read_rank_files(rd.local, plan.world_size)
     # torchrun's own log: one, or one per node of a multi-node run (each reports its node's ranks' exit codes)
-    agent_logs = [Path(rd.local, layout.AGENT_LOG), *sorted(Path(rd.local, layout.LOGS).glob("torchrun.node*.log"))]
+    agent_logs = [Path(rd.local, layout.AGENT_LOG), *sorted(Path(rd.local).glob(layout.node_agent_log("*")))]
     agent_log = "\n".join(p.read_text(errors="replace") for p in agent_logs if p.exists())
     check = completion_check(logs, plan.world_size)
     ok = rc == 0 and interrupted is None and check["all_completed"]

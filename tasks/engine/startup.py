@@ -25,6 +25,11 @@ def mark(name: str, when: float | None = None) -> None:
     _marks[name] = time.time() if when is None else when
 
 
+def marked(name: str) -> float:
+    """When milestone ``name`` was reached (Unix seconds)."""
+    return _marks[name]
+
+
 def parts() -> dict[str, float]:
     """Seconds per part of the start-up, up to the loop's start (parts whose ends are unknown are left out)."""
     marks = dict(_marks)

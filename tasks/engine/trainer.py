@@ -483,8 +483,9 @@ class Trainer:
         timer = timing.PhaseTimer(ctx.device, int(t.get("timing_every", 1) or 0), first_step=self.state.step + 1)
         if hasattr(self.strategy, "grads_ready"):  # a strategy that can say when its gradient sync starts
             self.strategy.grads_ready = timer.grads_ready
+        startup.mark("loop_start")
         return _Loop(meter, profiler, writer, progress, torch.zeros((), device=ctx.device), self.state.step,
-                     start_step=self.state.step, start_unix=time.time(), timer=timer)
+                     start_step=self.state.step, start_unix=startup.marked("loop_start"), timer=timer)
 
     def micro_step(self, batches: Any, loop: _Loop, *, first: bool, last: bool) -> None:
         """Forward and backward of one micro-batch; the strategy synchronises gradients on the ``last`` one only."""
@@ -645,7 +646,6 @@ class Trainer:
             tokens_per_sample=self.parts.tokens_per_sample)
         committed = self.saver.first_commit_unix if self.saver is not None else self.first_commit_unix
         out["time_to_first_checkpoint_s"] = committed - t0 if committed is not None else None
-        startup.mark("loop_start", loop.start_unix)
         out["startup_parts"] = startup.parts()  # where the start-up went, on rank 0
         return out
 
