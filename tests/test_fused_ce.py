@@ -35,6 +35,35 @@ def test_value_and_gradients_equal_cross_entropy(dtype: torch.dtype) -> None:
     torch.testing.assert_close(got_w, ref_w)
 
 
+def test_eager_backward_makes_no_logits_sized_zeros() -> None:
+    """The op's second output (the logits' gradient) has no gradient of its own: autograd must not materialise
+    one. Uncompiled (FSDP's root runs the loss eagerly) that was a second logits-sized buffer at the peak."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    rows, vocab = 24, 50
+
+    class Shapes(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.made: list[tuple[str, tuple[int, ...]]] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    self.made.append((str(func), tuple(t.shape)))
+            return out
+
+    h = torch.randn(rows, 16, requires_grad=True)
+    w = torch.randn(vocab, 16, requires_grad=True)
+    loss = linear_cross_entropy(h, w, torch.randint(0, vocab, (rows,)))
+    with Shapes() as mode:
+        loss.backward()
+    assert h.grad is not None and w.grad is not None
+    logits_sized = [(f, s) for f, s in mode.made if s == (rows, vocab)]
+    assert not logits_sized, logits_sized
+
+
 def test_compiled_under_bf16_autocast_matches_the_plain_path() -> None:
     torch.manual_seed(0)
     h0, w0 = torch.randn(64, 32), 0.1 * torch.randn(100, 32)

@@ -50,6 +50,18 @@ def test_state_bytes_per_parameter_under_each_strategy():
     assert _est("zero1", world_size=1)["optimizer_gb"] == ddp["optimizer_gb"]
 
 
+def test_fsdp_gradients_add_to_the_peak_only_beyond_the_activations():
+    """FSDP drops its gradients after each step; the backward makes them as it frees the activations."""
+    arch = {"layers": 12, "width": 768, "heads": 12, "context": 1024, "vocab": 50304, "loss": "fused"}
+    facts = mp.ModelFacts(N, N // 10, N // 20, arch)
+    args = {"world_size": 2, "accumulation": 1, "precision": "bf16", "cuda": True}
+    small = mp.estimate(facts, "fsdp", per_rank=8, **args)
+    assert small["activations_gb"] > 4 * N / 2 / GIB and small["grads_gb"] == 0
+    none = mp.estimate(mp.ModelFacts(N, N // 10, N // 20, None), "fsdp", per_rank=8, **args)  # no activations known
+    assert none["grads_gb"] == pytest.approx(4 * N / 2 / GIB)
+    assert mp.estimate(facts, "ddp", per_rank=8, **args)["grads_gb"] == pytest.approx(4 * N / GIB)
+
+
 def test_fsdp_accumulation_holds_the_unsharded_model_unless_told_not_to():
     held = _est("fsdp", accumulation=4)["transient_gb"]
     assert held == pytest.approx((2 + 4) * N / GIB)  # bf16 parameters and fp32 gradients, whole
@@ -61,12 +73,18 @@ def test_fsdp_accumulation_holds_the_unsharded_model_unless_told_not_to():
 def test_gpt2_small_activations_follow_the_megatron_formula():
     arch = {"layers": 12, "width": 768, "heads": 12, "context": 1024, "vocab": 50304, "loss": "fused"}
     per_sample = mp.activation_bytes_per_sample(arch, "bf16", flash=True)
-    assert per_sample == 1024 * (12 * 34 * 768 + 12 * 768)
+    # 34·d per layer less the two dropout masks (no dropout), the fp32 sums, and the fused loss's bf16 logits.
+    assert per_sample == 1024 * (12 * 32 * 768 + 12 * 768 + 50304 * 2)
+    assert mp.activation_bytes_per_sample({**arch, "dropout": 0.1}, "bf16", flash=True) == \
+        per_sample + 1024 * 12 * 2 * 768
+    # One graph for the whole model keeps 6·d per layer less (measured on H200, bench/memory_peak.py).
+    assert mp.activation_bytes_per_sample(arch, "bf16", flash=True, whole_graph=True) == \
+        per_sample - 1024 * 12 * 6 * 768
     assert mp.activation_bytes_per_sample(arch, "fp32", flash=True) > 1.9 * per_sample
-    # Without a fused attention kernel the scores count; without the fused loss, the logits.
+    # Without a fused attention kernel the scores count; without the fused loss, its logits and their fp32 copy.
     assert mp.activation_bytes_per_sample(arch, "bf16", flash=False) > per_sample
     assert mp.activation_bytes_per_sample({**arch, "loss": "plain"}, "bf16", flash=True) == \
-        per_sample + 1024 * 50304 * 6
+        per_sample + 1024 * 50304 * 4
     assert mp.activation_bytes_per_sample(None, "bf16", flash=True) is None
     assert mp.activation_bytes_per_sample({"width": 8}, "bf16", flash=True) is None
 

@@ -61,3 +61,13 @@ def hits() -> dict[str, Any]:
     out["cache_hits"] = out["fxgraph_hit"] + out["autograd_hit"]
     out["cache_misses"] = out["fxgraph_miss"] + out["autograd_miss"]
     return out
+
+
+def seconds(top: int = 12) -> dict[str, float]:
+    """Where this process's compile time went so far: seconds per phase torch times (``dynamo_timed``), the
+    largest first, e.g. tracing, AOTAutograd, inductor's code generation, loading from the cache, waiting on
+    Triton's compile workers. Phases nest, so the figures overlap and do not add up."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    totals = {name: sum(values) for name, values in compilation_time_metrics.items() if values}
+    return {name: round(s, 3) for name, s in sorted(totals.items(), key=lambda kv: -kv[1])[:top]}

@@ -16,7 +16,7 @@ import json
 import sys
 from typing import Any
 
-ARCH = ("layers", "width", "heads", "context", "vocab", "loss")
+ARCH = ("layers", "width", "heads", "context", "vocab", "loss", "dropout")
 
 
 def model_facts(cfg: Any) -> dict[str, Any]:

@@ -650,12 +650,13 @@ class Trainer:
         return out
 
     def _compile_facts(self) -> dict[str, Any] | None:
-        """How this rank (rank 0 reports) compiled: the scope, the cache directory and its hits and misses."""
+        """How this rank (rank 0 reports) compiled: the scope, the cache directory, its hits and misses, and the
+        seconds torch spent per compile phase."""
         t = self.cfg.train
         if not t.compile:
             return None
         return {"scope": t.get("compile_scope") or "model", "cache_dir": self.compile_cache,
-                **(compile_cache.hits() if self.compile_cache else {})}
+                **(compile_cache.hits() if self.compile_cache else {}), "seconds": compile_cache.seconds()}
 
     def close(self) -> None:
         """Finish the checkpoint in flight and stop DataLoader worker processes now, not at interpreter exit."""

@@ -63,6 +63,6 @@ def memory_facts(cfg: Mapping[str, Any]) -> dict[str, Any]:
     w, layers, vocab, context = m["width"], m["layers"], m["vocab"], m["context"]
     block = 12 * w * w + 13 * w
     root = vocab * w + context * w + 2 * w
-    arch = {k: m[k] for k in ("layers", "width", "heads", "context", "vocab", "loss") if k in m}
+    arch = {k: m[k] for k in ("layers", "width", "heads", "context", "vocab", "loss", "dropout") if k in m}
     arch.setdefault("loss", "fused")
     return {"params": layers * block + root, "largest_unit": block, "root": root, "arch": arch}

@@ -109,6 +109,9 @@ def _setup_context(ctx, inputs, output) -> None:
     _, grad_logits = output
     ctx.save_for_backward(hidden, weight, grad_logits)
     ctx.mark_non_differentiable(grad_logits)
+    # Else autograd hands the backward a zero tensor the size of the logits for the unused output (eager only:
+    # a compiled graph drops it), a second logits-sized buffer at the peak (bench/memory_peak.py).
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_loss: torch.Tensor, _unused: torch.Tensor | None):
