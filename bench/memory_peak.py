@@ -75,7 +75,7 @@ def peak(trace: list[dict[str, Any]]) -> dict[str, Any]:
         g[1] += 1
     ranked = sorted(groups.items(), key=lambda kv: -kv[1][0])
     return {"peak_gb": best / GIB, "events": len(trace), "peak_event": best_at,
-            "groups": [{"gb": round(b / GIB, 4), "blocks": n, "where": k} for k, (b, n) in ranked[:40]]}
+            "groups": [{"gb": round(b / GIB, 4), "blocks": n, "where": k} for k, (b, n) in ranked[:300]]}
 
 
 def main() -> None:

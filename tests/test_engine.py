@@ -226,3 +226,13 @@ def test_inductor_settings_reach_torch_inductor_config():
         assert ic.triton.cudagraphs is (not before["triton.cudagraphs"])
     finally:
         ic.combo_kernels, ic.triton.cudagraphs = before["combo_kernels"], before["triton.cudagraphs"]
+
+
+def test_each_rank_sees_only_its_own_gpu_as_cuda0() -> None:
+    """Local rank k keeps the k-th visible device (torchrun's --virtual-local-rank mapping), now as cuda:0."""
+    from tasks.engine.trainer import own_gpu
+
+    assert own_gpu(None, 1) == "1"
+    assert own_gpu("3,5", 0) == "3" and own_gpu("3, 5", 1) == "5"
+    assert own_gpu("GPU-aaaa,GPU-bbbb", 1) == "GPU-bbbb"
+    assert own_gpu("", 0) is None and own_gpu("3", 1) is None  # nothing to narrow to: CUDA's own error stands

@@ -182,3 +182,17 @@ def test_lm_loss_equals_float32_cross_entropy_in_value_and_gradient(dtype):
     torch.testing.assert_close(ours, ref, rtol=1e-6, atol=1e-6)
     assert ours_grad.dtype == dtype
     torch.testing.assert_close(ours_grad.float(), ref_grad.float(), rtol=1e-5, atol=1e-7)
+
+
+def test_validation_loss_in_chunks_equals_the_whole_batch_loss() -> None:
+    """Without gradients (validation) the loss is made a few rows of logits at a time: same value."""
+    from tasks.gpt.model import chunked_lm_loss
+
+    torch.manual_seed(0)
+    model = GPT(vocab=97, context=16, layers=1, heads=2, width=16)
+    x, y = torch.randint(0, 97, (3, 16)), torch.randint(0, 97, (3, 16))
+    with torch.no_grad():
+        whole = lm_loss(model(x), y)
+        h = torch.randn(3, 16, 16)
+        assert torch.allclose(chunked_lm_loss(h, model.head, y, rows=5), lm_loss(model.head(h), y), atol=1e-6)
+        assert torch.allclose(model(x, y), whole, atol=1e-6)

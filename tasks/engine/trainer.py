@@ -72,10 +72,14 @@ def setup(run_dir: str, local_dir: str, console: IO[str] | None, cfg: Config) ->
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
     if cfg.device == "cuda":
-        torch.cuda.set_device(local_rank)
+        index = local_rank
+        own = own_gpu(os.environ.get("CUDA_VISIBLE_DEVICES"), local_rank)
+        if own is not None and cfg.train.get("own_gpu", True) and not torch.cuda.is_initialized():
+            os.environ["CUDA_VISIBLE_DEVICES"], index = own, 0
+        torch.cuda.set_device(index)
         torch.backends.cuda.matmul.allow_tf32 = True  # fp32 matmuls outside autocast use tensor cores
         torch.backends.cudnn.allow_tf32 = True
-        device = torch.device("cuda", local_rank)
+        device = torch.device("cuda", index)
         name = torch.cuda.get_device_name(device)
     else:
         device, name = torch.device("cpu"), "cpu"
@@ -84,6 +88,19 @@ def setup(run_dir: str, local_dir: str, console: IO[str] | None, cfg: Config) ->
         device_id=device if device.type == "cuda" else None,
     )
     return Context(rank, local_rank, world_size, device, run_dir, local_dir, console, name)
+
+
+def own_gpu(visible: str | None, local_rank: int) -> str | None:
+    """The ``CUDA_VISIBLE_DEVICES`` under which local rank ``local_rank`` sees only its own GPU, as ``cuda:0`` (None:
+    leave it as it is). Every rank then compiles for ``cuda:0``, and a rank other than 0 finds in the shared compile
+    cache what a 1-GPU job or rank 0 compiled: inductor's cache keys hold the device index. The same mapping as
+    torchrun's ``--virtual-local-rank``; the k-th visible device stays local rank k's."""
+    if visible is None:
+        return str(local_rank)
+    entries = [e.strip() for e in visible.split(",")]
+    if not visible.strip() or local_rank >= len(entries) or not entries[local_rank]:
+        return None  # no GPU to narrow to: CUDA reports it as it would have
+    return entries[local_rank]
 
 
 def _node() -> str:

@@ -121,10 +121,25 @@ class GPT(nn.Module):
         h = self.ln(x)
         if targets is not None and self.loss == "fused" and torch.is_grad_enabled():
             return linear_cross_entropy(h, self.head.weight, targets)
+        if targets is not None and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
+            return chunked_lm_loss(h, self.head, targets)
         logits = self.head(h)
         if targets is None:
             return logits
         return lm_loss(logits, targets)
+
+
+def chunked_lm_loss(hidden: torch.Tensor, head: nn.Module, targets: torch.Tensor, rows: int = 4096) -> torch.Tensor:
+    """:func:`lm_loss` of ``head(hidden)`` without the whole logits at once: ``rows`` tokens at a time (validation,
+    uncompiled, e.g. under FSDP, whose root runs eagerly: the float32 logits of a whole batch would outgrow the
+    training step's peak)."""
+    flat, tgt = hidden.reshape(-1, hidden.size(-1)), targets.reshape(-1)
+    total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    for start in range(0, flat.size(0), rows):
+        logits = head(flat[start:start + rows]).float()
+        picked = logits.gather(1, tgt[start:start + rows, None]).squeeze(1)
+        total += (torch.logsumexp(logits, dim=-1) - picked).sum()
+    return total / flat.size(0)
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -44,7 +44,7 @@ class DDPStrategy:
         self.grads_ready: Callable[[], None] | None = None
         if world_size > 1:
             self.wrapped: DDP | _SingleProcess = DDP(
-                model, device_ids=[local_rank] if device.type == "cuda" else None,
+                model, device_ids=[device.index] if device.type == "cuda" else None,
                 gradient_as_bucket_view=True, bucket_cap_mb=t.get("ddp_bucket_mb", 25),
             )
             if t.get("ddp_comm", "fp32") == "bf16":
