@@ -22,8 +22,6 @@ Activations (every strategy): saved tensors per token per transformer layer, Kor
 without dropout), twice that in fp32, plus ``5·heads·T`` bytes per token for the attention scores when no fused
 (flash) attention kernel runs (CPU), plus what the loss keeps: the fused loss the logits, which become their own
 gradient (``vocab`` values per token in the compute dtype); the plain loss bf16 logits and their fp32 softmax.
-A model compiled as one graph (``train.compile_scope=model``, not under FSDP, whose blocks compile one by one)
-keeps ``6·d`` fewer per layer: its partitioner recomputes more than per-block graphs do.
 Checked against the allocator's own record at the peak on H200 (``bench/memory_peak.py``, BENCHMARKS.md).
 CUDA adds a fixed workspace (cuBLAS, the allocator's rounding). The model's counts come from
 ``tasks/engine/driver_probe.py``, run in a subprocess (the driver never imports torch; runner/probe.py).
@@ -50,7 +48,6 @@ STRATEGIES = ("ddp", "zero1", "fsdp")
 CUDA_WORKSPACE_GB = 0.5  # cuBLAS workspaces and the caching allocator's block rounding (not per-token)
 ACT_16BIT = 34           # bytes per token per layer per unit of width, 16-bit activations (Megatron)
 DROPOUT_MASKS = 2        # of those, the two dropout masks (attention output, MLP output)
-WHOLE_GRAPH_SAVES = 6    # fewer when one graph holds the whole model (measured: 26 rather than 32 without dropout)
 
 
 @dataclass(frozen=True)
@@ -63,16 +60,13 @@ class ModelFacts:
     arch: dict[str, Any] | None = None
 
 
-def activation_bytes_per_sample(arch: dict[str, Any] | None, precision: str, flash: bool,
-                                whole_graph: bool = False) -> float | None:
-    """Bytes of activations one sample keeps for the backward (None: not a model the formula knows).
-    ``whole_graph``: the model compiled as one graph (not per block, not eager), whose partitioner recomputes
-    more of what the backward needs than it keeps."""
+def activation_bytes_per_sample(arch: dict[str, Any] | None, precision: str, flash: bool) -> float | None:
+    """Bytes of activations one sample keeps for the backward (None: not a model the formula knows)."""
     if not arch or not all(k in arch for k in ("layers", "width", "context", "vocab")):
         return None
     d, t, layers, v = arch["width"], arch["context"], arch["layers"], arch["vocab"]
     half = precision in ("bf16", "fp16")
-    per_unit = ACT_16BIT - (0 if arch.get("dropout") else DROPOUT_MASKS) - (WHOLE_GRAPH_SAVES if whole_graph else 0)
+    per_unit = ACT_16BIT - (0 if arch.get("dropout") else DROPOUT_MASKS)
     per_unit *= 1 if half else 2
     per_token = layers * per_unit * d
     if not flash:  # scores and softmax kept per head: 5·a·T bytes per token at 16-bit
@@ -94,8 +88,7 @@ def optimizer_bytes_per_param(optimizer: str, momentum: float = 0.0) -> int:
 
 def estimate(facts: ModelFacts, strategy: str, *, world_size: int, per_rank: int, accumulation: int,
              precision: str, optimizer: str = "adamw", momentum: float = 0.0, cuda: bool = True,
-             reshard_after_forward: bool = True, accumulate_unsharded: bool = True,
-             whole_graph: bool = False) -> dict[str, float]:
+             reshard_after_forward: bool = True, accumulate_unsharded: bool = True) -> dict[str, float]:
     """Per-rank memory of one strategy in GiB: parameters, gradients, optimizer, activations, transient, total."""
     n, w = facts.params, world_size
     half = precision in ("bf16", "fp16")
@@ -118,8 +111,7 @@ def estimate(facts: ModelFacts, strategy: str, *, world_size: int, per_rank: int
             transient += 4 * n
     else:
         raise ValueError(f"unknown strategy {strategy!r}")
-    act_per_sample = activation_bytes_per_sample(facts.arch, precision, flash=cuda,
-                                                 whole_graph=whole_graph and strategy != "fsdp")
+    act_per_sample = activation_bytes_per_sample(facts.arch, precision, flash=cuda)
     acts = per_rank * (act_per_sample or 0.0)
     workspace = CUDA_WORKSPACE_GB * GIB if cuda else 0.0
     if strategy == "fsdp":  # made as the activations are freed: only what exceeds them adds to the peak
@@ -134,13 +126,12 @@ def estimate(facts: ModelFacts, strategy: str, *, world_size: int, per_rank: int
 def plan_all(facts: ModelFacts, cfg: dict[str, Any], plan: Plan) -> dict[str, dict[str, float]]:
     """:func:`estimate` for every strategy at this plan's world size, per-rank batch and precision."""
     train, scfg = cfg.get("train", {}), cfg.get("strategy") or {}
-    whole = bool(train.get("compile")) and (train.get("compile_scope") or "model") == "model"
     return {s: estimate(facts, s, world_size=plan.world_size, per_rank=plan.per_rank_batch,
                         accumulation=plan.accumulation, precision=train.get("precision", "fp32"),
                         optimizer=train.get("optimizer", "adamw"), momentum=train.get("momentum") or 0.0,
                         cuda=plan.device == "cuda",
                         reshard_after_forward=bool(scfg.get("reshard_after_forward", True)),
-                        accumulate_unsharded=bool(scfg.get("accumulate_unsharded", True)), whole_graph=whole)
+                        accumulate_unsharded=bool(scfg.get("accumulate_unsharded", True)))
             for s in STRATEGIES}
 
 

@@ -77,9 +77,6 @@ def test_gpt2_small_activations_follow_the_megatron_formula():
     assert per_sample == 1024 * (12 * 32 * 768 + 12 * 768 + 50304 * 2)
     assert mp.activation_bytes_per_sample({**arch, "dropout": 0.1}, "bf16", flash=True) == \
         per_sample + 1024 * 12 * 2 * 768
-    # One graph for the whole model keeps 6·d per layer less (measured on H200, bench/memory_peak.py).
-    assert mp.activation_bytes_per_sample(arch, "bf16", flash=True, whole_graph=True) == \
-        per_sample - 1024 * 12 * 6 * 768
     assert mp.activation_bytes_per_sample(arch, "fp32", flash=True) > 1.9 * per_sample
     # Without a fused attention kernel the scores count; without the fused loss, its logits and their fp32 copy.
     assert mp.activation_bytes_per_sample(arch, "bf16", flash=False) > per_sample
