@@ -118,6 +118,10 @@ def test_a_second_run_under_the_same_root_hits_the_first_runs_compile_cache(tmp_
     assert s1["compile"]["scope"] == "blocks" and s1["compile"]["cache_dir"] == str(cache)
     assert s1["compile"]["cache_misses"] > 0
     assert s2["compile"]["cache_hits"] > 0 and s2["compile"]["cache_misses"] == 0, s2["compile"]
+    # Where each compile's time went, by torch's own phase timers: the cold one spent longer compiling.
+    cold, warm = s1["compile"]["seconds"], s2["compile"]["seconds"]
+    assert cold and all(v >= 0 for v in cold.values()), cold
+    assert cold["_compile.compile_inner"] > warm["_compile.compile_inner"] > 0, (cold, warm)
     assert "hits" in (runs[-1] / "logs" / "rank0.log").read_text()
 
 
