@@ -11,7 +11,9 @@ On a 2-GPU host, one after the other on the same machine:
       plots);
   (d) 1 GPU with and without ``checkpoint.every_steps=5 train.val_every=5``: training throughput must be equal
       within noise (saving and validating are shown separately, in goodput);
-  (e) the time breakdown's own cost: ``train.timing_every=1`` (on, the default) against ``0`` (off) on W GPUs.
+  (e) the time breakdown's own cost: ``train.timing_every=1`` (on, the default) against ``0`` (off) on W GPUs;
+  (f) ``ddp-doctor --json`` of the host (topology, all-reduce bus bandwidth over the largest world size) into
+      ``<out>/doctor.json``, so that the study's figures sit beside what the interconnect can do.
 
 Prints a compact summary at the end and writes every figure to ``<out>/results.json``. A dry run on a CPU host
 exercises all of it with the tiny GPT:
@@ -154,6 +156,15 @@ def run_compare(study: dict[str, Any], out: Path) -> dict[str, Any]:
             "error": proc.stderr[-2000:] if proc.returncode else None}
 
 
+def run_doctor(world: int, device: str, out: Path) -> dict[str, Any]:
+    """(f): ddp-doctor's JSON report of this host, its all-reduce measured over ``world`` processes."""
+    proc = subprocess.run([sys.executable, "-m", "runner.doctor", "--json", "--device", device, "--nproc",
+                           str(world)], capture_output=True, text=True, env=_env(), timeout=600)
+    (out / "doctor.json").write_text(proc.stdout)
+    return {"rc": proc.returncode, "out": str(out / "doctor.json"),
+            "error": proc.stderr[-2000:] if proc.returncode else None}
+
+
 def run_pair(name: str, base: list[str], a_args: list[str], b_args: list[str], root: Path,
              timeout: float) -> dict[str, Any]:
     """Two single runs that differ in ``a_args`` against ``b_args``, under one (warm) root; their tokens/s."""
@@ -246,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=30, help="optimizer steps of every run")
     ap.add_argument("--pair-steps", type=int, default=40, help="optimizer steps of the (d) and (e) runs")
     ap.add_argument("--scopes", default="model,blocks", help="train.compile_scope values to study")
-    ap.add_argument("--parts", default="a,b,c,d,e", help="which parts to run")
+    ap.add_argument("--parts", default="a,b,c,d,e,f", help="which parts to run")
     ap.add_argument("--set", action="append", default=[], help="extra ddp-run override for every run")
     ap.add_argument("--work", default=None,
                     help="folder for the runs (default: a fresh temporary one). A later call with the same --work"
@@ -297,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
         _say(f"(e) the time breakdown's cost on {w} GPU(s): timing off, then on")
         res["pairs"].append(run_pair("e", [f"world_size={w}", *single], ["train.timing_every=0"],
                                      ["train.timing_every=1"], warm, a.timeout))
+    if "f" in parts:
+        _say(f"(f) ddp-doctor over {max(worlds)} process(es)")
+        res["doctor"] = run_doctor(max(worlds), a.device, out)
     save()
     print("\n".join(summary_lines(res)), flush=True)
     print(f"results: {out / 'results.json'}")

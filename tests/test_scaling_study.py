@@ -62,3 +62,6 @@ def test_dry_run_on_cpu_runs_every_part_and_writes_the_report(tmp_path):
     assert d["b"]["goodput_shares"]["checkpoint"] > 0
     assert e["a"]["time_breakdown"] is None and e["b"]["time_breakdown"]["per_rank"].keys() == {"0", "1"}
     assert "SCALING STUDY SUMMARY" in proc.stdout and "goals: job 1" in proc.stdout
+    assert res["doctor"]["rc"] == 0, res["doctor"]
+    doctor = json.loads((out / "doctor.json").read_text())  # the host's report beside the study
+    assert {c["name"]: c["status"] for c in doctor["checks"]}["bandwidth"] == "ok", doctor
