@@ -1,10 +1,12 @@
-"""A staged (sharded) save through storage.py: other ranks' files committed with the state, sizes checked."""
+"""A staged (sharded) save through storage.py, on a local disk and on a real S3 server (moto on loopback): other
+ranks' files committed with the state, sizes checked on load, uncommitted stages never listed and cleaned up."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
+import fsspec
 import pytest
 import torch
 
@@ -14,38 +16,62 @@ if str(ROOT) not in sys.path:
 
 from tasks.engine import checkpoint as ck  # noqa: E402
 from tasks.engine.checkpoint import storage  # noqa: E402
+from tests.s3_server import s3_server, s3_url  # noqa: E402, F401 - fixtures
 
 
-def _staged_save(root: Path, step: int, payload: bytes = b"x" * 100) -> str:
-    tmp = storage.stage_dir(str(root), step)
-    assert step not in [s for s, _ in ck.list_complete(str(root))], "a staged directory is not a checkpoint"
-    (Path(tmp) / "shards").mkdir()
-    (Path(tmp) / "shards" / "__0_0.distcp").write_bytes(payload)  # what DCP's ranks would write
-    return ck.save(str(root), step, {"sharded": "shards", "v": torch.tensor([step])}, keep_last=2, staged=tmp)
+@pytest.fixture(params=["local", "s3"])
+def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return str(tmp_path) if request.param == "local" else request.getfixturevalue("s3_url") + "/ck"
 
 
-def test_staged_files_are_committed_with_their_sizes_and_checked_on_load(tmp_path):
-    url = _staged_save(tmp_path, 3)
-    assert [Path(u).name for _, u in ck.list_complete(str(tmp_path))] == ["step_3"]
+def _fs(url: str) -> fsspec.AbstractFileSystem:
+    fs = fsspec.core.url_to_fs(url)[0]
+    fs.invalidate_cache()
+    return fs
+
+
+def _names(root: str) -> list[str]:
+    fs = _fs(root)
+    return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(fsspec.core.url_to_fs(root)[1], detail=False))
+
+
+def _staged_save(root: str, step: int, payload: bytes = b"x" * 100) -> str:
+    tmp = storage.stage_dir(root, step)
+    assert step not in [s for s, _ in ck.list_complete(root)], "a staged directory is not a checkpoint"
+    with fsspec.open(f"{tmp}/shards/__0_0.distcp", "wb", auto_mkdir=True) as f:
+        f.write(payload)  # what DCP's ranks would write
+    return ck.save(root, step, {"sharded": "shards", "v": torch.tensor([step])}, keep_last=2, staged=tmp)
+
+
+def test_staged_files_are_committed_with_their_sizes_and_checked_on_load(root):
+    url = _staged_save(root, 3)
+    assert [u.rsplit("/", 1)[-1] for _, u in ck.list_complete(root)] == ["step_3"]
     assert ck.load(url)["sharded"] == "shards"
-    shard = tmp_path / "step_3" / "shards" / "__0_0.distcp"
-    shard.write_bytes(b"short")
+    assert _fs(url).cat_file(f"{fsspec.core.url_to_fs(url)[1]}/meta.json").count(b"shards/__0_0.distcp") == 1
+    shard = f"{url}/shards/__0_0.distcp"
+    _fs(shard).pipe_file(fsspec.core.url_to_fs(shard)[1], b"short")
     with pytest.raises(ck.CheckpointError, match="shards/__0_0.distcp is 5 bytes"):
         ck.load(url)
-    shard.unlink()
+    _fs(shard).rm_file(fsspec.core.url_to_fs(shard)[1])
     with pytest.raises(ck.CheckpointError, match="missing"):
         ck.load(url)
 
 
-def test_keep_last_counts_sharded_checkpoints_and_removes_dead_stages(tmp_path):
+def test_keep_last_counts_sharded_checkpoints_and_removes_dead_stages(root):
     for step in (1, 2, 3):
-        _staged_save(tmp_path, step)
-    dead = storage.stage_dir(str(tmp_path), 2)  # a save that never committed (a rank died)
-    _staged_save(tmp_path, 4)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_3", "step_4"]
-    assert not Path(dead).exists()
+        _staged_save(root, step)
+    dead = storage.stage_dir(root, 2)  # a save that never committed (a rank died)
+    with fsspec.open(f"{dead}/shards/__1_0.distcp", "wb", auto_mkdir=True) as f:
+        f.write(b"partial")
+    _staged_save(root, 4)
+    assert _names(root) == ["step_3", "step_4"]
+    assert not _fs(dead).exists(fsspec.core.url_to_fs(dead)[1])
 
 
-def test_sharded_saves_need_a_local_filesystem():
-    with pytest.raises(ck.CheckpointError, match="local or shared filesystem"):
-        storage.stage_dir("memory://bucket/ckpts", 1)
+def test_an_object_store_stage_drops_an_earlier_attempts_files(s3_url):  # noqa: F811 - fixture
+    root = s3_url + "/ck"
+    tmp = storage.stage_dir(root, 5)
+    with fsspec.open(f"{tmp}/shards/__3_0.distcp", "wb") as f:
+        f.write(b"a 4-rank attempt that never committed")
+    url = _staged_save(root, 5)
+    assert set(storage._read_meta(*storage._split_ckpt_url(url))["files"]) == {"shards/__0_0.distcp"}

@@ -9,6 +9,10 @@ written LAST. A checkpoint counts (is listed, is loadable) only when its ``meta.
   ``meta.json`` last; a crash leaves a directory without ``meta.json``, which is never listed and is
   cleaned up.
 
+A sharded save (``sharded.py``) has every rank write its files into the directory :func:`stage_dir` gives (the
+temporary sibling locally, ``step_<N>/`` itself on an object store) before rank 0 commits it the same way, with
+every file's size in ``meta.json``.
+
 The engine gathers the state dict and calls this module from global rank 0 only; collectives and barriers
 are the engine's business, not this module's.
 
@@ -126,6 +130,9 @@ def _meta_bytes(step: int, nbytes: int, digest: str, files: dict[str, int] | Non
 
 def _read_meta(fs: fsspec.AbstractFileSystem, dir_path: str, step: int | None = None) -> dict | None:
     """The parsed, validated meta.json of a checkpoint dir, or None when it is absent or invalid."""
+    # s3fs answers a file's size (which cat_file asks first) from a cached listing of its directory, which may
+    # predate the commit (another process, or this one's listing of a sharded save's files).
+    fs.invalidate_cache(dir_path)
     try:
         meta = json.loads(fs.cat_file(f"{dir_path}/{META_FILE}"))
     except (FileNotFoundError, ValueError, UnicodeDecodeError):
@@ -285,15 +292,28 @@ def _write_payload(fs: fsspec.AbstractFileSystem, path: str, state: dict, local:
     return w.nbytes, w.hexdigest()
 
 
+def is_local(url: str) -> bool:
+    """Whether ``url`` is on a local (or mounted shared) filesystem, where a save is committed by a rename."""
+    return _is_local(_fs(url)[0])
+
+
 def stage_dir(ckpt_root: str, step: int) -> str:
-    """Create and return the temporary directory a sharded save writes into (local filesystems only): every rank
-    writes its shards there, then global rank 0 commits it with ``save(..., staged=...)``."""
+    """Create and return the directory a sharded save writes into: every rank writes its shards there, then
+    global rank 0 commits it with ``save(..., staged=...)``.
+
+    Local filesystems: a temporary sibling ``step_<N>.tmp-<hex>``, renamed into place by the commit. Object
+    stores: the final ``step_<N>`` URL itself (no rename there), emptied first if it exists, so that neither an
+    older checkpoint of that step nor an uncommitted attempt's files (another world size's shards) are counted
+    as part of this one; it holds no meta.json until the commit, so it is never listed in the meantime.
+    """
     fs, root = _fs(ckpt_root)
+    name = _step_dir_name(step)
     if not _is_local(fs):
-        raise CheckpointError(f"{ckpt_root}: sharded checkpoints need a local or shared filesystem (they are"
-                              " committed by a rename). Fix: set output.root to a local path, or use strategy=ddp")
+        if fs.exists(f"{root}/{name}"):
+            _remove_dir(fs, f"{root}/{name}")  # un-commit first (meta.json goes first)
+        return _join_url(ckpt_root, name)
     os.makedirs(root, exist_ok=True)
-    tmp = f"{root}/{_step_dir_name(step)}.tmp-{uuid.uuid4().hex}"
+    tmp = f"{root}/{name}.tmp-{uuid.uuid4().hex}"
     os.mkdir(tmp)
     return tmp
 
@@ -315,6 +335,17 @@ def _staged_files(tmp: str) -> dict[str, int]:
     return out
 
 
+def _remote_files(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, int]:
+    """Relative path → size of every object under ``path`` but the state and the marker."""
+    fs.invalidate_cache(path)  # other ranks wrote there since this process last listed it
+    out = {}
+    for full, info in fs.find(path, detail=True).items():
+        rel = full[len(path) + 1:]
+        if rel not in (STATE_FILE, META_FILE):
+            out[rel] = int(info["size"])
+    return out
+
+
 def save(ckpt_root: str, step: int, state: dict, *, keep_last: int,
          protect: frozenset[str] = frozenset(), staged: str | None = None) -> str:
     """Write ``state`` as checkpoint ``<ckpt_root>/step_<step>`` atomically; return its URL.
@@ -325,8 +356,9 @@ def save(ckpt_root: str, step: int, state: dict, *, keep_last: int,
     attempt may have failed its integrity check), never counts partial ones, and removes partial/temp leftovers
     no newer than the checkpoint just written. Saving a step that already exists replaces it.
 
-    ``staged`` (from :func:`stage_dir`) is a temporary directory other ranks have already written their shards
-    into: it is committed together with ``state``, and meta.json records every file's size.
+    ``staged`` (from :func:`stage_dir`) is the directory other ranks have already written their shards into (a
+    temporary one locally, ``step_<N>`` itself on an object store): it is committed together with ``state``, and
+    meta.json records every file's size.
     """
     name = _step_dir_name(step)
     fs, root = _fs(ckpt_root)
@@ -360,13 +392,14 @@ def save(ckpt_root: str, step: int, state: dict, *, keep_last: int,
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     else:
-        if staged is not None:
-            raise CheckpointError(f"{ckpt_root}: a staged (sharded) save needs a local filesystem")
-        if fs.exists(final):
+        if staged is not None and _fs(staged)[1] != final:
+            raise CheckpointError(f"{staged}: a sharded save on an object store is staged in {url} itself")
+        if staged is None and fs.exists(final):
             _remove_dir(fs, final)  # un-commit first (meta.json goes first), then overwrite
         nbytes, digest = _write_payload(fs, f"{final}/{STATE_FILE}", state, local=False)
+        files = _remote_files(fs, final) if staged else None
         faults.pause_before_commit(step, url)
-        fs.pipe_file(f"{final}/{META_FILE}", _meta_bytes(step, nbytes, digest))
+        fs.pipe_file(f"{final}/{META_FILE}", _meta_bytes(step, nbytes, digest, files))
     _apply_retention(fs, root, keep_last, protect | {url})
     return url
 
@@ -410,6 +443,7 @@ def load(url: str, map_location: Any = "cpu", *, verify: bool = True) -> dict:
     if digest != meta["sha256"]:
         raise CheckpointError(f"{url}: sha256 of {STATE_FILE} does not match {META_FILE} (corrupt file)")
     for rel, want in (meta.get("files") or {}).items():  # a sharded checkpoint's other files
+        fs.invalidate_cache(f"{path}/{rel}")  # its size, not a cached listing's
         try:
             got = fs.size(f"{path}/{rel}")
         except FileNotFoundError:
