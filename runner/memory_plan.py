@@ -165,6 +165,9 @@ def decide(estimates: dict[str, dict[str, float]], chosen: str, cap: float | Non
         per_sample = e["activations_gb"] / max(plan.per_rank_batch, 1)
         room = cap - (e["total_gb"] - e["activations_gb"])
         fits = int(room // per_sample) if per_sample > 0 and room > 0 else 0
+        # The largest per-rank batch that fits and still divides the global batch, so the suggestion is a valid plan.
+        per_rank_total = plan.global_batch // plan.world_size
+        fits = max((b for b in range(1, min(fits, per_rank_total) + 1) if per_rank_total % b == 0), default=0)
         if fits >= 1:
             # Accumulation under fsdp must not hold the unsharded model, or the smaller batch would not fit.
             lean_arg = f"strategy={lean}" + (" strategy.accumulate_unsharded=false" if lean == "fsdp" else "")

@@ -236,3 +236,21 @@ def test_each_rank_sees_only_its_own_gpu_as_cuda0() -> None:
     assert own_gpu("3,5", 0) == "3" and own_gpu("3, 5", 1) == "5"
     assert own_gpu("GPU-aaaa,GPU-bbbb", 1) == "GPU-bbbb"
     assert own_gpu("", 0) is None and own_gpu("3", 1) is None  # nothing to narrow to: CUDA's own error stands
+
+
+def test_a_memory_cap_becomes_the_processes_share_of_its_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cap the planner checked the run against is the most its ranks may allocate on a GPU."""
+    from runner import layout
+    from tasks.engine.config import Config
+    from tasks.engine.trainer import memory_fraction, planned_cap_gb
+
+    monkeypatch.delenv(layout.ENV_MEMORY_CAP_GB, raising=False)
+    assert planned_cap_gb(Config({"strategy": {"memory_cap_gb": None}})) is None
+    assert planned_cap_gb(Config({"strategy": {"memory_cap_gb": 40}})) == 40.0
+    monkeypatch.setenv(layout.ENV_MEMORY_CAP_GB, "24.5")
+    assert planned_cap_gb(Config({"strategy": {"memory_cap_gb": None}})) == 24.5
+    assert planned_cap_gb(Config({"strategy": {"memory_cap_gb": 40}})) == 40.0  # the config's key wins, as planned
+    total = 140 * 2**30
+    assert memory_fraction(None, total) is None
+    assert memory_fraction(35, total) == pytest.approx(0.25)
+    assert memory_fraction(140, total) is None and memory_fraction(500, total) is None

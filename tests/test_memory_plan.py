@@ -109,6 +109,11 @@ def test_when_no_strategy_fits_the_fix_is_a_smaller_batch_or_more_gpus():
         mp.decide(est, "fsdp", state + est["fsdp"]["activations_gb"] / 4, "test", plan)
     m = re.search(r"batch\.per_rank=(\d+)", e.value.fix)
     assert m and 1 <= int(m.group(1)) < 64 and "batch.global=128" in e.value.fix
+    # Room for 3 samples per rank, but 3 does not divide the 64 per rank of the global batch: 2 does.
+    one = est["fsdp"]["activations_gb"] / 64
+    with pytest.raises(PlanError) as e:
+        mp.decide(est, "fsdp", state + 3.5 * one, "test", plan)
+    assert "batch.per_rank=2 " in e.value.fix, e.value.fix
     with pytest.raises(PlanError) as e:
         mp.decide(est, "fsdp", state / 2, "test", plan)
     assert "no strategy fits" in e.value.fix

@@ -77,6 +77,9 @@ def setup(run_dir: str, local_dir: str, console: IO[str] | None, cfg: Config) ->
         if own is not None and cfg.train.get("own_gpu", True) and not torch.cuda.is_initialized():
             os.environ["CUDA_VISIBLE_DEVICES"], index = own, 0
         torch.cuda.set_device(index)
+        fraction = memory_fraction(planned_cap_gb(cfg), torch.cuda.get_device_properties(index).total_memory)
+        if fraction is not None:  # hold the run to the memory its plan was checked against
+            torch.cuda.set_per_process_memory_fraction(fraction, index)
         torch.backends.cuda.matmul.allow_tf32 = True  # fp32 matmuls outside autocast use tensor cores
         torch.backends.cudnn.allow_tf32 = True
         device = torch.device("cuda", index)
@@ -88,6 +91,24 @@ def setup(run_dir: str, local_dir: str, console: IO[str] | None, cfg: Config) ->
         device_id=device if device.type == "cuda" else None,
     )
     return Context(rank, local_rank, world_size, device, run_dir, local_dir, console, name)
+
+
+def planned_cap_gb(cfg: Config) -> float | None:
+    """The per-rank memory cap the driver's planner checked this run against, when one was asked for
+    (``strategy.memory_cap_gb``, else ``$DDP_RUNNER_MEMORY_CAP_GB``); None: the whole device."""
+    cap = (cfg.get("strategy") or {}).get("memory_cap_gb")
+    if cap is None and os.environ.get(layout.ENV_MEMORY_CAP_GB):
+        cap = os.environ[layout.ENV_MEMORY_CAP_GB]
+    return float(cap) if cap is not None else None
+
+
+def memory_fraction(cap_gb: float | None, total_bytes: int) -> float | None:
+    """The fraction of a device of ``total_bytes`` that a cap of ``cap_gb`` GiB allows this process (for
+    ``torch.cuda.set_per_process_memory_fraction``), so that a run allowed under a cap cannot use more than it:
+    over it the allocator raises its out-of-memory error. None: no cap, or one at least the device's size."""
+    if cap_gb is None or total_bytes <= 0 or cap_gb * 2**30 >= total_bytes:
+        return None
+    return cap_gb * 2**30 / total_bytes
 
 
 def own_gpu(visible: str | None, local_rank: int) -> str | None:
@@ -128,6 +149,9 @@ def _facts(ctx: Context, **extra: Any) -> dict[str, Any]:
     if ctx.device.type == "cuda":
         facts["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
         facts["cuda"] = torch.version.cuda
+        get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+        if get_fraction is not None:
+            facts["memory_fraction"] = get_fraction(ctx.device)
     facts.update(extra)
     return facts
 
