@@ -170,6 +170,8 @@ def execute(cfg: DictConfig) -> int:
     print(f"ddp-run: {task}: {plan.explanation}; device {plan.device}, backend {plan.backend}", flush=True)
     if memory is not None:
         print(f"ddp-run: {memory_plan.describe(memory)}", flush=True)
+        if (tight := memory_plan.tight(memory)) is not None:
+            print(f"ddp-run: warning: {tight}", file=sys.stderr, flush=True)
     if conf["dry_run"]:
         cmd = torchrun_command(plan, conf["launcher"], "<run dir>")
         print("ddp-run: dry run, nothing launched. Command:\n  " + shlex.join(cmd))

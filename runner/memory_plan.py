@@ -48,6 +48,10 @@ STRATEGIES = ("ddp", "zero1", "fsdp")
 CUDA_WORKSPACE_GB = 0.5  # cuBLAS workspaces and the caching allocator's block rounding (not per-token)
 ACT_16BIT = 34           # bytes per token per layer per unit of width, 16-bit activations (Megatron)
 DROPOUT_MASKS = 2        # of those, the two dropout masks (attention output, MLP output)
+# The share of the cap a suggested plan may be estimated at: the estimates fall within 15% of the measured peaks,
+# and a cap is held on the GPU (the allocator's reserved bytes, fragmentation included), so a fix packed up to
+# the cap can run out of memory.
+HEADROOM = 0.85
 
 
 @dataclass(frozen=True)
@@ -155,7 +159,8 @@ def decide(estimates: dict[str, dict[str, float]], chosen: str, cap: float | Non
         return
     need = estimates[chosen]
     problem = (f"needs ~{need['total_gb']:.3g} GiB per rank ({_parts(need)}), over the {cap:.3g} GiB of {source}")
-    fitting = [s for s in STRATEGIES if s != chosen and estimates[s]["total_gb"] <= cap]
+    target = cap * HEADROOM
+    fitting = [s for s in STRATEGIES if s != chosen and estimates[s]["total_gb"] <= target]
     if fitting:
         s = fitting[0]
         fix = f"use strategy={s} (~{estimates[s]['total_gb']:.3g} GiB per rank)"
@@ -163,7 +168,7 @@ def decide(estimates: dict[str, dict[str, float]], chosen: str, cap: float | Non
         lean = min(STRATEGIES, key=lambda s: estimates[s]["total_gb"])
         e = estimates[lean]
         per_sample = e["activations_gb"] / max(plan.per_rank_batch, 1)
-        room = cap - (e["total_gb"] - e["activations_gb"])
+        room = target - (e["total_gb"] - e["activations_gb"])
         fits = int(room // per_sample) if per_sample > 0 and room > 0 else 0
         # The largest per-rank batch that fits and still divides the global batch, so the suggestion is a valid plan.
         per_rank_total = plan.global_batch // plan.world_size
@@ -174,9 +179,9 @@ def decide(estimates: dict[str, dict[str, float]], chosen: str, cap: float | Non
             fix = (f"use {lean_arg} with batch.per_rank={fits} (add batch.global={plan.global_batch} to keep"
                    " the global batch through accumulation)")
         else:
-            fix = (f"no strategy fits on {plan.world_size} rank(s): even {lean}'s model state takes"
-                   f" ~{e['total_gb'] - e['activations_gb']:.3g} GiB; use more GPUs with strategy=fsdp,"
-                   " or a smaller model")
+            fix = (f"no strategy fits on {plan.world_size} rank(s) with {1 - HEADROOM:.0%} to spare: even {lean}'s"
+                   f" model state takes ~{e['total_gb'] - e['activations_gb']:.3g} GiB; use more GPUs with"
+                   " strategy=fsdp, or a smaller model")
     raise PlanError("strategy", chosen, problem, fix)
 
 
@@ -192,7 +197,17 @@ def describe(memory: dict[str, Any]) -> str:
     e = memory["estimates"][chosen]
     others = ", ".join(f"{s} {v['total_gb']:.3g}" for s, v in memory["estimates"].items() if s != chosen)
     cap = f" of {memory['cap_gb']:.3g} GiB" if memory["cap_gb"] is not None else ""
-    return (f"memory per rank ({chosen}): ~{e['total_gb']:.3g} GiB{cap} ({_parts(e)}); {others} GiB")
+    return f"memory per rank ({chosen}): ~{e['total_gb']:.3g} GiB{cap} ({_parts(e)}); {others} GiB"
+
+
+def tight(memory: dict[str, Any]) -> str | None:
+    """A warning when an accepted plan's estimate is within the planner's error of the cap (None: room to spare)."""
+    total, cap = memory["estimates"][memory["strategy"]]["total_gb"], memory["cap_gb"]
+    if cap is None or total <= cap * HEADROOM:
+        return None
+    return (f"the memory estimate (~{total:.3g} GiB per rank) is over {HEADROOM:.0%} of the {cap:.3g} GiB cap, inside"
+            " the planner's error: the run may run out of memory (a smaller batch.per_rank, with batch.global kept,"
+            " leaves room)")
 
 
 def wanted(cfg: dict[str, Any]) -> bool:

@@ -99,6 +99,20 @@ def test_refusal_names_the_numbers_and_a_strategy_that_fits():
     mp.decide(est, "ddp", None, "no limit (CPU)", plan)  # no cap: nothing refused
 
 
+def test_a_suggested_plan_leaves_the_planners_error_to_spare_and_a_tight_one_is_warned_about():
+    plan = _plan()
+    est = mp.plan_all(FACTS, {"train": {"precision": "bf16"}}, plan)
+    cap = est["fsdp"]["total_gb"] / 0.9  # fsdp fits, but with less than 15% to spare
+    assert est["zero1"]["total_gb"] > cap
+    with pytest.raises(PlanError) as e:
+        mp.decide(est, "ddp", cap, "test", plan)
+    assert not e.value.fix.startswith("use strategy=fsdp ("), e.value.fix  # a smaller batch instead
+    memory = {"strategy": "fsdp", "estimates": est, "cap_gb": cap}
+    assert "inside the planner's error" in mp.tight(memory)
+    assert mp.tight({**memory, "cap_gb": est["fsdp"]["total_gb"] / 0.8}) is None
+    assert mp.tight({**memory, "cap_gb": None}) is None
+
+
 def test_when_no_strategy_fits_the_fix_is_a_smaller_batch_or_more_gpus():
     arch = {"layers": 12, "width": 768, "heads": 12, "context": 1024, "vocab": 50304, "loss": "fused"}
     facts = mp.ModelFacts(params=124_000_000, largest_unit=7_000_000, root=40_000_000, arch=arch)
