@@ -2,9 +2,10 @@
 
 1. Runs ``python -m runner <overrides>``: a plan over its memory cap must be refused (exit 2) with no run directory.
 2. Takes the fix the refusal names (``use strategy=…`` and, where given, ``batch.per_rank=…``/``batch.global=…``).
-3. Runs the fixed plan uninterrupted (``--steps``, a checkpoint every ``--every`` steps), then again with rank 0
-   SIGKILLed after step ``--kill``, and resumes that run in place (``resume=<run dir>``).
-4. Reports the losses of the two (equal or not, the largest difference), the measured peak against the planned
+3. Runs the fixed plan uninterrupted (``--steps``, a checkpoint every ``--every`` steps) twice, then again with
+   rank 0 SIGKILLed after step ``--kill``, and resumes that run in place (``resume=<run dir>``).
+4. Reports the losses of the runs (equal or not, the largest difference; the second uninterrupted run is the
+   yardstick for the resumed one where GPU kernels are not deterministic), the measured peak against the planned
    and the cap, and the share of the GPU the ranks were held to (``memory_fraction`` in ``logs/rank0.json``).
 
 Usage: python bench/refused_plan.py --out refused.json --work /tmp/refused -- task=gpt2_medium world_size=1 \\
@@ -86,7 +87,8 @@ def main() -> None:
     if refused.returncode != 2:
         raise SystemExit("the plan was not refused")
     fixed = fixed_args(a.overrides, refused.stderr)
-    common = [*fixed, f"train.max_steps={a.steps}", f"checkpoint.every_steps={a.every}", "train.val_every=0"]
+    common = [*fixed, f"train.max_steps={a.steps}", f"checkpoint.every_steps={a.every}", "train.val_every=0",
+              "train.log_every=1"]
     out["fixed"] = fixed
     print("fixed:", " ".join(fixed), flush=True)
 
@@ -96,6 +98,13 @@ def main() -> None:
     [clean_dir] = run_dirs(work / "clean")
     out["clean"] = {**report(clean_dir), "wall_s": round(wall, 1)}
     shutil.rmtree(clean_dir / "checkpoints")  # room on the disk for the next run's
+    # A second uninterrupted run: how far two runs of the same plan differ on this machine (GPU kernels need not
+    # be deterministic), the yardstick for the resumed run's difference.
+    again, _ = ddp_run(common, work / "again")
+    if again.returncode == 0:
+        [again_dir] = run_dirs(work / "again")
+        out["again_losses"] = report(again_dir)["losses"]
+        shutil.rmtree(again_dir / "checkpoints")
 
     crash, wall = ddp_run([*common, "fault.kind=sigkill", "fault.rank=0", f"fault.step={a.kill}"], work / "crash")
     [crash_dir] = run_dirs(work / "crash")
@@ -107,6 +116,10 @@ def main() -> None:
     la, lb = out["clean"]["losses"], out["resumed"]["losses"]
     out["losses_equal"] = la == lb
     out["max_abs_loss_diff"] = max((abs(x - y) for x, y in zip(la, lb, strict=True)), default=None)
+    if out.get("again_losses"):
+        lc = out["again_losses"]
+        out["again_equal"] = la == lc
+        out["again_max_abs_loss_diff"] = max((abs(x - y) for x, y in zip(la, lc, strict=True)), default=None)
     c = out["clean"]
     out["planned_over_measured"] = c["planned_gb"] / c["peak_gb"] if c["peak_gb"] else None
     print(json.dumps({k: v for k, v in out.items() if k != "refused"}, indent=1), flush=True)

@@ -10,8 +10,9 @@ Per rank, in bytes, with ``N`` trained parameters, ``W`` ranks, fp32 master weig
 | transient | 2N (autocast's 16-bit weight copies) + 4N when W > 1 (measured) | same | gathered units, see below |
 
 FSDP drops the gradients after every optimizer step, and the backward makes them while it frees the activations:
-its peak holds the larger of the two (``grads_gb`` is the part of the gradients above the activations). DDP's and
-ZeRO-1's gradients live in DDP's buckets for the whole run.
+its peak holds the larger of the two (``grads_gb`` is the part of the gradients above the activations), except
+when sharded gradients are accumulated over micro-steps (one rank, or ``accumulate_unsharded=false``): then both.
+DDP's and ZeRO-1's gradients live in DDP's buckets for the whole run.
 
 FSDP's transient: the gathered units (two blocks in flight, and the root) in the compute dtype, and their fp32
 gradients before the reduce-scatter; with accumulation and ``accumulate_unsharded``, the whole unsharded model
@@ -118,7 +119,10 @@ def estimate(facts: ModelFacts, strategy: str, *, world_size: int, per_rank: int
     act_per_sample = activation_bytes_per_sample(facts.arch, precision, flash=cuda)
     acts = per_rank * (act_per_sample or 0.0)
     workspace = CUDA_WORKSPACE_GB * GIB if cuda else 0.0
-    if strategy == "fsdp":  # made as the activations are freed: only what exceeds them adds to the peak
+    # FSDP's gradients are made as the activations are freed: only what exceeds them adds to the peak. Unless
+    # they are accumulated sharded (or on one rank): then the earlier micro-steps' gradients live through the
+    # next forward.
+    if strategy == "fsdp" and not (accumulation > 1 and (w == 1 or not accumulate_unsharded)):
         grads = max(0.0, grads - acts)
     parts = {"params_gb": params, "grads_gb": grads, "optimizer_gb": opt_state, "activations_gb": acts,
              "transient_gb": transient + workspace}

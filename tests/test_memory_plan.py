@@ -60,6 +60,13 @@ def test_fsdp_gradients_add_to_the_peak_only_beyond_the_activations():
     none = mp.estimate(mp.ModelFacts(N, N // 10, N // 20, None), "fsdp", per_rank=8, **args)  # no activations known
     assert none["grads_gb"] == pytest.approx(4 * N / 2 / GIB)
     assert mp.estimate(facts, "ddp", per_rank=8, **args)["grads_gb"] == pytest.approx(4 * N / GIB)
+    # Sharded gradients accumulated over micro-steps live through the next forward: all of them count.
+    kept = {**args, "accumulation": 2}
+    assert mp.estimate(facts, "fsdp", per_rank=8, **kept)["grads_gb"] == 0  # accumulated unsharded (transient)
+    assert mp.estimate(facts, "fsdp", per_rank=8, **kept, accumulate_unsharded=False)["grads_gb"] == \
+        pytest.approx(4 * N / 2 / GIB)
+    assert mp.estimate(facts, "fsdp", per_rank=8, **{**kept, "world_size": 1})["grads_gb"] == \
+        pytest.approx(4 * N / GIB)
 
 
 def test_fsdp_accumulation_holds_the_unsharded_model_unless_told_not_to():
