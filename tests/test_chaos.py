@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import ddp_run, load_json, run_dirs
+from conftest import ddp_run, load_json, run_dirs, wait_for
 
 from runner import layout
 from runner.status import status_of
@@ -49,15 +49,6 @@ def _tree(pid: int) -> list[psutil.Process]:
         return psutil.Process(pid).children(recursive=True)
     except psutil.Error:
         return []
-
-
-def _wait(cond: Callable[[], object], what: str, timeout: float = 120.0) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := cond():
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
@@ -112,7 +103,7 @@ def test_every_run_directory_resumes_bit_identically_or_says_why_not(reference, 
         root = tmp_path / f"{i}-{kind}"
         driver = _start(root)
         seen: list[psutil.Process] = []
-        run = _wait(lambda r=root: (run_dirs(r) or [None])[0], "the run directory")
+        run = wait_for("the run directory", lambda r=root: (run_dirs(r) or [None])[0])
         # A random moment between the run directory's creation and the end of an undisturbed run.
         moment_s = rng.uniform(0.0, wall * 0.6)  # (the reference's wall-clock includes start-up and the end)
         moment = time.monotonic() + moment_s
@@ -123,8 +114,8 @@ def test_every_run_directory_resumes_bit_identically_or_says_why_not(reference, 
         if driver.poll() is None:
             if kind == "rank":  # (a moment before the ranks exist becomes the moment they do)
                 rank = rng.randrange(2)
-                pid = _wait(lambda r=rank, d=driver: _rank_pid(_tree(d.pid), r) or d.poll() is not None,
-                            "a rank to kill")
+                pid = wait_for("a rank to kill",
+                               lambda r=rank, d=driver: _rank_pid(_tree(d.pid), r) or d.poll() is not None)
                 if pid is not True and driver.poll() is None:
                     os.kill(pid, signal.SIGKILL)
             elif kind == "driver_kill":
@@ -135,7 +126,7 @@ def test_every_run_directory_resumes_bit_identically_or_says_why_not(reference, 
                 mend = _break_storage(run)
         seen += _tree(driver.pid)
         out, err = driver.communicate(timeout=150)
-        _wait(lambda s=seen: not _alive(s), "every process of the run to end", timeout=60)
+        wait_for("every process of the run to end", lambda s=seen: not _alive(s), timeout=60)
         if mend:
             mend()
 
@@ -179,7 +170,7 @@ def test_a_lost_object_store_ends_the_run_truthfully_with_no_process_left(tmp_pa
                                   env={**os.environ, **env}, text=True, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE)
         seen: list[psutil.Process] = []
-        _wait(lambda: _rank_pid(_tree(driver.pid), 0), "rank 0 to start")
+        wait_for("rank 0 to start", lambda: _rank_pid(_tree(driver.pid), 0))
         seen += _tree(driver.pid)
         time.sleep(2)
         server.kill()  # the store is gone: checkpoints, the heartbeat, run.json all fail from here
@@ -190,7 +181,7 @@ def test_a_lost_object_store_ends_the_run_truthfully_with_no_process_left(tmp_pa
         if server.poll() is None:
             server.kill()
             server.wait()
-    _wait(lambda: not _alive(seen), "every process of the run to end", timeout=60)
+    wait_for("every process of the run to end", lambda: not _alive(seen), timeout=60)
     assert driver.returncode != 0, out + err
     assert "Traceback" not in err, err[-3000:]
     assert "ddp-run: FAILED" in err, err[-3000:]

@@ -8,10 +8,10 @@ and a stand-in with NVML's call names feeds the sampler. The real readings are c
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import torch
+from conftest import wait_for
 
 from tasks.engine.diagnostics import telemetry as gt
 from tasks.engine.diagnostics.telemetry import Sample
@@ -69,21 +69,14 @@ class _FakeNVML:
         return r
 
 
-def _wait_for(cond, timeout: float = 5.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond() and time.monotonic() < end:
-        time.sleep(0.005)
-    assert cond()
-
-
 def test_sampler_windows_take_what_came_since_the_last_one():
     nv = _FakeNVML([(1800, 690_000, 55, gt.SW_POWER_CAP), (1700, 700_000, 57, 0)] + [(1900, 300_000, 50, 0)] * 1000)
     s = gt.Sampler(handle=object(), nvml=nv, interval_s=0.001)
     try:
-        _wait_for(lambda: nv.i >= 2)
+        wait_for("two readings", lambda: nv.i >= 2, timeout=5, interval=0.005)
         first = s.window()
         assert first is not None and first["power_w"] > 300.0  # watts, from milliwatts
-        _wait_for(lambda: nv.i >= 10)
+        wait_for("ten readings", lambda: nv.i >= 10, timeout=5, interval=0.005)
         second = s.window()
         assert second == {"sm_clock_mhz": 1900.0, "power_w": 300.0, "temperature_c": 50.0,
                           "power_capped_pct": 0.0, "thermal_slowdown_pct": 0.0}

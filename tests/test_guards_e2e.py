@@ -18,7 +18,7 @@ from typing import TypeVar
 import psutil
 import pytest
 import torch
-from conftest import ddp_run, load_json, run_dirs
+from conftest import ddp_run, load_json, run_dirs, wait_for
 from torch.utils.data import DistributedSampler
 
 from runner.launch import GRACE_S
@@ -181,17 +181,6 @@ def test_recorded_throughput_times_step_time_is_the_global_batch(gpt_clean: Path
 # -- 5. the driver stops torchrun fast, and reaps what outlives it ----------------------------------------------
 
 
-def _wait_for(what: str, probe: Callable[[], T | None], timeout: float = 120) -> T:
-    """Poll ``probe`` until it returns something truthy (the processes to start up; not a timing assertion)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = probe()
-        if found:
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _children(p: psutil.Process) -> list[psutil.Process]:
     try:
         return p.children()
@@ -242,10 +231,10 @@ def launch(out_root: Path, tmp_path: Path) -> Iterator[tuple[Callable[..., Launc
                                        "train.max_steps=1000000", "train.log_every=1000", *args,
                                        f"output.root={out_root}"], stdout=out, stderr=err)
         drivers.append(driver)
-        _wait_for("both ranks' fact files", lambda: len(list(out_root.rglob("logs/rank*.json"))) == 2)
+        wait_for("both ranks' fact files", lambda: len(list(out_root.rglob("logs/rank*.json"))) == 2)
         me = psutil.Process(driver.pid)
-        [torchrun] = _wait_for("torchrun, the driver's child", lambda: _exactly(1, _children(me)))
-        ranks = _wait_for("two ranks, torchrun's children", lambda: _exactly(2, _children(torchrun)))
+        [torchrun] = wait_for("torchrun, the driver's child", lambda: _exactly(1, _children(me)))
+        ranks = wait_for("two ranks, torchrun's children", lambda: _exactly(2, _children(torchrun)))
         tracked.extend([torchrun, *ranks])
         return Launch(driver, torchrun, ranks)
 
@@ -286,8 +275,8 @@ def test_workers_left_behind_by_a_killed_torchrun_are_reaped(launch) -> None:
     must end the frozen orphans (SIGTERM, then SIGKILL after 5 s) before it exits."""
     start, tracked = launch
     run = start("train.num_workers=1")
-    loaders = _wait_for("each rank's DataLoader worker",
-                        lambda: _exactly(2, [q for r in run.ranks for q in _children(r)]))
+    loaders = wait_for("each rank's DataLoader worker",
+                        lambda: _exactly(2, [q for r in run.ranks for q in _children(r)]), interval=0.2)
     tracked.extend(loaders)
     for p in loaders:
         p.suspend()

@@ -4,16 +4,17 @@ run directory and no process, and a requeued job resumes from its checkpoint."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import conftest
 import psutil
 import pytest
 import slurm_cluster
@@ -40,13 +41,7 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
         slurm_cluster.stop(Path(env["SLURM_CONF"]).parent)
 
 
-def wait_for(what: str, probe: Callable[[], Any], timeout: float = 240) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if found := probe():
-            return found
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
+wait_for = functools.partial(conftest.wait_for, timeout=240, interval=0.5)  # Slurm's commands are slow to ask
 
 
 def _json(path: Path) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import ddp_run, load_json, run_dirs
+from conftest import ddp_run, load_json, run_dirs, wait_for
 
 from runner import layout
 from runner.status import effective_status, local_pid_alive, status_of, this_driver
@@ -111,18 +111,6 @@ def start_driver(args: list[str], root: Path, env: dict[str, str] | None = None)
     return _started[-1]
 
 
-def wait_for(cond: Callable[[], object], what: str, driver: subprocess.Popen | None = None, timeout: float = 120):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := cond():
-            return value
-        if driver is not None and driver.poll() is not None:
-            out, err = driver.communicate()
-            pytest.fail(f"the driver ended (rc {driver.returncode}) before {what}:\n{out}\n{err}")
-        time.sleep(0.1)
-    pytest.fail(f"timed out waiting for {what}")
-
-
 def the_run(root: Path) -> Path | None:
     runs = run_dirs(root) if root.exists() else []
     return runs[0] if runs and (runs[0] / layout.MANIFEST).exists() else None
@@ -146,11 +134,11 @@ def no_temporaries(root: Path) -> list[Path]:
 def test_sigkilled_driver_reads_as_lost_and_its_run_resumes(tmp_path):
     root = tmp_path / "out"
     driver = start_driver([*SMOKE, *HANG], root)
-    run = wait_for(lambda: the_run(root), "the run directory", driver)
-    wait_for(lambda: (run / "checkpoints/step_1/meta.json").exists(), "step_1", driver)
+    run = wait_for("the run directory", lambda: the_run(root), driver=driver)
+    wait_for("step_1", lambda: (run / "checkpoints/step_1/meta.json").exists(), driver=driver)
     driver.kill()
     driver.wait()
-    wait_for(lambda: workers_gone(run), "the workers to stop (torchrun dies with the driver)")
+    wait_for("the workers to stop (torchrun dies with the driver)", lambda: workers_gone(run))
     recorded = load_json(run / layout.MANIFEST)
     assert recorded["status"] == "running" and recorded["driver"]["pid"] == driver.pid
     assert status_of(recorded) == "lost"
@@ -167,11 +155,11 @@ def test_sigkilled_driver_reads_as_lost_and_its_run_resumes(tmp_path):
 def test_second_driver_is_refused_heartbeat_refreshes_and_sigint_reads_interrupted(tmp_path):
     root = tmp_path / "out"
     driver = start_driver([*SMOKE, *HANG], root, env={layout.ENV_HEARTBEAT_S: "0.5"})
-    run = wait_for(lambda: the_run(root), "the run directory", driver)
+    run = wait_for("the run directory", lambda: the_run(root), driver=driver)
     first = load_json(run / layout.MANIFEST)["driver"]
     assert first["pid"] == driver.pid and first["host"] == socket.gethostname()
-    wait_for(lambda: load_json(run / layout.MANIFEST)["driver"]["heartbeat"] > first["heartbeat"],
-             "a refreshed heartbeat", driver)
+    wait_for("a refreshed heartbeat",
+             lambda: load_json(run / layout.MANIFEST)["driver"]["heartbeat"] > first["heartbeat"], driver=driver)
 
     r = ddp_run([f"resume={run}"], root)
     assert r.returncode == 2, r.stdout + r.stderr
@@ -179,7 +167,7 @@ def test_second_driver_is_refused_heartbeat_refreshes_and_sigint_reads_interrupt
     assert "one driver per run directory" in r.stderr
     assert load_json(run / layout.MANIFEST)["driver"]["pid"] == driver.pid, "the refused driver wrote nothing"
 
-    wait_for(lambda: (run / "logs/rank0.json").exists(), "the rank to start", driver)
+    wait_for("the rank to start", lambda: (run / "logs/rank0.json").exists(), driver=driver)
     driver.send_signal(signal.SIGINT)
     _, err = driver.communicate(timeout=90)
     assert driver.returncode == 128 + signal.SIGINT, err
@@ -194,7 +182,7 @@ def test_unwritable_summary_is_recorded_in_run_json(tmp_path):
     # A directory where summary.json must go: a real OSError (IsADirectoryError) at the rename, root or not.
     root = tmp_path / "out"
     driver = start_driver([*SMOKE, "train.max_steps=2", "checkpoint.every_steps=0"], root)
-    run = wait_for(lambda: the_run(root), "the run directory", driver)
+    run = wait_for("the run directory", lambda: the_run(root), driver=driver)
     (run / layout.SUMMARY).mkdir()
     out, err = driver.communicate(timeout=120)
     assert driver.returncode == 1, out + err
@@ -244,8 +232,8 @@ def fill(disk: Path) -> None:
 def test_full_disk_while_finalising_ends_cleanly_and_the_run_reads_as_lost(small_disk):
     root = small_disk / "out"
     driver = start_driver([*SMOKE, *HANG], root)
-    run = wait_for(lambda: the_run(root), "the run directory", driver)
-    wait_for(lambda: (run / "checkpoints/step_1/meta.json").exists(), "step_1", driver)
+    run = wait_for("the run directory", lambda: the_run(root), driver=driver)
+    wait_for("step_1", lambda: (run / "checkpoints/step_1/meta.json").exists(), driver=driver)
     fill(small_disk)
     driver.send_signal(signal.SIGTERM)
     out, err = driver.communicate(timeout=90)
