@@ -7,8 +7,10 @@ Standard library only at import (the driver never imports torch at start-up).
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import importlib.util
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -99,14 +101,27 @@ FLIGHT_RECORDER_VARIABLES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SI
 
 
 def flight_recorder_variable() -> str:
-    """The name the installed torch reads for the flight recorder's size: ``TORCH_FR_BUFFER_SIZE`` in recent
-    releases (they warn about the older ``TORCH_NCCL_TRACE_BUFFER_SIZE``), read from its source, not imported."""
+    """The name the installed torch reads for the flight recorder's size (read from its metadata and source, not
+    imported: the driver never imports torch)."""
+    version, source = None, ""
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        version = importlib.metadata.version("torch")
     spec = importlib.util.find_spec("torch")
     if spec is not None and spec.origin:
         with contextlib.suppress(OSError):
             source = Path(spec.origin).parent.joinpath("distributed", "distributed_c10d.py").read_text()
-            if FLIGHT_RECORDER_VARIABLES[0] in source:
-                return FLIGHT_RECORDER_VARIABLES[0]
+    return flight_recorder_variable_for(version, source)
+
+
+def flight_recorder_variable_for(version: str | None, c10d_source: str) -> str:
+    """``TORCH_FR_BUFFER_SIZE`` from torch 2.8 on (its C++ side then warns on every rank about the older
+    ``TORCH_NCCL_TRACE_BUFFER_SIZE``, even where its Python side does not name the new one, as in 2.11), or when
+    ``distributed_c10d.py`` names it; else the older name."""
+    if FLIGHT_RECORDER_VARIABLES[0] in c10d_source:
+        return FLIGHT_RECORDER_VARIABLES[0]
+    m = re.match(r"(\d+)\.(\d+)", version or "")
+    if m and (int(m.group(1)), int(m.group(2))) >= (2, 8):
+        return FLIGHT_RECORDER_VARIABLES[0]
     return FLIGHT_RECORDER_VARIABLES[1]
 
 

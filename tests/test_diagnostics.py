@@ -81,6 +81,10 @@ def test_debug_and_flight_recorder_environment(monkeypatch):
     assert not set(diagnostics.FLIGHT_RECORDER_VARIABLES) & set(diagnostics.worker_env(_conf(debug=True), "nccl"))
     assert diagnostics.worker_env(_conf(watchdog__timeout_s=0), "nccl") == {}
     assert diagnostics.worker_env(_conf(), "gloo") == {}
+    # torch 2.11's Python side does not name TORCH_FR_BUFFER_SIZE, yet its C++ side warns about the older name.
+    assert diagnostics.flight_recorder_variable_for("2.11.0+cu130", "") == "TORCH_FR_BUFFER_SIZE"
+    assert diagnostics.flight_recorder_variable_for("2.5.1", "") == "TORCH_NCCL_TRACE_BUFFER_SIZE"
+    assert diagnostics.flight_recorder_variable_for(None, "'TORCH_FR_BUFFER_SIZE'") == "TORCH_FR_BUFFER_SIZE"
 
 
 # ------------------------------------------------------------------------------------------------ root cause
