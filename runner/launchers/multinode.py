@@ -15,6 +15,7 @@ The rendezvous store listens on the endpoint's address only (``runner/netbind.py
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -360,13 +361,26 @@ def elastic_plan(rd: RunDir, plan: Plan, launcher: Mapping[str, Any]) -> Plan:
 
     if ":" not in str(launcher.get("nnodes", "")):
         return plan
-    ranks = len(glob.glob(os.path.join(rd.local, layout.LOGS, "rank*.json")))
+    ranks = ranks_that_ran(glob.glob(os.path.join(rd.local, layout.LOGS, "rank*.json")))
     if not 0 < ranks < plan.world_size:
         return plan
     print(f"ddp-run: elastic: the job ran {ranks} of at most {plan.world_size} ranks"
           f" ({ranks // plan.nproc_per_node} of {plan.nnodes} nodes)", flush=True)
     return dataclasses.replace(plan, world_size=ranks, nnodes=ranks // plan.nproc_per_node,
                                global_batch=plan.per_rank_batch * ranks * plan.accumulation)
+
+
+def ranks_that_ran(fact_files: list[str]) -> int:
+    """How many ranks the last launch ran, from the ranks' fact files: the world size in the newest one (an
+    earlier launch on more nodes leaves its higher ranks' files behind), else (files from before that was
+    recorded) how many there are."""
+    facts = []
+    for path in fact_files:
+        with contextlib.suppress(OSError, ValueError), open(path) as f:
+            facts.append(json.load(f))
+    newest = max((f for f in facts if isinstance(f, dict) and "written" in f and "world_size" in f),
+                 key=lambda f: f["written"], default=None)
+    return int(newest["world_size"]) if newest is not None else len(fact_files)
 
 
 def failed_node(nodes: Mapping[str, Mapping[str, Any]], facts_hosts: Mapping[int, Any]) -> dict[str, Any] | None:

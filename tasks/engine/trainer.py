@@ -145,6 +145,9 @@ def _facts(ctx: Context, **extra: Any) -> dict[str, Any]:
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "torch": torch.__version__, "backend": dist.get_backend() if dist.is_initialized() else None,
         "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+        # The world this rank ran in, and when it said so: the driver tells this launch's files from an earlier
+        # attempt's (an elastic job restarted on fewer nodes leaves the higher ranks' files behind).
+        "world_size": ctx.world_size, "written": time.time(),
     }
     if ctx.device.type == "cuda":
         facts["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
