@@ -180,3 +180,28 @@ def test_planner_refuses_over_the_cap_and_its_suggestion_trains_checkpoints_and_
     assert r.returncode == 0, r.stdout + r.stderr
     summary = load_json(run / "summary.json")
     assert summary["steps"] == 4 and summary["resumed_from"].endswith("step_2")
+
+
+def test_the_refused_plan_bench_reads_the_fix_the_planner_writes():
+    """bench/refused_plan.py runs the fix it reads from the refusal: both of the planner's kinds of fix parse."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("refused_plan", ROOT / "bench" / "refused_plan.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    plan = _plan(per_rank=64)
+    arch = {"layers": 12, "width": 768, "heads": 12, "context": 1024, "vocab": 50304, "loss": "fused"}
+    est = mp.plan_all(mp.ModelFacts(124_000_000, 7_000_000, 40_000_000, arch), {"train": {"precision": "bf16"}}, plan)
+    user = ["task=gpt2_small", "strategy=ddp", "batch.per_rank=64"]
+    small = mp.plan_all(FACTS, {"train": {"precision": "bf16"}}, _plan())
+    with pytest.raises(PlanError) as e:  # a strategy fits
+        mp.decide(small, "ddp", (small["fsdp"]["total_gb"] + small["zero1"]["total_gb"]) / 2, "test", _plan())
+    assert bench.fixed_args(user, f"  fix:   {e.value.fix}\n") == ["task=gpt2_small", "batch.per_rank=64",
+                                                                   "strategy=fsdp"]
+    state = est["fsdp"]["total_gb"] - est["fsdp"]["activations_gb"]
+    with pytest.raises(PlanError) as e:  # a smaller batch
+        mp.decide(est, "fsdp", state + est["fsdp"]["activations_gb"] / 2, "test", plan)
+    fixed = bench.fixed_args(user, f"  fix:   {e.value.fix}\n")
+    assert fixed[0] == "task=gpt2_small" and "strategy=fsdp" in fixed and "strategy.accumulate_unsharded=false" in fixed
+    [per_rank] = [a for a in fixed if a.startswith("batch.per_rank=")]
+    assert "batch.global=128" in fixed and per_rank != "batch.per_rank=64"
