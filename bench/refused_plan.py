@@ -113,13 +113,11 @@ def main() -> None:
         raise SystemExit(f"the resume failed:\n{(resumed.stdout + resumed.stderr)[-3000:]}")
     out["crash"] = {"rc": crash.returncode, "wall_s": round(wall, 1)}
     out["resumed"] = {**report(crash_dir), "wall_s": round(wall2, 1)}
-    la, lb = out["clean"]["losses"], out["resumed"]["losses"]
-    out["losses_equal"] = la == lb
-    out["max_abs_loss_diff"] = max((abs(x - y) for x, y in zip(la, lb, strict=True)), default=None)
-    if out.get("again_losses"):
-        lc = out["again_losses"]
-        out["again_equal"] = la == lc
-        out["again_max_abs_loss_diff"] = max((abs(x - y) for x, y in zip(la, lc, strict=True)), default=None)
+    first = out["clean"]["losses"]
+    for prefix, other in (("", out["resumed"]["losses"]), ("again_", out.get("again_losses"))):
+        if other:
+            out[f"{prefix}losses_equal"] = first == other
+            out[f"{prefix}max_abs_loss_diff"] = max(abs(x - y) for x, y in zip(first, other, strict=True))
     c = out["clean"]
     out["planned_over_measured"] = c["planned_gb"] / c["peak_gb"] if c["peak_gb"] else None
     print(json.dumps({k: v for k, v in out.items() if k != "refused"}, indent=1), flush=True)

@@ -37,6 +37,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,13 +144,22 @@ def plan_all(facts: ModelFacts, cfg: dict[str, Any], plan: Plan) -> dict[str, di
             for s in STRATEGIES}
 
 
-def cap_gb(cfg: dict[str, Any], device_gb: float | None) -> tuple[float | None, str]:
-    """The per-rank memory to plan against, and where that number came from."""
+def asked_cap_gb(cfg: Mapping[str, Any]) -> tuple[float | None, str]:
+    """The cap asked for (``strategy.memory_cap_gb``, else ``$DDP_RUNNER_MEMORY_CAP_GB``) and where it came from;
+    None when neither is set. The workers hold their GPU to it (tasks/engine/trainer.py)."""
     scfg = cfg.get("strategy") or {}
     if scfg.get("memory_cap_gb") is not None:
         return float(scfg["memory_cap_gb"]), "strategy.memory_cap_gb"
     if os.environ.get(layout.ENV_MEMORY_CAP_GB):
         return float(os.environ[layout.ENV_MEMORY_CAP_GB]), layout.ENV_MEMORY_CAP_GB
+    return None, ""
+
+
+def cap_gb(cfg: dict[str, Any], device_gb: float | None) -> tuple[float | None, str]:
+    """The per-rank memory to plan against, and where that number came from."""
+    asked, source = asked_cap_gb(cfg)
+    if asked is not None:
+        return asked, source
     if device_gb is not None:
         return device_gb, "the GPU's total memory"
     return None, "no limit (CPU)"
@@ -217,8 +227,7 @@ def tight(memory: dict[str, Any]) -> str | None:
 def wanted(cfg: dict[str, Any]) -> bool:
     """Whether this config's plan will be checked (and so the probe's model facts are needed): on GPUs, or under
     an explicit cap. Decided before the devices are listed, so that the probe can start first."""
-    scfg = cfg.get("strategy") or {}
-    if scfg.get("memory_cap_gb") is not None or os.environ.get(layout.ENV_MEMORY_CAP_GB):
+    if asked_cap_gb(cfg)[0] is not None:
         return True
     device = cfg.get("device")
     return device == "cuda" or (device != "cpu" and shutil.which("nvidia-smi") is not None)
@@ -241,7 +250,7 @@ def check(cfg: dict[str, Any], plan: Plan, probe: Probe | None) -> dict[str, Any
     """Estimate, and refuse a plan that does not fit (PlanError); the record for run.json, or None when there
     is nothing to check (CPU without a cap). ``probe``: the driver's probe, asked for the model's facts."""
     scfg = cfg.get("strategy") or {}
-    explicit_cap = scfg.get("memory_cap_gb") is not None or bool(os.environ.get(layout.ENV_MEMORY_CAP_GB))
+    explicit_cap = asked_cap_gb(cfg)[0] is not None
     if plan.device != "cuda" and not explicit_cap:
         return None
     try:

@@ -241,15 +241,16 @@ def test_each_rank_sees_only_its_own_gpu_as_cuda0() -> None:
 def test_a_memory_cap_becomes_the_processes_share_of_its_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """The cap the planner checked the run against is the most its ranks may allocate on a GPU."""
     from runner import layout
+    from runner.memory_plan import asked_cap_gb
     from tasks.engine.config import Config
-    from tasks.engine.trainer import memory_fraction, planned_cap_gb
+    from tasks.engine.trainer import memory_fraction
 
     monkeypatch.delenv(layout.ENV_MEMORY_CAP_GB, raising=False)
-    assert planned_cap_gb(Config({"strategy": {"memory_cap_gb": None}})) is None
-    assert planned_cap_gb(Config({"strategy": {"memory_cap_gb": 40}})) == 40.0
+    assert asked_cap_gb(Config({"strategy": {"memory_cap_gb": None}}))[0] is None
+    assert asked_cap_gb(Config({"strategy": {"memory_cap_gb": 40}}))[0] == 40.0
     monkeypatch.setenv(layout.ENV_MEMORY_CAP_GB, "24.5")
-    assert planned_cap_gb(Config({"strategy": {"memory_cap_gb": None}})) == 24.5
-    assert planned_cap_gb(Config({"strategy": {"memory_cap_gb": 40}})) == 40.0  # the config's key wins, as planned
+    assert asked_cap_gb(Config({"strategy": {"memory_cap_gb": None}}))[0] == 24.5
+    assert asked_cap_gb(Config({"strategy": {"memory_cap_gb": 40}}))[0] == 40.0  # the config's key wins, as planned
     total = 140 * 2**30
     assert memory_fraction(None, total) is None
     assert memory_fraction(35, total) == pytest.approx(0.25)

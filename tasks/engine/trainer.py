@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from runner import layout
+from runner import layout, memory_plan
 from tasks import registry
 from tasks.api import TaskParts
 from tasks.engine import checkpoint as ckpt
@@ -77,7 +77,8 @@ def setup(run_dir: str, local_dir: str, console: IO[str] | None, cfg: Config) ->
         if own is not None and cfg.train.get("own_gpu", True) and not torch.cuda.is_initialized():
             os.environ["CUDA_VISIBLE_DEVICES"], index = own, 0
         torch.cuda.set_device(index)
-        fraction = memory_fraction(planned_cap_gb(cfg), torch.cuda.get_device_properties(index).total_memory)
+        cap, _ = memory_plan.asked_cap_gb(cfg)
+        fraction = memory_fraction(cap, torch.cuda.get_device_properties(index).total_memory)
         if fraction is not None:  # hold the run to the memory its plan was checked against
             torch.cuda.set_per_process_memory_fraction(fraction, index)
         torch.backends.cuda.matmul.allow_tf32 = True  # fp32 matmuls outside autocast use tensor cores
@@ -91,15 +92,6 @@ def setup(run_dir: str, local_dir: str, console: IO[str] | None, cfg: Config) ->
         device_id=device if device.type == "cuda" else None,
     )
     return Context(rank, local_rank, world_size, device, run_dir, local_dir, console, name)
-
-
-def planned_cap_gb(cfg: Config) -> float | None:
-    """The per-rank memory cap the driver's planner checked this run against, when one was asked for
-    (``strategy.memory_cap_gb``, else ``$DDP_RUNNER_MEMORY_CAP_GB``); None: the whole device."""
-    cap = (cfg.get("strategy") or {}).get("memory_cap_gb")
-    if cap is None and os.environ.get(layout.ENV_MEMORY_CAP_GB):
-        cap = os.environ[layout.ENV_MEMORY_CAP_GB]
-    return float(cap) if cap is not None else None
 
 
 def memory_fraction(cap_gb: float | None, total_bytes: int) -> float | None:
