@@ -1,18 +1,19 @@
 """Strategies on GPUs (issue 18): tokens/s, MFU and measured peak memory against the memory planner's estimate.
 
-Through ``ddp-run`` on the visible GPUs (one or two H200), each run short and compiled:
+Through ``ddp-run`` on the visible GPUs, each run short and compiled, at each of ``--worlds`` (default 1 and 2):
 
-1. GPT-2 small at a fixed global batch of 64 sequences (16 per rank): ``ddp`` on 1 GPU, then ``ddp``, ``zero1``
-   and ``fsdp`` on 2; scaling 1 → 2 of the best strategy.
+1. GPT-2 small at a fixed global batch of 64 sequences (16 per rank) under each of ``--strategies`` (default
+   ``ddp``, ``zero1``, ``fsdp``); per strategy, its scaling from 1 GPU to each larger world, and the best.
 2. The planner's refusal of ``task=gpt_6b`` under ``strategy=ddp`` on 1 GPU (a dry run: no GPU time).
-3. ``task=gpt_6b`` (~6.1B parameters, 8 per rank) with ``strategy=fsdp`` on 2 GPUs: MFU and peak memory.
+3. ``task=gpt_6b`` (~6.1B parameters, 8 per rank) with ``strategy=fsdp`` at each world: MFU and peak memory.
 
 Each row: tokens/s (median over the logging windows after the first), MFU, ``memory/peak_gb`` (rank 0's peak
 allocated) beside ``run.json``'s ``memory_plan`` estimate and their ratio (goal: within 15%). Workers get
 ``NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1``. Prints a markdown table and
-writes every row as JSON (``--out``). About 5 minutes on 2×H200; ``--only small|big`` runs one part.
+writes every row as JSON (``--out``). About 8 minutes on 2×H200; ``--only small|big`` runs one part.
 
-Usage: python bench/strategy_bench.py [--steps 20] [--big-steps 8] [--only small|big] [--out strategy.json]
+Usage: python bench/strategy_bench.py [--worlds 1,2] [--strategies ddp,zero1,fsdp] [--steps 20] [--big-steps 8]
+       [--only small|big] [--out strategy.json]
 """
 
 from __future__ import annotations
@@ -61,9 +62,10 @@ def row(name: str, strategy: str, world: int, proc: subprocess.CompletedProcess,
             "driver_lines": [ln for ln in proc.stdout.splitlines() if ln.startswith("ddp-run:")]}
 
 
-def small(steps: int, root: str) -> list[dict]:
+def small(steps: int, root: str, worlds: list[int], strategies: list[str]) -> list[dict]:
+    """GPT-2 small under each strategy at each world size, one row per run."""
     rows = []
-    for world, strategy in ((1, "ddp"), (2, "ddp"), (2, "zero1"), (2, "fsdp")):
+    for world, strategy in ((w, s) for w in worlds for s in strategies):
         proc, wall = ddp_run([*SMALL, f"world_size={world}", f"strategy={strategy}", f"train.max_steps={steps}"],
                              root)
         rows.append(row("gpt2_small", strategy, world, proc, wall))
@@ -71,19 +73,21 @@ def small(steps: int, root: str) -> list[dict]:
     return rows
 
 
-def big(steps: int, root: str) -> list[dict]:
+def big(steps: int, root: str, worlds: list[int]) -> list[dict]:
+    """The 6B model's refusal under DDP on one GPU, then its FSDP run at each world size."""
     refused, wall = ddp_run(["task=gpt_6b", "world_size=1", "strategy=ddp", "dry_run=true"], root, timeout=120)
     rows = [{"run": "gpt_6b refusal", "strategy": "ddp", "world": 1, "rc": refused.returncode, "wall_s": wall,
              "refusal": refused.stderr.strip()[-1500:]}]
     print(json.dumps(rows[-1]), flush=True)
-    proc, wall = ddp_run([*BIG, "world_size=2", "strategy=fsdp", f"train.max_steps={steps}"], root)
-    rows.append(row("gpt_6b", "fsdp", 2, proc, wall))
-    print(json.dumps({k: v for k, v in rows[-1].items() if k not in ("estimate", "driver_lines")}), flush=True)
+    for world in worlds:
+        proc, wall = ddp_run([*BIG, f"world_size={world}", "strategy=fsdp", f"train.max_steps={steps}"], root)
+        rows.append(row("gpt_6b", "fsdp", world, proc, wall))
+        print(json.dumps({k: v for k, v in rows[-1].items() if k not in ("estimate", "driver_lines")}), flush=True)
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    """Markdown: one line per run, and the 1 → 2 GPU scaling of GPT-2 small."""
+    """Markdown: one line per run, and GPT-2 small's scaling from 1 GPU, per strategy and the best."""
     out = ["| run | strategy | GPUs | tokens/s | MFU % | step s | peak GiB | planned GiB | planned/peak | wall s |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
 
@@ -98,28 +102,44 @@ def table(rows: list[dict]) -> str:
         out.append(f"| {r['run']} | {r['strategy']} | {r['world']} | {f(r['tok_s'], ',.0f')} | "
                    f"{f(r['mfu_pct'], '.1f')} | {f(r['step_s'], '.4f')} | {f(r['peak_gb'], '.2f')} | "
                    f"{f(r['estimate_gb'], '.2f')} | {f(r['estimate_over_peak'], '.2f')} | {r['wall_s']:.0f} |")
-    one = [r for r in rows if r["run"] == "gpt2_small" and r["world"] == 1 and r.get("tok_s")]
-    two = [r for r in rows if r["run"] == "gpt2_small" and r["world"] == 2 and r.get("tok_s")]
-    if one and two:
-        best = max(two, key=lambda r: r["tok_s"])
-        out.append(f"\nGPT-2 small scaling 1 → 2 GPUs, best strategy {best['strategy']}: "
-                   f"{100 * best['tok_s'] / (2 * one[0]['tok_s']):.1f}%")
+    out += [""] + scaling_lines(rows)
     return "\n".join(out)
+
+
+def scaling_lines(rows: list[dict]) -> list[str]:
+    """GPT-2 small's scaling efficiency from 1 GPU to each larger world: per strategy, against the same
+    strategy's 1-GPU run, and for the best strategy there against the best 1-GPU run."""
+    small_rows = [r for r in rows if r["run"] == "gpt2_small" and r.get("tok_s")]
+    ones = {r["strategy"]: r["tok_s"] for r in small_rows if r["world"] == 1}
+    lines = []
+    for world in sorted({r["world"] for r in small_rows} - {1}):
+        at = [r for r in small_rows if r["world"] == world]
+        per = [f"{r['strategy']} {100 * r['tok_s'] / (world * ones[r['strategy']]):.1f}%"
+               for r in at if r["strategy"] in ones]
+        if ones and at:
+            best = max(at, key=lambda r: r["tok_s"])
+            lines.append(f"GPT-2 small scaling 1 → {world} GPUs, best strategy {best['strategy']} against the best"
+                         f" on 1 GPU: {100 * best['tok_s'] / (world * max(ones.values())):.1f}%"
+                         + (f" (each against itself: {', '.join(per)})" if per else ""))
+    return lines
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=20, help="optimizer steps per GPT-2 small run")
     ap.add_argument("--big-steps", type=int, default=8, help="optimizer steps of the gpt_6b run")
+    ap.add_argument("--worlds", default="1,2", help="comma-separated world sizes (GPUs), e.g. 1 or 1,2,4")
+    ap.add_argument("--strategies", default="ddp,zero1,fsdp", help="GPT-2 small's strategies, comma-separated")
     ap.add_argument("--only", choices=("small", "big"), default=None)
     ap.add_argument("--out", default="strategy_bench.json")
     a = ap.parse_args()
     root = tempfile.mkdtemp(prefix="strategy_bench_")
+    worlds = [int(w) for w in a.worlds.split(",")]
     rows: list[dict] = []
     if a.only in (None, "small"):
-        rows += small(a.steps, root)
+        rows += small(a.steps, root, worlds, a.strategies.split(","))
     if a.only in (None, "big"):
-        rows += big(a.big_steps, root)
+        rows += big(a.big_steps, root, worlds)
     Path(a.out).write_text(json.dumps(rows, indent=1))
     print(table(rows))
 

@@ -65,3 +65,20 @@ def test_dry_run_on_cpu_runs_every_part_and_writes_the_report(tmp_path):
     assert res["doctor"]["rc"] == 0, res["doctor"]
     doctor = json.loads((out / "doctor.json").read_text())  # the host's report beside the study
     assert {c["name"]: c["status"] for c in doctor["checks"]}["bandwidth"] == "ok", doctor
+
+
+def test_the_strategy_bench_states_scaling_per_strategy_and_for_the_best():
+    """bench/strategy_bench.py compares each strategy at N GPUs with itself on one GPU, and the best at N with the
+    best on one; worlds without a 1-GPU run get no line."""
+    import strategy_bench
+
+    rows = [{"run": "gpt2_small", "strategy": s, "world": w, "tok_s": t}
+            for s, w, t in (("ddp", 1, 500.0), ("fsdp", 1, 400.0), ("ddp", 2, 960.0), ("fsdp", 2, 800.0),
+                            ("ddp", 4, 1800.0))]
+    rows.append({"run": "gpt_6b", "strategy": "fsdp", "world": 2, "tok_s": 10.0})
+    assert strategy_bench.scaling_lines(rows) == [
+        "GPT-2 small scaling 1 → 2 GPUs, best strategy ddp against the best on 1 GPU: 96.0%"
+        " (each against itself: ddp 96.0%, fsdp 100.0%)",
+        "GPT-2 small scaling 1 → 4 GPUs, best strategy ddp against the best on 1 GPU: 90.0%"
+        " (each against itself: ddp 90.0%)"]
+    assert strategy_bench.scaling_lines([r for r in rows if r["world"] != 1]) == []
