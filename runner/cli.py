@@ -202,7 +202,7 @@ def execute(cfg: DictConfig) -> int:
             env = worker_env(rd.url, rd.local, t0, restarts=launcher.get("max_restarts", 0), task_path=task_dir,
                              extra=multinode.env(launcher))
             env.update(diagnostics.worker_env(conf, plan.backend))
-            return multinode.follow(rd, plan, launcher, env)
+            return multinode.follow(rd, plan, launcher, env, conf)
     elif not continuing:
         try:
             rd = _new_run_dir(conf, plan, started)
@@ -251,8 +251,14 @@ def execute(cfg: DictConfig) -> int:
     sup = Supervisor(cmd, env, str(Path(rd.local, layout.node_agent_log(node) if multi else layout.AGENT_LOG)))
     mirror = finalize.Mirror(rd, staged=staged) if rd.is_remote else None
     _state["job"]["run_dir"] = rd.url
+    peers = None
+    if multi and rd.is_remote:  # the other nodes' ranks write on their own disks: read their mirrored copies
+        from runner.peers import PeerRanks
+
+        peers = PeerRanks(rd)
+        peers.reset()
     watch = Watchdog(rd.local, rd.url, plan.world_size, float(conf.get("watchdog", {}).get("timeout_s") or 0),
-                     lambda: sup.proc, nccl=plan.backend == "nccl")
+                     lambda: sup.proc, nccl=plan.backend == "nccl", peers=peers)
     ticks = [finalize.Heartbeat(rd, manifest).tick, watch.tick, *([mirror.tick] if mirror else []),
              _lease_tick(rd.lease)]
     launched = time.time()

@@ -146,8 +146,9 @@ def prepare(local_dir: str, conf: Mapping[str, Any]) -> None:
         if rel == layout.PROGRESS:  # a continued run: the previous launch's records (and pids) are not this one's
             for name in os.listdir(folder):
                 os.remove(os.path.join(folder, name))
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(os.path.join(local_dir, layout.HANG_RECORD))
+    for rel in (layout.HANG_RECORD, layout.DUMP_REQUEST):  # an earlier launch's (staged back from a remote tree)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(local_dir, rel))
     if conf.get("debug"):
         path = os.path.join(local_dir, layout.DEBUG_LOGS)
         os.makedirs(path, mode=0o700, exist_ok=True)

@@ -7,6 +7,7 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -237,12 +238,13 @@ class Mirror:
         if time.monotonic() - self.last >= self.every_s:
             self.flush()
 
-    def flush(self) -> None:
-        """Copy every local file to the remote tree now."""
-        self.last = time.monotonic()
+    def flush(self, files: Iterable[Path] | None = None) -> None:
+        """Copy every local file (or those of ``files`` that changed) to the remote tree now."""
         local = Path(self.rd.local)
+        if files is None:
+            self.last = time.monotonic()
         clean = True
-        for p in local.rglob("*"):
+        for p in local.rglob("*") if files is None else files:
             if p.is_file() and ".tmp" not in p.name:
                 rel = p.relative_to(local).as_posix()
                 try:
@@ -255,4 +257,5 @@ class Mirror:
                     # connection errors are no OSError); the next tick retries
                     clean = False
                     print(f"ddp-run: warning: could not mirror {rel}: {exc}", file=sys.stderr)
-        self.clean = clean
+        if files is None:
+            self.clean = clean

@@ -15,6 +15,9 @@ When one has not changed for ``timeout_s``:
 4. ``logs/hang.json``: the rank behind, its step, phase and top frame, every rank's state; one console line;
 5. SIGTERM to torchrun (its usual stop path), SIGKILL if it has not ended after ``END_GRACE_S``.
 
+Under a remote root with several nodes, the other nodes' ranks are read from the run tree (runner/peers.py): their
+records, with ``PeerRanks.lag_s`` more time, and their stacks, waited for before torchrun is stopped here.
+
 Standard library and psutil only (the driver never imports torch at start-up).
 """
 
@@ -32,12 +35,15 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from runner import layout
 from runner.osutil import atomic_write
+
+if TYPE_CHECKING:
+    from runner.peers import PeerRanks
 
 # Phases in the order a rank goes through them between two completed optimizer steps (heartbeat ``step`` counts
 # completed steps, so the bookkeeping after step k comes before the work of step k+1).
@@ -109,9 +115,10 @@ class Watchdog:
 
     def __init__(self, local_dir: str, run_url: str, world_size: int, timeout_s: float,
                  torchrun: Callable[[], subprocess.Popen[bytes] | None], say: Callable[[str], None] | None = None,
-                 nccl: bool = False) -> None:
+                 nccl: bool = False, peers: PeerRanks | None = None) -> None:
         self.local_dir, self.run_url, self.world_size, self.timeout_s = local_dir, run_url, world_size, timeout_s
-        self.torchrun, self.nccl = torchrun, nccl
+        self.torchrun, self.nccl, self.peers = torchrun, nccl, peers
+        self.remote: set[int] = set()  # ranks whose records come from the run tree (other nodes, remote root)
         self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
         self.seen: dict[int, tuple[int, float]] = {}  # rank -> (seq, monotonic time it was first seen)
         self.progress: dict[int, dict[str, Any]] = {}
@@ -127,6 +134,10 @@ class Watchdog:
         """Read the ranks' progress, note processes that ended, and (``judge``) act on a hang."""
         now = time.monotonic()
         self.progress = read_progress(self.local_dir, self.world_size)
+        if self.peers is not None:
+            copies = self.peers.progress(r for r in range(self.world_size) if r not in self.progress)
+            self.progress.update(copies)
+            self.remote = set(copies)
         for r, p in self.progress.items():
             if self.seen.get(r, (None,))[0] != p.get("seq"):
                 self.seen[r] = (p.get("seq"), now)
@@ -139,6 +150,8 @@ class Watchdog:
             self._escalate(now)
         elif judge and self.timeout_s > 0 and (stale := self._stale(now)):
             failed = [r for r in range(self.world_size) if Path(self.local_dir, layout.rank_error(r)).exists()]
+            if not failed and self.peers is not None:
+                failed = self.peers.failed(sorted(self.remote))
             if failed:  # not a hang: a rank failed and the run is slow to end (a teardown waiting on a peer)
                 self._end(f"rank {failed[0]} failed and the run has not ended {self.timeout_s:g} s later")
             else:
@@ -161,7 +174,8 @@ class Watchdog:
         live = {r: p for r, p in self.progress.items() if r not in self.gone and p.get("phase") not in IDLE_PHASES}
         if not any(p.get("step", 0) > p.get("start_step", 0) for p in self.progress.values()):
             return []  # nobody has finished a step of this launch yet
-        return [r for r in live if now - self.seen[r][1] >= self.timeout_s]
+        lag = self.peers.lag_s if self.peers is not None else 0.0
+        return [r for r in live if now - self.seen[r][1] >= self.timeout_s + (lag if r in self.remote else 0.0)]
 
     def _end(self, why: str) -> None:
         """SIGTERM to torchrun (its stop path); SIGKILL follows after END_GRACE_S."""
@@ -206,6 +220,8 @@ class Watchdog:
         stacks.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(OSError):
             (stacks / Path(layout.DUMP_REQUEST).name).touch()  # NCCL ranks dump their flight recorder
+        if self.peers is not None:  # the other nodes' drivers copy it to their ranks
+            self.peers.request_dump()
         for r, proc in self.procs.items():
             if r not in self.gone:
                 with contextlib.suppress(psutil.Error):
@@ -213,6 +229,8 @@ class Watchdog:
         native = self._py_spy()
         if self.nccl:  # the flight recorder is dumped by each rank's progress thread: give it time before SIGTERM
             self._wait_for_nccl_traces([r for r in self.procs if r not in self.gone and r not in stopped])
+        # The other nodes' ranks write their stacks only while they run: before this node's end ends theirs.
+        frames = self._wait_for_peer_stacks()
         # End the run (torchrun's stop path), and resume stopped ranks: their pending SIGUSR1 writes their stack
         # from where they were stopped, then SIGTERM stops them.
         proc = self.torchrun()
@@ -223,17 +241,18 @@ class Watchdog:
             with contextlib.suppress(psutil.Error):
                 self.procs[r].send_signal(signal.SIGTERM)
                 self.procs[r].resume()
-        frames = self._wait_for_stacks()
+        frames.update(self._wait_for_stacks())
         rank = self._behind(stale, stopped, frames)
         p = self.progress[rank]
         states = {str(r): {"step": q.get("step"), "phase": q.get("phase"), "pid": q.get("pid"),
-                           "no_progress_s": round(now - self.seen[r][1], 1) if r in self.seen else None,
+                           "no_progress_s": round(self._idle(r, now), 1) if r in self.seen else None,
                            "stopped": r in stopped, "top_frame": frames.get(r),
                            "stack": layout.rank_stack(r) if frames.get(r) else None,
                            "native_stack": layout.rank_stack(r, "native") if native.get(r) == "saved"
+                           else "on another node: py-spy runs on this one's" if r in self.remote
                            else native.get(r, "py-spy not installed")}
                   for r, q in sorted(self.progress.items())}
-        idle = round(now - self.seen[rank][1], 1)
+        idle = round(self._idle(rank, now), 1)
         state = "stopped (SIGSTOP: it cannot run a signal handler)" if rank in stopped else "not stopped"
         self.hang = {
             "rank": rank, "time": time.time(), "step": p.get("step"), "phase": p.get("phase"),
@@ -248,6 +267,16 @@ class Watchdog:
                  f" {p.get('phase')}{', stopped by SIGSTOP' if rank in stopped else ''}); top frame:"
                  f" {frames.get(rank) or 'unknown'}; stacks: {layout.join(self.run_url, layout.STACKS)}."
                  " Ending the run.")
+
+    def _idle(self, r: int, now: float) -> float:
+        """Seconds without progress: since this watch saw the record change; for another node's rank, whose copy
+        arrives late, since its phase began on its own host when that is longer (by at most the copies' lag, in
+        case the hosts' clocks differ)."""
+        seen = now - self.seen[r][1]
+        if r not in self.remote or self.peers is None:
+            return seen
+        began = time.time() - float(self.progress[r].get("since", time.time()))
+        return max(seen, min(began, seen + self.peers.lag_s))
 
     def _py_spy(self) -> dict[int, str]:
         """Native and Python frames of every live rank with py-spy, when installed (on PATH or beside this Python):
@@ -288,18 +317,35 @@ class Watchdog:
             time.sleep(0.2)
 
     def _wait_for_stacks(self) -> dict[int, str | None]:
-        """Each rank's top frame (main thread) once its faulthandler dump is there (up to STACK_WAIT_S)."""
+        """Each of this node's ranks' top frame (main thread) once its faulthandler dump is there (up to
+        STACK_WAIT_S)."""
+        local = {r: p for r, p in self.progress.items() if r not in self.remote}
         deadline = time.monotonic() + STACK_WAIT_S
         frames: dict[int, str | None] = {}
         while True:
-            for r, p in self.progress.items():
+            for r, p in local.items():
                 if frames.get(r) is None:
                     with contextlib.suppress(OSError):
                         text = Path(self.local_dir, layout.rank_stack(r)).read_text(errors="replace")
                         frames[r] = top_frame(text, p.get("main_thread"))
-            if all(frames.get(r) for r in self.progress if r not in self.gone) or time.monotonic() > deadline:
+            if all(frames.get(r) for r in local if r not in self.gone) or time.monotonic() > deadline:
                 return frames
             time.sleep(0.2)
+
+    def _wait_for_peer_stacks(self) -> dict[int, str | None]:
+        """The other nodes' ranks' top frames, from the stacks their drivers mirror (up to STACK_WAIT_S + the
+        copies' lag); the stack files themselves reach this run directory with the other nodes' logs."""
+        if self.peers is None or not self.remote:
+            return {}
+        deadline = time.monotonic() + STACK_WAIT_S + self.peers.lag_s
+        frames: dict[int, str | None] = {}
+        while True:
+            for r in self.remote:
+                if frames.get(r) is None and (text := self.peers.stack(r)) is not None:
+                    frames[r] = top_frame(text, self.progress[r].get("main_thread"))
+            if all(frames.get(r) for r in self.remote) or time.monotonic() > deadline:
+                return frames
+            time.sleep(0.5)
 
     def observations(self) -> dict[str, Any]:
         """What the root cause needs from this watch: the hang, processes seen ending, OOM-killer evidence."""

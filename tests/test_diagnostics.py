@@ -258,3 +258,73 @@ def test_tidy_drops_empty_stack_files(tmp_path):
     (stacks / "rank1.txt").write_text("Thread 0x1")
     diagnostics.tidy(str(tmp_path))
     assert os.listdir(stacks) == ["rank1.txt"]
+
+
+def _memory_run(tmp_path):
+    """A remote run tree (fsspec's in-memory store) and a local staging folder, as a node's driver has them."""
+    import uuid
+
+    import fsspec
+
+    from runner.rundir import RunDir
+
+    fs, path = fsspec.filesystem("memory"), f"/peers-{uuid.uuid4().hex}"
+    diagnostics.prepare(str(tmp_path), {})
+    return RunDir(url=f"memory://{path}", local=str(tmp_path), fs=fs, path=path)
+
+
+def test_node_0_reads_the_other_nodes_progress_from_the_run_tree_and_drops_an_earlier_launchs(tmp_path):
+    from runner.peers import PeerRanks
+
+    rd = _memory_run(tmp_path)
+    rd.fs.pipe_file(f"{rd.path}/{layout.rank_progress(1)}", json.dumps({"step": 3, "seq": 9}).encode())
+    rd.fs.pipe_file(f"{rd.path}/{layout.rank_progress(2)}", b"{half a rec")
+    rd.fs.pipe_file(f"{rd.path}/{layout.DUMP_REQUEST}", b"")
+    peers = PeerRanks(rd, every_s=0)
+    assert peers.progress([1, 2, 3]) == {1: {"step": 3, "seq": 9}}  # half-written and missing ones are absent
+    peers.reset()  # before a launch: the earlier launch's records would be judged as this one's
+    assert not rd.fs.exists(f"{rd.path}/{layout.rank_progress(1)}")
+    assert not rd.fs.exists(f"{rd.path}/{layout.DUMP_REQUEST}")
+    peers.request_dump()
+    assert rd.fs.exists(f"{rd.path}/{layout.DUMP_REQUEST}")
+    assert peers.stack(1) is None
+    rd.fs.pipe_file(f"{rd.path}/{layout.rank_stack(1)}", b"Thread 0x1 (most recent call first):\n")
+    assert peers.stack(1).startswith("Thread")
+
+
+def test_another_node_relays_the_dump_request_only_once_this_launch_has_trained(tmp_path):
+    from runner.finalize import Mirror
+    from runner.peers import Relay
+
+    rd = _memory_run(tmp_path)
+    local_request = tmp_path / layout.DUMP_REQUEST
+    rd.fs.pipe_file(f"{rd.path}/{layout.DUMP_REQUEST}", b"")  # not yet removed by node 0: an earlier launch's
+    progress = tmp_path / layout.rank_progress(1)
+    progress.write_text(json.dumps({"rank": 1, "step": 4, "start_step": 4, "seq": 2}))
+    relay = Relay(rd, Mirror(rd), every_s=0)
+    relay.tick()
+    assert not local_request.exists()
+    assert json.loads(rd.fs.cat_file(f"{rd.path}/{layout.rank_progress(1)}"))["seq"] == 2  # mirrored at once
+    progress.write_text(json.dumps({"rank": 1, "step": 5, "start_step": 4, "seq": 3}))
+    relay.tick()
+    assert local_request.exists()  # the ranks' progress threads now write their stacks
+    (tmp_path / layout.rank_stack(1)).write_text("Thread 0x1 (most recent call first):\n")
+    relay.tick()
+    assert rd.fs.cat_file(f"{rd.path}/{layout.rank_stack(1)}").startswith(b"Thread")
+
+
+def test_another_nodes_rank_is_judged_with_the_lag_of_its_copy(tmp_path):
+    from runner.peers import PeerRanks
+    from runner.watchdog import Watchdog
+
+    rd = _memory_run(tmp_path)
+    (tmp_path / layout.rank_progress(0)).write_text(json.dumps({"step": 3, "start_step": 0, "phase": "log",
+                                                                "seq": 5}))
+    rd.fs.pipe_file(f"{rd.path}/{layout.rank_progress(1)}", json.dumps(
+        {"step": 3, "start_step": 0, "phase": "step_end", "seq": 4}).encode())
+    watch = Watchdog(str(tmp_path), rd.url, 2, 10.0, lambda: None, peers=PeerRanks(rd, every_s=0, lag_s=5.0))
+    watch.tick(judge=False)
+    assert watch.remote == {1} and sorted(watch.progress) == [0, 1]
+    first_seen = watch.seen[0][1]
+    assert watch._stale(first_seen + 11) == [0]  # the remote copy may be 5 s behind: not yet
+    assert watch._stale(first_seen + 16) == [0, 1]

@@ -249,6 +249,29 @@ def test_two_nodes_under_an_s3_root_are_judged_from_every_nodes_ranks(s3_url):  
         assert fs.exists(f"{run}/logs/rank{rank}.json")
 
 
+def test_a_hang_on_node_1_under_an_s3_root_is_named_there_with_its_stack(s3_url):  # noqa: F811 - fixture
+    # Node 1's ranks write their progress and stacks on node 1's disk. Node 0's watchdog must read them from the
+    # bucket: before, it saw only rank 0, waiting in a collective for the stuck rank 1, and named rank 0.
+    root, port = f"{s3_url}/runs", free_port()
+    nodes = [start_node(r, root, port, "hangjob", "task=smoke", "train.max_steps=200", "fault.kind=hang",
+                        "fault.rank=1", "fault.step=3", "watchdog.timeout_s=10", "timeout_s=90") for r in (0, 1)]
+    (rc0, out0, err0), (rc1, out1, err1) = finish(*nodes)
+    assert rc0 == 1 and rc1 != 0, out0 + err0 + out1 + err1
+    assert "HANG: rank 1 made no progress" in err0 and "faults.py" in err0, err0
+    fs = fsspec.filesystem("s3")
+    fs.invalidate_cache()
+    run = f"{root}/hangjob_smoke_w2".removeprefix("s3://")
+    hang = json.loads(fs.cat_file(f"{run}/{layout.HANG_RECORD}"))
+    assert hang["rank"] == 1 and hang["step"] == 3, hang
+    assert "faults.py" in hang["top_frame"] and "_inject" in hang["top_frame"], hang
+    assert hang["no_progress_s"] >= 10, hang  # the copy's lag is not counted as progress
+    assert sorted(hang["ranks"]) == ["0", "1"] and "distributed" in hang["ranks"]["0"]["top_frame"], hang
+    stack = fs.cat_file(f"{run}/{layout.rank_stack(1)}").decode()
+    assert "in _inject" in stack, stack
+    summary = json.loads(fs.cat_file(f"{run}/summary.json"))
+    assert summary["root_cause"]["rank"] == 1 and summary["root_cause"]["class"] == "hang", summary["root_cause"]
+
+
 def test_node_0_holds_the_lease_and_a_second_node_0_is_refused(out_root):
     port = free_port()
     args = ["task=smoke", "train.max_steps=1000000", "train.log_every=1000"]

@@ -274,11 +274,13 @@ def node_end(record: dict[str, Any], rc: int, interrupted: int | None) -> dict[s
             "status": ended}
 
 
-def follow(rd: RunDir, plan: Plan, launcher: Mapping[str, Any], env_: dict[str, str]) -> int:
+def follow(rd: RunDir, plan: Plan, launcher: Mapping[str, Any], env_: dict[str, str],
+           conf: Mapping[str, Any]) -> int:
     """A node other than node 0: run this node's agent into the shared run directory, record its outcome in
     ``nodes/<node>.json`` and return the exit code. Node 0's driver writes run.json and summary.json."""
     from pathlib import Path
 
+    from runner import diagnostics
     from runner.supervise import Supervisor
 
     node = node_name(launcher)
@@ -290,11 +292,14 @@ def follow(rd: RunDir, plan: Plan, launcher: Mapping[str, Any], env_: dict[str, 
     if rd.is_remote:  # this node's rank logs and facts are written locally: copy them into the shared tree
         from runner import rundir
         from runner.finalize import Mirror
+        from runner.peers import Relay
 
         # A restart: whichever ranks land here append to their earlier lines (torchrun assigns them).
         mirror = Mirror(rd, staged=rundir.stage_logs(rd))
+        diagnostics.prepare(rd.local, conf)  # this node's own staging folder: its ranks' progress and stacks
+        relay = Relay(rd, mirror)
     sup = Supervisor(cmd, env_, str(Path(rd.local, layout.node_agent_log(node))))
-    rc = sup.run(on_tick=mirror.tick if mirror else None)
+    rc = sup.run(on_tick=(lambda: (mirror.tick(), relay.tick())) if mirror else None)
     if mirror:
         mirror.flush()
     write_node(rd, node, node_end(record, rc, sup.interrupted))
