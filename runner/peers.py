@@ -34,10 +34,11 @@ _RANK_FILE = re.compile(r"rank(\d+)\.json$")
 
 
 def quick_files(local: str) -> list[Path]:
-    """The files another node must see soon: its ranks' progress records, stacks and error records."""
+    """The files another node must see soon: its ranks' progress records, stacks (once written: every rank opens
+    an empty one in case they are asked for) and error records."""
     root = Path(local)
-    return [*root.glob(f"{layout.PROGRESS}/rank*.json"), *root.glob(f"{layout.STACKS}/rank*"),
-            *root.glob(f"{layout.LOGS}/rank*.error.json")]
+    stacks = [p for p in root.glob(f"{layout.STACKS}/rank*") if p.is_file() and p.stat().st_size > 0]
+    return [*root.glob(f"{layout.PROGRESS}/rank*.json"), *stacks, *root.glob(f"{layout.LOGS}/rank*.error.json")]
 
 
 class PeerRanks:
@@ -57,8 +58,12 @@ class PeerRanks:
         """Before a launch: remove an earlier launch's progress records and dump request from the run tree (a
         stale record would be judged as a rank of this launch that never moves)."""
         for rel in (layout.PROGRESS, layout.DUMP_REQUEST):
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 self.rd.fs.rm(self._path(rel), recursive=True)
+            except FileNotFoundError:
+                pass
+            except Exception as exc:  # noqa: BLE001 - the run goes on; a stale record then shows in hang.json
+                self._warn(exc)
         self.rd.fs.invalidate_cache()
 
     def progress(self, ranks: Iterable[int]) -> dict[int, dict[str, Any]]:
@@ -106,7 +111,7 @@ class PeerRanks:
     def _warn(self, exc: Exception) -> None:
         if not self.warned:
             self.warned = True
-            print(f"ddp-run: warning: could not read the other nodes' progress from {self.rd.url}: {exc}",
+            print(f"ddp-run: warning: the other nodes' progress records in {self.rd.url}: {exc}",
                   file=sys.stderr, flush=True)
 
 

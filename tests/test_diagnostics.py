@@ -301,9 +301,11 @@ def test_another_node_relays_the_dump_request_only_once_this_launch_has_trained(
     rd.fs.pipe_file(f"{rd.path}/{layout.DUMP_REQUEST}", b"")  # not yet removed by node 0: an earlier launch's
     progress = tmp_path / layout.rank_progress(1)
     progress.write_text(json.dumps({"rank": 1, "step": 4, "start_step": 4, "seq": 2}))
+    (tmp_path / layout.rank_stack(1)).write_text("")  # every rank opens one in case it is asked for its stacks
     relay = Relay(rd, Mirror(rd), every_s=0)
     relay.tick()
     assert not local_request.exists()
+    assert not rd.fs.exists(f"{rd.path}/{layout.rank_stack(1)}")  # an empty stack file is not copied
     assert json.loads(rd.fs.cat_file(f"{rd.path}/{layout.rank_progress(1)}"))["seq"] == 2  # mirrored at once
     progress.write_text(json.dumps({"rank": 1, "step": 5, "start_step": 4, "seq": 3}))
     relay.tick()

@@ -247,6 +247,7 @@ def test_two_nodes_under_an_s3_root_are_judged_from_every_nodes_ranks(s3_url):  
     assert {r["node"] for r in manifest["ranks"].values()} == {"0", "1"}, manifest["ranks"]
     for rank in (0, 1):
         assert fs.exists(f"{run}/logs/rank{rank}.json")
+    assert not fs.exists(f"{run}/{layout.STACKS}"), fs.find(f"{run}/{layout.STACKS}")  # no hang: no stack files
 
 
 def test_a_hang_on_node_1_under_an_s3_root_is_named_there_with_its_stack(s3_url):  # noqa: F811 - fixture

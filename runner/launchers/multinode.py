@@ -301,6 +301,7 @@ def follow(rd: RunDir, plan: Plan, launcher: Mapping[str, Any], env_: dict[str, 
     sup = Supervisor(cmd, env_, str(Path(rd.local, layout.node_agent_log(node))))
     rc = sup.run(on_tick=(lambda: (mirror.tick(), relay.tick())) if mirror else None)
     if mirror:
+        diagnostics.tidy(rd.local)
         mirror.flush()
     write_node(rd, node, node_end(record, rc, sup.interrupted))
     if sup.interrupted is not None:
