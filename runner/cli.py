@@ -91,7 +91,7 @@ def _plan(cfg: dict[str, Any], task_dirs: list[str]) -> tuple[Plan, str | None, 
         if cfg["launcher"].get("name") in ("multinode", "slurm"):
             from runner.launchers import launcher_check
 
-            launcher_check(cfg["launcher"])
+            launcher_check(cfg["launcher"], str(cfg["output"]["root"]))
         diagnostics.resolve(cfg)
         diagnostics.check(cfg, plan.world_size)
     except BaseException:  # refused (or interrupted): the probe must not outlive the driver

@@ -96,6 +96,11 @@ def test_slurm_script_and_command():
     with pytest.raises(PlanError) as e:
         launcher_check({**launcher, "sbatch": ["qos=high"]})
     assert e.value.key == "launcher.sbatch"
+    launcher_check(launcher, "/shared/runs")
+    launcher_check({**launcher, "nodes": 1}, "s3://bucket/runs")  # one node: its staging folder is the job's
+    with pytest.raises(PlanError) as e:  # the other nodes could not write their ranks' files
+        launcher_check(launcher, "s3://bucket/runs")
+    assert e.value.key == "output.root" and "launcher=multinode" in e.value.fix
 
 
 def test_a_store_listens_on_the_address_its_clients_use():

@@ -7,8 +7,9 @@ from collections.abc import Mapping
 from typing import Any
 
 
-def launcher_check(launcher: Mapping[str, Any]) -> None:
-    """Refuse (PlanError) a launcher config its launcher cannot run, before anything starts."""
+def launcher_check(launcher: Mapping[str, Any], output_root: str | None = None) -> None:
+    """Refuse (PlanError) a launcher config its launcher cannot run (into ``output_root``), before anything
+    starts."""
     if launcher.get("name") == "multinode":
         from runner.launchers import multinode
 
@@ -16,4 +17,4 @@ def launcher_check(launcher: Mapping[str, Any]) -> None:
     elif launcher.get("name") == "slurm":
         from runner.launchers import slurm
 
-        slurm.check(launcher)
+        slurm.check(launcher, output_root)

@@ -31,6 +31,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import fsspec
+
 from runner import layout
 from runner.launchers.local import agent_prefix, worker_tail
 from runner.plan import Gpu, Plan, PlanError
@@ -45,11 +47,19 @@ ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED"
 FINALIZE_GRACE_S = 30.0
 
 
-def check(launcher: Mapping[str, Any]) -> None:
-    """Refuse a Slurm launcher config sbatch would reject."""
+def check(launcher: Mapping[str, Any], output_root: str | None = None) -> None:
+    """Refuse a Slurm launcher config sbatch would reject, or one whose other nodes could not write their ranks'
+    files (a remote ``output_root``: the job's driver stages them in a folder on its own node only)."""
     nodes = launcher.get("nodes")
     if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes <= 0:
         raise PlanError("launcher.nodes", nodes, "must be a positive number of nodes", "e.g. launcher.nodes=2")
+    protocol = fsspec.core.split_protocol(str(output_root or ""))[0]
+    if nodes > 1 and protocol not in (None, "file", "local"):
+        raise PlanError("output.root", output_root,
+                        f"is not a filesystem the {nodes} nodes mount: the job's ranks write their logs into a"
+                        " staging folder that exists on its first node only",
+                        "put output.root on a filesystem every node mounts (e.g. /shared/runs), or use"
+                        " launcher=multinode, whose every node copies its ranks' files to the bucket")
     extra = launcher.get("sbatch") or []
     if not isinstance(extra, list) or not all(isinstance(o, str) and o.startswith("--") for o in extra):
         raise PlanError("launcher.sbatch", extra, "must be a list of sbatch options, each starting with --",
