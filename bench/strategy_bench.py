@@ -5,7 +5,8 @@ Through ``ddp-run`` on the visible GPUs, each run short and compiled, at each of
 1. GPT-2 small at a fixed global batch of 64 sequences (16 per rank) under each of ``--strategies`` (default
    ``ddp``, ``zero1``, ``fsdp``); per strategy, its scaling from 1 GPU to each larger world, and the best.
 2. The planner's refusal of ``task=gpt_6b`` under ``strategy=ddp`` on 1 GPU (a dry run: no GPU time).
-3. ``task=gpt_6b`` (~6.1B parameters, 8 per rank) with ``strategy=fsdp`` at each world: MFU and peak memory.
+3. ``task=gpt_6b`` (~6.1B parameters, 8 per rank) with ``strategy=fsdp`` at each world, and ``zero1`` on more
+   than one GPU: MFU and peak memory (or the planner's refusal).
 
 Each row: tokens/s (median over the logging windows after the first), MFU, ``memory/peak_gb`` (rank 0's peak
 allocated) beside ``run.json``'s ``memory_plan`` estimate and their ratio (goal: within 15%). Workers get
@@ -74,14 +75,18 @@ def small(steps: int, root: str, worlds: list[int], strategies: list[str]) -> li
 
 
 def big(steps: int, root: str, worlds: list[int]) -> list[dict]:
-    """The 6B model's refusal under DDP on one GPU, then its FSDP run at each world size."""
+    """The 6B model's refusal under DDP on one GPU, then its runs at each world size: FSDP, and zero1 where there
+    is more than one rank to shard the optimizer over (a plan the planner refuses is a row with its refusal)."""
     refused, wall = ddp_run(["task=gpt_6b", "world_size=1", "strategy=ddp", "dry_run=true"], root, timeout=120)
     rows = [{"run": "gpt_6b refusal", "strategy": "ddp", "world": 1, "rc": refused.returncode, "wall_s": wall,
              "refusal": refused.stderr.strip()[-1500:]}]
     print(json.dumps(rows[-1]), flush=True)
-    for world in worlds:
-        proc, wall = ddp_run([*BIG, f"world_size={world}", "strategy=fsdp", f"train.max_steps={steps}"], root)
-        rows.append(row("gpt_6b", "fsdp", world, proc, wall))
+    for world, strategy in ((w, s) for w in worlds for s in (("fsdp", "zero1") if w > 1 else ("fsdp",))):
+        proc, wall = ddp_run([*BIG, f"world_size={world}", f"strategy={strategy}", f"train.max_steps={steps}"],
+                             root)
+        rows.append(row("gpt_6b", strategy, world, proc, wall))
+        if proc.returncode == 2:
+            rows[-1].update(refusal=proc.stderr.strip()[-1500:])
         print(json.dumps({k: v for k, v in rows[-1].items() if k not in ("estimate", "driver_lines")}), flush=True)
     return rows
 
