@@ -123,6 +123,7 @@ class Relay:
     def __init__(self, rd: RunDir, mirror: Mirror, every_s: float = EVERY_S) -> None:
         self.rd, self.mirror, self.every_s = rd, mirror, every_s
         self.last = float("-inf")
+        self.trained = False  # has a rank here finished a step of this launch (then a request is this launch's)
         self.relayed = False
 
     def tick(self) -> None:
@@ -131,7 +132,8 @@ class Relay:
             return
         self.last = time.monotonic()
         self.mirror.flush(quick_files(self.rd.local))
-        if self.relayed or not self._trained():
+        self.trained = self.trained or self._trained()
+        if self.relayed or not self.trained:
             return
         with contextlib.suppress(Exception):
             remote = layout.join(self.rd.path, layout.DUMP_REQUEST)

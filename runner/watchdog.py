@@ -319,33 +319,34 @@ class Watchdog:
     def _wait_for_stacks(self) -> dict[int, str | None]:
         """Each of this node's ranks' top frame (main thread) once its faulthandler dump is there (up to
         STACK_WAIT_S)."""
-        local = {r: p for r, p in self.progress.items() if r not in self.remote}
-        deadline = time.monotonic() + STACK_WAIT_S
-        frames: dict[int, str | None] = {}
-        while True:
-            for r, p in local.items():
-                if frames.get(r) is None:
-                    with contextlib.suppress(OSError):
-                        text = Path(self.local_dir, layout.rank_stack(r)).read_text(errors="replace")
-                        frames[r] = top_frame(text, p.get("main_thread"))
-            if all(frames.get(r) for r in local if r not in self.gone) or time.monotonic() > deadline:
-                return frames
-            time.sleep(0.2)
+        def read(r: int) -> str | None:
+            with contextlib.suppress(OSError):
+                return Path(self.local_dir, layout.rank_stack(r)).read_text(errors="replace")
+            return None
+
+        local = [r for r in self.progress if r not in self.remote]
+        return self._wait_for_frames(local, read, STACK_WAIT_S, 0.2)
 
     def _wait_for_peer_stacks(self) -> dict[int, str | None]:
         """The other nodes' ranks' top frames, from the stacks their drivers mirror (up to STACK_WAIT_S + the
         copies' lag); the stack files themselves reach this run directory with the other nodes' logs."""
         if self.peers is None or not self.remote:
             return {}
-        deadline = time.monotonic() + STACK_WAIT_S + self.peers.lag_s
+        return self._wait_for_frames(sorted(self.remote), self.peers.stack, STACK_WAIT_S + self.peers.lag_s, 0.5)
+
+    def _wait_for_frames(self, ranks: list[int], read: Callable[[int], str | None], wait_s: float,
+                         interval_s: float) -> dict[int, str | None]:
+        """Poll ``read`` (a rank's stack text, or None while it is not there) until every running one of
+        ``ranks`` has a top frame, or ``wait_s`` has passed."""
+        deadline = time.monotonic() + wait_s
         frames: dict[int, str | None] = {}
         while True:
-            for r in self.remote:
-                if frames.get(r) is None and (text := self.peers.stack(r)) is not None:
+            for r in ranks:
+                if frames.get(r) is None and (text := read(r)) is not None:
                     frames[r] = top_frame(text, self.progress[r].get("main_thread"))
-            if all(frames.get(r) for r in self.remote) or time.monotonic() > deadline:
+            if all(frames.get(r) for r in ranks if r not in self.gone) or time.monotonic() > deadline:
                 return frames
-            time.sleep(0.5)
+            time.sleep(interval_s)
 
     def observations(self) -> dict[str, Any]:
         """What the root cause needs from this watch: the hang, processes seen ending, OOM-killer evidence."""
