@@ -17,9 +17,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from runner import diagnostics, layout
-from runner.plan import Plan, PlanError, make_plan
-from runner.probe import Probe, ProbeError
+from runner.config.plan import Plan, make_plan
+from runner.config.probe import Probe, ProbeError
+from runner.contract import layout
+from runner.contract.errors import PlanError
+from runner.diagnostics import setup as diagnostics
 
 # The configs ship inside the package (conf/ in the checkout): found from any working directory. A checkout used
 # without installing it (PYTHONPATH=<checkout>) reads its conf/ directly.
@@ -47,9 +49,8 @@ def refuse(err: PlanError) -> int:
 
 def _start_probe(cfg: dict[str, Any], task_dir: str | None) -> Probe | None:
     """The driver's torch probe for this config, started now (None when nothing needs torch's answers)."""
-    from runner import inductor_settings, memory_plan, task_module
-    from runner.plan import flatten
-    from tasks.engine import compile_cache
+    from runner.config import inductor_settings, memory_plan, task_module
+    from runner.contract.rules import flatten
 
     inductor = list(flatten(cfg.get("train", {}).get("inductor") or {}))
     want = (["inductor"] if inductor else []) + (["model"] if memory_plan.wanted(cfg) else [])
@@ -65,16 +66,17 @@ def _start_probe(cfg: dict[str, Any], task_dir: str | None) -> Probe | None:
             facts = None
         if facts is not None:
             known["model"] = facts
-    return Probe(cfg, want, task_dir, compile_cache.cache_dir(str(cfg["output"]["root"])), inductor_keys=inductor,
+    return Probe(cfg, want, task_dir, layout.compile_cache_dir(str(cfg["output"]["root"])), inductor_keys=inductor,
                  known=known)
 
 
 def _plan(cfg: dict[str, Any], task_dirs: list[str]) -> tuple[Plan, str | None, Probe | None]:
     """The plan for a composed config (refusing it with PlanError), the directory the workers must search for
-    the task module (None when it is installed), and the driver's probe (see runner/probe.py), already started.
+    the task module (None when it is installed), and the driver's probe (see runner/config/probe.py), already started.
     ``task_dirs``: where else to look (a continued run's)."""
-    from runner import data_prep, task_module, validate
-    from runner.devices import visible_gpus
+    from runner.config import task_module, validate
+    from runner.config.devices import visible_gpus
+    from runner.data import prep as data_prep
 
     validate.check(cfg)  # every engine and data key from the config alone, before files, tasks or devices
     for line in validate.warnings(cfg):
@@ -89,7 +91,7 @@ def _plan(cfg: dict[str, Any], task_dirs: list[str]) -> tuple[Plan, str | None, 
         plan = make_plan(cfg, gpus, train_samples=train_samples, data_file=data_file,
                          inductor_settings=_inductor_defaults(probe))
         if cfg["launcher"].get("name") in ("multinode", "slurm"):
-            from runner.launchers import launcher_check
+            from runner.launch.registry import launcher_check
 
             launcher_check(cfg["launcher"], str(cfg["output"]["root"]))
         diagnostics.resolve(cfg)
@@ -117,10 +119,13 @@ def _inductor_defaults(probe: Probe | None) -> dict[str, Any] | None:
 
 def execute(cfg: DictConfig) -> int:
     """One job: plan, refuse or launch, supervise, summarise. Returns the job's exit code."""
-    from runner import data_prep, finalize, rundir
-    from runner.launch import Supervisor, torchrun_command, worker_env
-    from runner.launchers import local, multinode
-    from runner.plan import node_range as plan_node_range
+    from runner.config.plan import node_range as plan_node_range
+    from runner.data import prep as data_prep
+    from runner.launch import finalize, local, multinode
+    from runner.launch.command import Supervisor, torchrun_command, worker_env
+    from runner.rundir import run_dir as rundir
+    from runner.rundir.heartbeat import Heartbeat
+    from runner.rundir.mirror import Mirror
 
     t0 = time.time()
     started = datetime.now()
@@ -140,7 +145,7 @@ def execute(cfg: DictConfig) -> int:
             _warn_ignored_overrides(rd.url)
             previous = rd.read_json(layout.MANIFEST)
             _check_no_live_driver(rd.url, previous)
-            from runner.lease import take_or_refuse
+            from runner.rundir.lease import take_or_refuse
 
             rd.lease = take_or_refuse(rd.fs, rd.path, rd.url)  # held until this driver exits
             recorded = previous.get("invocation", {}).get("task_dir")
@@ -148,14 +153,14 @@ def execute(cfg: DictConfig) -> int:
         else:
             conf = OmegaConf.to_container(cfg, resolve=True)
             if HydraConfig.initialized():
-                from runner import overrides
+                from runner.config import overrides
 
                 overrides.check_composed(HydraConfig.get().overrides.task, conf)
         plan, task_dir, probe = _plan(conf, task_dirs)
         try:
             if not continuing and resume not in ("auto", "never"):
                 _check_resume_source(resume, plan)
-            from runner import memory_plan
+            from runner.config import memory_plan
 
             memory = memory_plan.check(conf, plan, probe)  # refuses a plan that does not fit (PlanError)
         finally:
@@ -187,7 +192,7 @@ def execute(cfg: DictConfig) -> int:
     launcher = conf["launcher"]
     multi = launcher.get("name") == "multinode" and not continuing
     if multi:  # every node computes the same run directory; node 0 opens it, the others join it
-        from runner.launchers import multinode
+        from runner.launch import multinode
 
         try:
             rd, continuing = _open_multinode_dir(conf, plan)
@@ -213,8 +218,8 @@ def execute(cfg: DictConfig) -> int:
         probe.keep()  # the next job with this task and model skips the probe
     cmd = torchrun_command(plan, conf["launcher"], rd.url)
     rd.write_text(layout.CONFIG, OmegaConf.to_yaml(OmegaConf.create(conf)))
-    from runner.doctor import cheap_report
-    from runner.manifest import initial_manifest
+    from runner.diagnostics.doctor import cheap_report
+    from runner.rundir.manifest import initial_manifest
 
     manifest = initial_manifest(plan, cmd, task, started, invocation=_invocation(task_dir),
                                 data=data_prep.describe(conf["data"]))
@@ -227,7 +232,7 @@ def execute(cfg: DictConfig) -> int:
     rd.write_json(layout.MANIFEST, manifest)
     print(f"ddp-run: run directory {rd.url}", flush=True)
     if launcher.get("name") == "slurm":  # the job's own driver runs torchrun; this one submits and follows
-        from runner.launchers import slurm
+        from runner.launch import slurm
 
         _state["job"]["run_dir"] = rd.url
         try:
@@ -237,7 +242,7 @@ def execute(cfg: DictConfig) -> int:
             _state["job"].pop("run_dir")
             return refuse(err)
 
-    from runner.watchdog import Watchdog
+    from runner.diagnostics.watchdog import Watchdog
 
     extra = multinode.env(launcher) if multi else local.env() if launcher.get("name", "local") == "local" else {}
     env = worker_env(rd.url, rd.local, t0, restarts=launcher.get("max_restarts", 0), task_path=task_dir,
@@ -249,17 +254,17 @@ def execute(cfg: DictConfig) -> int:
         record = multinode.node_start(plan, launcher, node, cmd)
         multinode.write_node(rd, node, record)
     sup = Supervisor(cmd, env, str(Path(rd.local, layout.node_agent_log(node) if multi else layout.AGENT_LOG)))
-    mirror = finalize.Mirror(rd, staged=staged) if rd.is_remote else None
+    mirror = Mirror(rd, staged=staged) if rd.is_remote else None
     _state["job"]["run_dir"] = rd.url
     peers = None
     if multi and rd.is_remote:  # the other nodes' ranks write on their own disks: read their mirrored copies
-        from runner.peers import PeerRanks
+        from runner.diagnostics.peers import PeerRanks
 
         peers = PeerRanks(rd)
         peers.reset()
     watch = Watchdog(rd.local, rd.url, plan.world_size, float(conf.get("watchdog", {}).get("timeout_s") or 0),
                      lambda: sup.proc, nccl=plan.backend == "nccl", peers=peers)
-    ticks = [finalize.Heartbeat(rd, manifest).tick, watch.tick, *([mirror.tick] if mirror else []),
+    ticks = [Heartbeat(rd, manifest).tick, watch.tick, *([mirror.tick] if mirror else []),
              _lease_tick(rd.lease)]
     launched = time.time()
     rc = sup.run(on_tick=lambda: [tick() for tick in ticks])
@@ -309,8 +314,9 @@ def _open_multinode_dir(conf: dict[str, Any], plan: Plan) -> tuple[Any, bool]:
     restart of the same command), holding its lease. Returns (run dir, continuing); (None, False) on the other
     nodes, and, with elastic ranks (``launcher.node_rank=null``, several drivers on the endpoint's host), on
     every driver but the one that took the lease first: exactly one driver opens the run directory."""
-    from runner import rundir, status
-    from runner.launchers import multinode
+    from runner.launch import multinode
+    from runner.rundir import run_dir as rundir
+    from runner.rundir import status
 
     launcher = conf["launcher"]
     if not multinode.is_creator(launcher):
@@ -363,7 +369,7 @@ def _invocation(task_dir: str | None) -> dict[str, Any]:
 def _swept_values(hc: Any) -> dict[str, str]:
     if hc is None or hc.mode != RunMode.MULTIRUN:
         return {}
-    from runner import sweep
+    from runner.report import sweep
 
     return sweep.job_values(hc.overrides.task, _state["swept"])
 
@@ -380,9 +386,9 @@ def _is_run_dir(url: str) -> bool:
 
 
 def _check_no_live_driver(run_url: str, manifest: dict[str, Any]) -> None:
-    """One writer per run directory: refuse to continue a run whose driver is still alive (runner/status.py);
+    """One writer per run directory: refuse to continue a run whose driver is still alive (runner/rundir/status.py);
     a ``lost`` one (its driver killed or its host gone) may be continued."""
-    from runner import status
+    from runner.rundir import status
 
     if status.status_of(manifest) == layout.STATUS_RUNNING:
         who = status.describe_driver(manifest)
@@ -469,7 +475,7 @@ def _checkpoint_size_problem(fs: Any, ckpt_dir: str) -> str | None:
 
 
 def _new_run_dir(conf: dict[str, Any], plan: Plan, started: datetime):
-    from runner import rundir
+    from runner.rundir import run_dir as rundir
 
     root, task = conf["output"]["root"], conf["task"]["name"]
     hc = HydraConfig.get() if HydraConfig.initialized() else None
@@ -478,7 +484,7 @@ def _new_run_dir(conf: dict[str, Any], plan: Plan, started: datetime):
             sweep = rundir.create_sweep_dir(root, started)
             _state["sweep_dir"] = sweep
             print(f"ddp-run: sweep directory {sweep}", flush=True)
-        from runner import sweep
+        from runner.report import sweep
 
         values = sweep.job_values(hc.overrides.task, _state["swept"])
         name = sweep.job_dir_name(hc.job.num, task, plan.world_size, values)
@@ -521,7 +527,7 @@ def version() -> str:
 
 def main() -> None:
     """Console entry point of ``ddp-run``."""
-    from runner import overrides
+    from runner.config import overrides
 
     args = sys.argv[1:]
     _state["argv"] = ["ddp-run", *args]
@@ -545,7 +551,7 @@ def main() -> None:
 
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
-        from runner import sweep
+        from runner.report import sweep
 
         _state["swept"] = sweep.swept_keys(OverridesParser.create().parse_overrides(cli.overrides))
         # Hydra's own record of the sweep (multirun.yaml) goes to a private folder, then into the sweep directory.
@@ -582,7 +588,7 @@ def _record_job(code: int) -> None:
 
     import fsspec
 
-    from runner import sweep
+    from runner.report import sweep
 
     hc = HydraConfig.get()
     job = _state["job"]
@@ -623,7 +629,8 @@ def _write_sweep_record() -> None:
 
     import fsspec
 
-    from runner import rundir, sweep
+    from runner.report import sweep
+    from runner.rundir import run_dir as rundir
 
     records, hydra_dir = _state["records"], _state.get("hydra_dir")
     try:

@@ -15,7 +15,7 @@ import signal
 import socket
 import sys
 
-from runner import layout, netbind, osutil
+from runner.contract import layout, netbind, osutil
 from tasks.engine import startup, worker_io
 from tasks.engine.diagnostics import termination
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from runner.plan import PlanError as ConfigError
+from runner.contract.errors import PlanError as ConfigError
 from tasks.engine.config import Config
 
 if TYPE_CHECKING:

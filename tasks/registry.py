@@ -13,7 +13,7 @@ import sys
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from runner import layout
+from runner.contract import layout
 
 if TYPE_CHECKING:
     import torch

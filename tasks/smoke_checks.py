@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from runner.validate import check_keys, integer
+from runner.contract.rules import check_keys, integer
 from tasks.api import ConfigError
 
 # tasks/smoke.py reads these (and data.num_samples / data.seed, which the driver checks as the data group's).

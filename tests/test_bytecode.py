@@ -1,4 +1,4 @@
-"""The bytecode cache for the driver's children where torch has none (runner/bytecode.py)."""
+"""The bytecode cache for the driver's children where torch has none (runner/config/bytecode.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from runner import bytecode
+from runner.config import bytecode
 
 
 def _package(root, name, compiled):

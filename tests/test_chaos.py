@@ -23,8 +23,8 @@ import psutil
 import pytest
 from conftest import ddp_run, load_json, run_dirs, wait_for
 
-from runner import layout
-from runner.status import status_of
+from runner.contract import layout
+from runner.rundir.status import status_of
 from tests.s3_server import _free_port, _wait_until_up
 
 pytestmark = pytest.mark.slow

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the repo root, so that `tasks` and `tests` import however pytest is started
     sys.path.insert(0, str(ROOT))
 
-from runner import layout  # noqa: E402
+from runner.contract import layout  # noqa: E402
 from tasks.engine import checkpoint as ck  # noqa: E402
 from tasks.engine.checkpoint import storage  # noqa: E402
 from tests.s3_server import s3_server, s3_url  # noqa: E402, F401 - fixtures

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import ddp_run, load_json, run_dirs
 
-from runner import compare
+from runner.report import compare
 
 
 def test_scaling_efficiency_is_per_rank_throughput_against_the_baseline():
@@ -67,7 +67,7 @@ def test_report_over_a_fixed_global_batch_sweep_and_a_failed_run(tmp_path):
     (sweep,) = {p.parent for p in run_dirs(root)}
     (failed,) = run_dirs(failed_root)
     out = tmp_path / "report"
-    res = subprocess.run([sys.executable, "-m", "runner.compare", str(sweep), str(failed), "--out", str(out),
+    res = subprocess.run([sys.executable, "-m", "runner.report.compare", str(sweep), str(failed), "--out", str(out),
                           "--price", "3"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     for name in ("report.md", "report.csv", "throughput.png", "loss_vs_step.png", "loss_vs_time.png"):
@@ -111,7 +111,7 @@ def test_report_over_a_fixed_global_batch_sweep_and_a_failed_run(tmp_path):
 
 
 def test_sweep_job_names_carry_the_swept_values():
-    from runner import sweep
+    from runner.report import sweep
 
     assert sweep.job_values(["world_size=2", "train.lr=0.1", "device=cpu"], ["world_size", "train.lr"]) == {
         "world_size": "2", "train.lr": "0.1"}

@@ -12,8 +12,9 @@ import pytest
 import torch
 from conftest import ddp_run, load_json, run_dirs
 
-from runner import layout
-from runner.plan import PlanError, make_plan
+from runner.config.plan import make_plan
+from runner.contract import layout
+from runner.contract.errors import PlanError
 from tasks.engine import compile_cache
 from tasks.engine.strategy.ddp import _SingleProcess
 from tasks.engine.strategy.ddp_compile import compiled_forwards, repeated_blocks

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from runner import corpus
+from runner.contract import corpus
 
 SMALL = 300_000  # a small cap keeps these tests fast; the default cap is exercised once below
 
@@ -78,7 +78,7 @@ def test_token_ranges_tail_split_or_val_path(tmp_path: Path) -> None:
 
 
 def test_import_is_driver_light() -> None:
-    code = "import sys, runner.corpus; print(any(m in sys.modules for m in ('torch', 'numpy')))"
+    code = "import sys, runner.contract.corpus; print(any(m in sys.modules for m in ('torch', 'numpy')))"
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

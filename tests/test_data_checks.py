@@ -15,8 +15,9 @@ import fsspec
 import numpy as np
 import pytest
 
-from runner import corpus, data_prep
-from runner.plan import PlanError
+from runner.contract import corpus
+from runner.contract.errors import PlanError
+from runner.data import prep as data_prep
 from tasks.gpt import checks
 
 TASK = {"model": {"context": 16}}
@@ -184,7 +185,7 @@ def test_describe_large_files_by_size_and_mtime(tmp_path: Path, monkeypatch: pyt
 
 
 def test_driver_imports_stay_light() -> None:
-    code = ("import sys, runner.data_prep, runner.corpus, runner.tokenize; "
+    code = ("import sys, runner.data.prep, runner.contract.corpus, runner.data.tokenize; "
             "print(sorted(m for m in ('torch', 'numpy', 'tokenizers') if m in sys.modules))")
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)

@@ -13,9 +13,11 @@ import textwrap
 import pytest
 from conftest import ROOT, ddp_run
 
-from runner import diagnostics, layout, rootcause
-from runner.plan import PlanError
-from runner.watchdog import read_progress, top_frame
+from runner.contract import layout
+from runner.contract.errors import PlanError
+from runner.diagnostics import rootcause
+from runner.diagnostics import setup as diagnostics
+from runner.diagnostics.watchdog import read_progress, top_frame
 
 BASE = {"timeout_s": 600, "watchdog": {"timeout_s": 120}, "debug": False, "train": {"max_steps": 10},
         "fault": {"kind": None, "rank": 1, "step": 3, "slow_s": 5.0, "also": []}}
@@ -266,7 +268,7 @@ def _memory_run(tmp_path):
 
     import fsspec
 
-    from runner.rundir import RunDir
+    from runner.rundir.run_dir import RunDir
 
     fs, path = fsspec.filesystem("memory"), f"/peers-{uuid.uuid4().hex}"
     diagnostics.prepare(str(tmp_path), {})
@@ -274,7 +276,7 @@ def _memory_run(tmp_path):
 
 
 def test_node_0_reads_the_other_nodes_progress_from_the_run_tree_and_drops_an_earlier_launchs(tmp_path):
-    from runner.peers import PeerRanks
+    from runner.diagnostics.peers import PeerRanks
 
     rd = _memory_run(tmp_path)
     rd.fs.pipe_file(f"{rd.path}/{layout.rank_progress(1)}", json.dumps({"step": 3, "seq": 9}).encode())
@@ -293,8 +295,8 @@ def test_node_0_reads_the_other_nodes_progress_from_the_run_tree_and_drops_an_ea
 
 
 def test_another_node_relays_the_dump_request_only_once_this_launch_has_trained(tmp_path):
-    from runner.finalize import Mirror
-    from runner.peers import Relay
+    from runner.diagnostics.peers import Relay
+    from runner.rundir.mirror import Mirror
 
     rd = _memory_run(tmp_path)
     local_request = tmp_path / layout.DUMP_REQUEST
@@ -316,8 +318,8 @@ def test_another_node_relays_the_dump_request_only_once_this_launch_has_trained(
 
 
 def test_another_nodes_rank_is_judged_with_the_lag_of_its_copy(tmp_path):
-    from runner.peers import PeerRanks
-    from runner.watchdog import Watchdog
+    from runner.diagnostics.peers import PeerRanks
+    from runner.diagnostics.watchdog import Watchdog
 
     rd = _memory_run(tmp_path)
     (tmp_path / layout.rank_progress(0)).write_text(json.dumps({"step": 3, "start_step": 0, "phase": "log",

@@ -17,7 +17,7 @@ import psutil
 import pytest
 from conftest import ddp_run, load_json, run_dirs
 
-from runner import layout
+from runner.contract import layout
 
 pytestmark = pytest.mark.slow
 

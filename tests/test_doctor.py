@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from runner import doctor
-from runner.devices import visible_gpus
-from runner.doctor import FAIL, OK, SKIPPED, WARN, MiB
-from runner.plan import Gpu
+from runner.config.devices import visible_gpus
+from runner.config.plan import Gpu
+from runner.diagnostics import doctor
+from runner.diagnostics.doctor import FAIL, OK, SKIPPED, WARN, MiB
 
 ROOT = Path(__file__).resolve().parent.parent
 UUID0 = "GPU-1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901"
@@ -189,7 +189,7 @@ def test_doctor_fails_on_a_device_that_does_not_exist(fake_smi: Path, monkeypatc
 def _doctor(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    return subprocess.run([sys.executable, "-m", "runner.doctor", *args], cwd=ROOT, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "runner.diagnostics.doctor", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -230,7 +230,7 @@ def test_table_on_this_host(capsys: pytest.CaptureFixture[str], monkeypatch: pyt
 
 
 def test_workers_run_with_nvlink_multicast_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    from runner.launch import SAFE_ENV
+    from runner.contract.layout import SAFE_ENV
 
     for k in SAFE_ENV:
         monkeypatch.delenv(k, raising=False)
@@ -259,7 +259,7 @@ def test_usage_errors_exit_2() -> None:
 
 CHEAP = """
 import json, sys
-from runner.doctor import cheap_report
+from runner.diagnostics.doctor import cheap_report
 report = cheap_report(gpu={gpu})
 print(json.dumps({{"torch": "torch" in sys.modules, "report": report}}))
 """

@@ -240,8 +240,8 @@ def test_each_rank_sees_only_its_own_gpu_as_cuda0() -> None:
 
 def test_a_memory_cap_becomes_the_processes_share_of_its_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """The cap the planner checked the run against is the most its ranks may allocate on a GPU."""
-    from runner import layout
-    from runner.memory_plan import asked_cap_gb
+    from runner.contract import layout
+    from runner.contract.rules import asked_cap_gb
     from tasks.engine.config import Config
     from tasks.engine.trainer import memory_fraction
 

@@ -1,8 +1,8 @@
-"""The driver's closing lines about each rank's GPU (runner/finalize.py), from summary.json's ``gpus``."""
+"""The driver's closing lines about each rank's GPU (runner/launch/finalize.py), from summary.json's ``gpus``."""
 
 from __future__ import annotations
 
-from runner.finalize import gpu_lines
+from runner.launch.finalize import gpu_lines
 
 
 def _gpu(clock: float, capped: float = 100.0, thermal: float = 0.0) -> dict[str, float]:

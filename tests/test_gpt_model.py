@@ -139,7 +139,7 @@ def test_gpt2_small_preset_composes() -> None:
 
 
 def test_build_tiny_preset(tmp_path: Path) -> None:
-    from runner.corpus import count_samples
+    from runner.contract.corpus import count_samples
     from tasks.gpt import task as gpt
 
     text = tmp_path / "corpus.txt"
@@ -155,7 +155,7 @@ def test_build_tiny_preset(tmp_path: Path) -> None:
 
 
 def test_checks_refuse_data_vocab_larger_than_model(tmp_path: Path) -> None:
-    from runner.plan import PlanError
+    from runner.contract.errors import PlanError
     from tasks.gpt.checks import check
 
     text = tmp_path / "corpus.txt"

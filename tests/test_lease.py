@@ -1,4 +1,4 @@
-"""One writer per run directory (runner/lease.py): on a local disk through ``flock``, on S3 (the real moto server
+"""One writer per run directory (runner/rundir/lease.py): on a local disk through ``flock``, on S3 (the real moto server
 of tests/s3_server.py, on loopback) through conditional puts. Racing takers are real processes."""
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ import fsspec
 import pytest
 from conftest import ddp_run, run_dirs
 
-from runner import layout, lease, rundir
+from runner.contract import layout
+from runner.rundir import lease
+from runner.rundir import run_dir as rundir
 from tests.s3_server import s3_server, s3_url  # noqa: F401 - fixtures
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TAKER = textwrap.dedent("""
     import os, sys, time
     import fsspec
-    from runner import lease
+    from runner.rundir import lease
     url, go = sys.argv[1], sys.argv[2]
     fs, path = fsspec.core.url_to_fs(url)
     while not os.path.exists(go):

@@ -176,7 +176,7 @@ def test_goodput_shares_add_up_and_rates_use_the_whole_wall_clock():
 
 
 def test_startup_parts_run_from_the_driver_start_through_each_mark(monkeypatch):
-    from runner import layout
+    from runner.contract import layout
     from tasks.engine import startup
 
     monkeypatch.setattr(startup, "_marks", {})

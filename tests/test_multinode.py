@@ -19,8 +19,8 @@ import pytest
 from conftest import load_json, run_dirs
 from s3_server import s3_server, s3_url  # noqa: F401 - fixtures
 
-from runner import layout
-from runner.lease import Taken, take
+from runner.contract import layout
+from runner.rundir.lease import Taken, take
 
 pytestmark = pytest.mark.slow
 
@@ -188,7 +188,7 @@ def test_a_local_job_listens_on_loopback_only(out_root, restarts):
 
 
 def test_the_ranks_that_ran_come_from_the_newest_launch_not_the_files_left_behind(tmp_path):
-    from runner.launchers.multinode import ranks_that_ran
+    from runner.launch.multinode import ranks_that_ran
 
     def facts(rank: int, world: int, written: float) -> str:
         path = tmp_path / f"rank{rank}.json"

@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runner.devices import select_visible
-from runner.plan import Gpu, PlanError, derive_accumulation, make_plan
+from runner.config.devices import select_visible
+from runner.config.plan import Gpu, derive_accumulation, make_plan
+from runner.contract.errors import PlanError
 
 GPUS = [Gpu(0, "NVIDIA H200", "GPU-aaa"), Gpu(1, "NVIDIA H200", "GPU-bbb")]
 

@@ -1,4 +1,4 @@
-"""The driver's torch probe (runner/probe.py): one subprocess, its answer cached under the output root for the
+"""The driver's torch probe (runner/config/probe.py): one subprocess, its answer cached under the output root for the
 next job with the same task and model, and nothing written for a refused plan or a dry run."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 
 from conftest import ddp_run, run_dirs
 
-from runner import probe as probe_mod
+from runner.config import probe as probe_mod
 
 # The smoke task computes no memory_facts of its own: torch's probe counts its model.
 TINY = ["task=smoke", "device=cpu", "world_size=1", "train.max_steps=1", "strategy.memory_cap_gb=100",
@@ -93,7 +93,7 @@ def test_gpt_counts_its_parameters_as_the_model_built_on_the_meta_device_does():
 def test_inductor_settings_read_from_source_are_torchs_own():
     import torch._inductor.config as inductor_config
 
-    from runner import inductor_settings
+    from runner.config import inductor_settings
 
     real = inductor_config.get_config_copy()
     static = inductor_settings.settings()

@@ -20,7 +20,7 @@ import pytest
 import slurm_cluster
 from conftest import ddp_run, load_json, run_dirs
 
-from runner import layout
+from runner.contract import layout
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +70,7 @@ def test_a_two_node_job_runs_the_smoke_task_to_completion(slurm, out_root):
     job = load_json(run / layout.SLURM_JOB)
     assert f"submitted Slurm job {job['job_id']}" in r.stdout and "completed: 2 ranks" in r.stdout
     script = (run / layout.SLURM_SCRIPT).read_text()
-    assert "#SBATCH --nodes=2" in script and "-m runner.launchers.slurm" in script
+    assert "#SBATCH --nodes=2" in script and "-m runner.launch.slurm" in script
     manifest, summary = load_json(run / "run.json"), load_json(run / "summary.json")
     assert manifest["status"] == summary["status"] == "completed"
     assert manifest["slurm"]["job_id"] == job["job_id"] and manifest["slurm"]["nodes"] == ["n1", "n2"]

@@ -24,8 +24,8 @@ import psutil
 import pytest
 from conftest import ddp_run, load_json, run_dirs, wait_for
 
-from runner import layout
-from runner.status import effective_status, local_pid_alive, status_of, this_driver
+from runner.contract import layout
+from runner.rundir.status import effective_status, local_pid_alive, status_of, this_driver
 
 NOW = 1_000_000.0
 

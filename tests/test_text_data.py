@@ -12,7 +12,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from runner.corpus import count_samples, resolve_format
+from runner.contract.corpus import count_samples, resolve_format
 from tasks.gpt.data import TokenWindows, make_datasets
 
 

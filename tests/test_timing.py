@@ -1,5 +1,5 @@
 """Where each step's time goes (tasks/engine/timing.py): phase arithmetic, the CPU timer, the slowest/fastest rank,
-the words the console and ddp-compare make of it (runner/breakdown.py), and DDP's last-bucket notice on real gloo."""
+the words the console and ddp-compare make of it (runner/diagnostics/breakdown.py), and DDP's last-bucket notice on real gloo."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from runner import breakdown, compare
+from runner.diagnostics import breakdown
+from runner.report import compare
 from tasks.engine import timing
 from tasks.engine.strategy import grad_sync
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from conftest import ROOT, ddp_run, load_json, run_dirs
 
-from runner import tokenize
+from runner.data import tokenize
 
 # The CLI in a subprocess must import this checkout (not another install of the package).
 CHECKOUT_ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -32,9 +32,9 @@ NOTES = "# Notes\n\nUnicode survives: café, naïve, 東京, 🙂.\nA literal <|
 
 def tokenize_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
                  ) -> subprocess.CompletedProcess[str]:
-    """``python -m runner.tokenize <args>`` as a user would run ddp-tokenize."""
+    """``python -m runner.data.tokenize <args>`` as a user would run ddp-tokenize."""
     full_env = {**os.environ, **CHECKOUT_ENV, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "runner.tokenize", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "runner.data.tokenize", *args], capture_output=True, text=True,
                           env=full_env, cwd=cwd or ROOT, timeout=120)
 
 

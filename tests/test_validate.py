@@ -23,9 +23,10 @@ from conftest import ddp_run, load_json, run_dirs
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from runner import layout
-from runner.plan import PlanError
-from runner.validate import ENGINE_RULES, check_engine, check_keys, integer, number
+from runner.config.validate import ENGINE_RULES, check_engine
+from runner.contract import layout
+from runner.contract.errors import PlanError
+from runner.contract.rules import check_keys, integer, number
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "image_classifier"
@@ -183,7 +184,7 @@ def _train_briefly(cfg: dict[str, Any], run_dir: Path) -> None:
     accepted config, as rank 0 does, and train up to 2 optimizer steps (validating, checkpointing) on CPU.
 
     One rank (this process's one-process group): the plan's world size only splits the data, which the driver's
-    own arithmetic (runner/plan.py) covers; the end-to-end runs below use two ranks."""
+    own arithmetic (runner/config/plan.py) covers; the end-to-end runs below use two ranks."""
     from concurrent.futures import Future
 
     import torch
@@ -270,16 +271,16 @@ def test_the_cli_refuses_with_exit_2_and_nothing_on_disk_or_accepts(drawn, tmp_p
 
 
 def test_every_key_of_the_default_config_the_engine_reads_has_a_rule():
-    from runner.plan import flatten
+    from runner.contract.rules import flatten
 
     keys = set(flatten(_compose(["device=cpu"])))
     ruled = {r.key for r in ENGINE_RULES}
-    # Keys with rules elsewhere: the data group (runner/data_prep.py, DATA_RULES), the task's (its checks hook),
-    # train.inductor's free-form settings (runner/plan.py).
-    # fault.*, watchdog.*, debug: runner/diagnostics.py; launcher.*: runner/plan.py and runner/launchers/.
+    # Keys with rules elsewhere: the data group (runner/data/prep.py, DATA_RULES), the task's (its checks hook),
+    # train.inductor's free-form settings (runner/config/plan.py).
+    # fault.*, watchdog.*, debug: runner/diagnostics/setup.py; launcher.*: runner/config/plan.py and runner/launch/.
     unruled = {k for k in keys - ruled
                if not k.startswith(("data.", "task.", "train.inductor", "launcher.", "fault.", "watchdog.", "debug"))}
-    assert not unruled, f"keys without a rule in runner/validate.py: {sorted(unruled)}"
+    assert not unruled, f"keys without a rule in runner/config/validate.py: {sorted(unruled)}"
 
 
 @pytest.mark.parametrize("key, value, words", [
@@ -308,7 +309,7 @@ def test_a_bad_value_is_refused_with_its_key_value_and_fix(key, value, words):
 
 
 def test_cross_key_rules():
-    from runner.validate import warnings
+    from runner.config.validate import warnings
 
     # A preset's warmup longer than a few benchmark steps is allowed (bench/gpt_bench.py runs gpt2_small so),
     # and said.
@@ -329,7 +330,7 @@ def test_rules_say_their_bounds():
 
 def test_accumulation_longer_than_an_epoch_is_refused_before_launch():
     # 64 samples over 2 ranks = 32 per rank = 4 micro-batches of 8: accumulation 5 would never step.
-    from runner.plan import make_plan
+    from runner.config.plan import make_plan
     from tests.test_plan import cfg as plan_cfg
 
     with pytest.raises(PlanError) as e:

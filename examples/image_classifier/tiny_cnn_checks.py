@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from runner.validate import check_keys, integer, number
+from runner.contract.rules import check_keys, integer, number
 from tasks.api import ConfigError
 
 # Every task.* key tiny_cnn.build reads.

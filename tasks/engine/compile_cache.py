@@ -13,20 +13,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from runner import layout
+from runner.contract.layout import compile_cache_dir as cache_dir
 
-REMOTE_FALLBACK = os.path.join("~", ".cache", "ddp-runner", "compile")
 ENV_INDUCTOR = "TORCHINDUCTOR_CACHE_DIR"
 ENV_TRITON = "TRITON_CACHE_DIR"
-
-
-def cache_dir(root: str) -> str:
-    """Where runs under output root ``root`` keep their compile caches (absolute)."""
-    if root.startswith("file://"):
-        root = root[len("file://"):]
-    if "://" in root:
-        return os.path.expanduser(REMOTE_FALLBACK)
-    return os.path.join(os.path.abspath(root), layout.COMPILE_CACHE)
 
 
 def configure(root: str) -> str:

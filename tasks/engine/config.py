@@ -11,7 +11,7 @@ from typing import Any
 import fsspec
 import yaml
 
-from runner import layout
+from runner.contract import layout
 
 
 class Config(dict):

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from runner import layout
-from runner.plan import explain
+from runner.contract import layout
+from runner.contract.rules import explain
 from tasks.engine import timing
 from tasks.engine.diagnostics import telemetry as gpu_telemetry
 

@@ -7,7 +7,8 @@ from typing import Any
 
 import torch
 
-from runner.plan import SCHEDULES, flatten
+from runner.contract.errors import SCHEDULES
+from runner.contract.rules import flatten
 from tasks.engine.config import Config
 
 

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from runner import layout, memory_plan
+from runner.contract import layout, rules
 from tasks import registry
 from tasks.api import TaskParts
 from tasks.engine import checkpoint as ckpt
@@ -77,7 +77,7 @@ def setup(run_dir: str, local_dir: str, console: IO[str] | None, cfg: Config) ->
         if own is not None and cfg.train.get("own_gpu", True) and not torch.cuda.is_initialized():
             os.environ["CUDA_VISIBLE_DEVICES"], index = own, 0
         torch.cuda.set_device(index)
-        cap, _ = memory_plan.asked_cap_gb(cfg)
+        cap, _ = rules.asked_cap_gb(cfg)
         fraction = memory_fraction(cap, torch.cuda.get_device_properties(index).total_memory)
         if fraction is not None:  # hold the run to the memory its plan was checked against
             torch.cuda.set_per_process_memory_fraction(fraction, index)

@@ -9,8 +9,8 @@ import time
 import traceback
 from typing import IO, Any
 
-from runner import layout
-from runner.osutil import atomic_write
+from runner.contract import layout
+from runner.contract.osutil import atomic_write
 
 
 def redirect_output(local_dir: str, rank: int) -> IO[str] | None:

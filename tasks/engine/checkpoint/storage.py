@@ -37,7 +37,7 @@ import fsspec
 import torch
 from fsspec.implementations.local import LocalFileSystem
 
-from runner import layout
+from runner.contract import layout
 from tasks.engine.diagnostics import faults
 
 STATE_FILE = layout.CKPT_STATE

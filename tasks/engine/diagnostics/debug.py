@@ -1,6 +1,6 @@
 """Debug mode (``debug=true``) on the worker side: torch's and NCCL's debug output into private per-rank files.
 
-The driver turns the libraries' debug output on in the workers' environment (runner/diagnostics.py:
+The driver turns the libraries' debug output on in the workers' environment (runner/diagnostics/setup.py:
 TORCH_DISTRIBUTED_DEBUG=DETAIL, TORCH_CPP_LOG_LEVEL=INFO, NCCL_DEBUG=INFO). Here, before torch is imported, this
 rank sends its C-level stderr (where torch's C++ logs go) to ``logs/debug/rank<R>.log`` and NCCL's to
 ``logs/debug/rank<R>.nccl.log``: owner-only (they hold topology and addresses), whatever the umask, and never on
@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 
-from runner import layout
+from runner.contract import layout
 
 
 def _private_fd(path: str) -> int:

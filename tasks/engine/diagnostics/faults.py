@@ -1,6 +1,6 @@
 """Fault injection in one place: the user's rehearsal faults (config ``fault.*``) and the checkpoint tests' hooks.
 
-Rehearsal (documented in the README; checked before launch by runner/diagnostics.py): ``fault.kind`` strikes
+Rehearsal (documented in the README; checked before launch by runner/diagnostics/setup.py): ``fault.kind`` strikes
 ``fault.rank`` after its optimizer step ``fault.step``, on the first attempt of a launch only (so an elastic
 restart can be shown to recover):
 
@@ -14,7 +14,7 @@ restart can be shown to recover):
 ``fault.also`` lists more faults (same keys) that strike in the same launch, e.g. one rank fails while another
 is stuck.
 
-Test-only hooks for checkpoint tests (environment variables named in ``runner/layout.py``):
+Test-only hooks for checkpoint tests (environment variables named in ``runner/contract/layout.py``):
 
 - ``DDP_RUNNER_SLOW_SAVE=<step>:<seconds>``: hold that step's background checkpoint write.
 - ``DDP_RUNNER_CKPT_TEST_PAUSE=<seconds>``: print a line to stderr and sleep between a checkpoint's payload and
@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from runner import layout
+from runner.contract import layout
 
 KINDS = ("exception", "oom", "sigkill", "hang", "slow")
 

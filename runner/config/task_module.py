@@ -1,0 +1,133 @@
+"""Driver side: find the module a task names (``task.module``) and run its own checks, before launch.
+
+The module is located without being imported (importing a task imports torch, which the driver must not pay
+for at start-up): its spec is found, its source is parsed, and ``build`` must be defined at its top level. Its
+own top-level imports must be findable too, so a missing dependency is refused here rather than on every rank.
+A directory the user runs from is searched *after* the installed packages, and handed to the workers the same
+way (``layout.ENV_TASK_PATH``), so a stray ``tasks.py`` there can never shadow this package.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from runner.contract.errors import PlanError
+
+_FIX = ("set task.module to an importable module that defines build(cfg, device) -> TaskParts"
+        " (installed, on PYTHONPATH, or in the directory you run ddp-run from)")
+
+
+def _find_spec(module: str, extra: list[str]) -> Any:
+    added = [p for p in extra if p not in sys.path]
+    sys.path.extend(added)
+    try:
+        return importlib.util.find_spec(module)
+    finally:
+        for p in added:
+            sys.path.remove(p)
+
+
+def locate(module: Any, cwd: str | None = None, extra: list[str] | None = None) -> str | None:
+    """Check that ``module`` can be imported by the workers and defines ``build``.
+
+    Looked for as installed, then in ``cwd`` (default: the working directory), then in ``extra``. Returns the
+    directory the workers must append to ``sys.path`` to import it (None when it is importable as installed), or
+    raises :class:`PlanError` naming the module, the problem and the fix.
+    """
+    if not isinstance(module, str) or not module or not all(p.isidentifier() for p in module.split(".")):
+        raise PlanError("task.module", module, "not a dotted Python module name", _FIX)
+    cwd = cwd or os.getcwd()
+    try:
+        spec = _find_spec(module, [])
+        where = None
+        for place in [cwd, *(extra or [])]:
+            if spec is None:
+                spec = _find_spec(module, [place])
+                where = place if spec is not None else None
+    except (ImportError, ValueError) as exc:  # a parent package that fails to import
+        raise PlanError("task.module", module, f"cannot be imported ({type(exc).__name__}: {exc})", _FIX) from exc
+    if spec is None:
+        raise PlanError("task.module", module, "no such module (ModuleNotFoundError)", _FIX)
+    origin = spec.origin
+    if not origin or not origin.endswith(".py") or not os.path.isfile(origin):
+        return where  # a compiled or namespace module: the workers find out what it holds
+    try:
+        with open(origin, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), filename=origin)
+    except (SyntaxError, UnicodeDecodeError, OSError) as exc:
+        raise PlanError("task.module", module, f"cannot be imported ({type(exc).__name__}: {exc})",
+                        f"fix {origin}") from exc
+    if "build" not in _top_level_names(tree):
+        raise PlanError("task.module", module, f"defines no build() ({origin})",
+                        "define build(cfg, device) -> tasks.api.TaskParts at the module's top level")
+    missing = [m for m in _top_level_imports(tree, module) if _find_spec(m, [where] if where else []) is None]
+    if missing:
+        raise PlanError("task.module", module,
+                        f"cannot be imported: it imports {missing[0]!r}, which is not installed"
+                        f" (ModuleNotFoundError, from {origin})",
+                        f"install {missing[0]} into this environment, or remove the import")
+    return where
+
+
+def _top_level_names(tree: ast.Module) -> set[str]:
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, (ast.AnnAssign,)) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
+def _top_level_imports(tree: ast.Module, module: str) -> list[str]:
+    """Absolute top-level package names imported unconditionally at the module's top level."""
+    found: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            found += [a.name.split(".")[0] for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append(node.module.split(".")[0])
+    own = module.split(".")[0]
+    return [m for m in dict.fromkeys(found) if m != own and m != "__future__"]
+
+
+def run_checks(cfg: Mapping[str, Any], where: str | None) -> None:
+    """Call the task's own ``check(cfg)`` (module ``task.checks``) if it names one."""
+    checks = cfg["task"].get("checks")
+    if not checks:
+        return
+    if where and where not in sys.path:
+        sys.path.append(where)
+    try:
+        mod = importlib.import_module(checks)
+    except ImportError as exc:
+        raise PlanError("task.checks", checks, f"cannot be imported ({type(exc).__name__}: {exc})",
+                        "set task.checks to a light module with check(cfg), or null") from exc
+    if not callable(getattr(mod, "check", None)):
+        raise PlanError("task.checks", checks, "defines no check(cfg)", "define check(cfg) there, or set null")
+    mod.check(cfg)
+
+
+def memory_facts(cfg: Mapping[str, Any], where: str | None) -> dict[str, Any] | None:
+    """The model's parameter counts from the task's ``task.checks`` module, when it computes them without torch
+    (``memory_facts(cfg)``: the keys of tasks/engine/driver_probe.py's ``model`` answer); None otherwise."""
+    checks = cfg["task"].get("checks")
+    if not checks:
+        return None
+    if where and where not in sys.path:
+        sys.path.append(where)
+    try:
+        fn = getattr(importlib.import_module(checks), "memory_facts", None)
+    except ImportError:
+        return None  # run_checks reports it, with the fix
+    return fn(cfg) if callable(fn) else None

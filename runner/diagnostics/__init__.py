@@ -1,0 +1,1 @@
+"""Diagnostics: the hang watchdog, other nodes' ranks, root cause, time breakdown, ddp-doctor."""

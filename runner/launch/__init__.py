@@ -1,0 +1,2 @@
+"""Launching and supervising: one Launcher protocol and registry (local, multinode, slurm), one supervision session
+that every launcher uses, finalisation."""

@@ -1,0 +1,183 @@
+"""After torchrun ends: status, exit codes, root cause and summary.json; mirroring for remote roots."""
+
+from __future__ import annotations
+
+import re
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from runner.config.plan import Plan
+from runner.contract import layout
+from runner.diagnostics import breakdown
+from runner.rundir.manifest import completion_check, read_rank_files
+from runner.rundir.run_dir import RunDir
+
+# torchrun's failure report: "rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 123)"
+_AGENT_FAILURE = re.compile(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
+
+
+def _exit_codes(facts: dict[int, dict], errors: dict[int, dict], agent_log: str, world_size: int,
+                ) -> dict[str, int | None]:
+    codes: dict[str, int | None] = {str(r): None for r in range(world_size)}
+    for r in errors:
+        codes[str(r)] = 1
+    for m in _AGENT_FAILURE.finditer(agent_log):
+        codes[m.group(1)] = int(m.group(2))
+    for r, f in facts.items():
+        if f.get("completed"):
+            codes[str(r)] = 0
+    return codes
+
+
+# A clock gap between ranks' GPUs worth a note: every DDP step waits for the slowest GPU.
+CLOCK_GAP = 0.03
+
+
+def gpu_lines(gpus: dict[str, dict[str, float]]) -> list[str]:
+    """The console's account of each rank's GPU while training, from ``summary.json``'s ``gpus`` (medians per
+    rank); no lines without telemetry. Notes a GPU clocked ``CLOCK_GAP`` or more below the fastest one."""
+    if not gpus:
+        return []
+    cells = []
+    for r, g in sorted(gpus.items(), key=lambda kv: int(kv[0])):
+        cell = f"rank {r} {g['sm_clock_mhz']:.0f} MHz {g['power_w']:.0f} W {g['temperature_c']:.0f} °C"
+        if g.get("power_capped_pct", 0) >= 50:
+            cell += " at its power limit"
+        if g.get("thermal_slowdown_pct", 0) > 0:
+            cell += f", thermal slowdown {g['thermal_slowdown_pct']:.0f}% of the time"
+        cells.append(cell)
+    lines = [f"ddp-run: GPUs while training (medians): {' · '.join(cells)}"]
+    clocks = {r: g["sm_clock_mhz"] for r, g in gpus.items()}
+    fast = max(clocks, key=lambda r: clocks[r])
+    slow = min(clocks, key=lambda r: clocks[r])
+    if len(clocks) > 1 and clocks[slow] < (1 - CLOCK_GAP) * clocks[fast]:
+        lines.append(f"ddp-run: note: rank {slow}'s GPU ran {100 * (1 - clocks[slow] / clocks[fast]):.0f}% below"
+                     f" rank {fast}'s ({clocks[slow]:.0f} against {clocks[fast]:.0f} MHz); every step waits for"
+                     " the slowest GPU (TensorBoard: gpu<R>/sm_clock_mhz)")
+    return lines
+
+
+def finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupted: int | None,
+           watch: dict[str, Any] | None = None) -> int:
+    """Write the final run.json and summary.json, print the outcome, and return the driver's exit code.
+
+    A failure while doing so (a full disk, a lost remote store) never escapes as a traceback: it ends with one
+    console line, a non-zero exit code and, where run.json can still be written, ``status: failed`` with
+    ``finalize_error``. Where it cannot, run.json keeps ``running`` and readers see the run as ``lost`` once this
+    driver has exited (runner/rundir/status.py).
+    """
+    step = ["reading the rank files"]  # what finalising was doing, for the message
+    try:
+        return _finish(rd, manifest, plan, rc, interrupted, step, watch or {})
+    except Exception as exc:  # noqa: BLE001 - whatever it was, the driver must end with a true status
+        return _finalize_failed(rd, manifest, rc, interrupted, step[0], exc)
+
+
+def outcome(ok: bool, interrupted: int | None) -> str:
+    """The final status of a run whose workers have ended."""
+    if interrupted is not None:
+        return layout.STATUS_INTERRUPTED
+    return layout.STATUS_COMPLETED if ok else layout.STATUS_FAILED
+
+
+def _exit_code(ok: bool, rc: int, interrupted: int | None) -> int:
+    if ok:
+        return 0
+    if interrupted is not None:
+        return 128 + interrupted
+    return rc if rc > 0 else 1
+
+
+def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupted: int | None,
+            step: list[str], watch: dict[str, Any]) -> int:
+    from runner.diagnostics import rootcause
+    from runner.diagnostics.watchdog import read_progress
+
+    facts, errors, logs = read_rank_files(rd.local, plan.world_size)
+    # torchrun's own log: one, or one per node of a multi-node run (each reports its node's ranks' exit codes)
+    agent_logs = [Path(rd.local, layout.AGENT_LOG), *sorted(Path(rd.local).glob(layout.node_agent_log("*")))]
+    agent_log = "\n".join(p.read_text(errors="replace") for p in agent_logs if p.exists())
+    check = completion_check(logs, plan.world_size)
+    ok = rc == 0 and interrupted is None and check["all_completed"]
+    exit_codes = _exit_codes(facts, errors, agent_log, plan.world_size)
+    cause = None if ok else rootcause.root_cause({
+        "world_size": plan.world_size, "errors": errors, "facts": facts, "watch": watch,
+        "progress": read_progress(rd.local, plan.world_size), "exit_codes": exit_codes, "rc": rc,
+        "interrupted": interrupted, "agent_tail": agent_log.strip().splitlines()[-12:]})
+    if cause is None and not ok:  # torchrun ended well but some rank did not report completion
+        cause = {"rank": None, "class": "launcher_error", "type": "Incomplete", "where": "torchrun",
+                 "message": f"torchrun exited with {rc} but not every rank reported completion",
+                 "traceback": agent_log.strip().splitlines()[-12:], "consequences": [], "other_failed_ranks": []}
+    rank0 = facts.get(0, {})
+    manifest.update(
+        status=outcome(ok, interrupted),
+        ended=datetime.now().isoformat(timespec="seconds"),
+        exit_codes=exit_codes,
+        torchrun_exit_code=rc,
+        restarts=max((f.get("restart_count", 0) for f in facts.values()), default=0),
+        ranks={str(r): {k: f.get(k) for k in ("host", "node", "device", "device_name", "cuda_visible_devices",
+                                              "pid")}
+               for r, f in sorted(facts.items())},
+    )
+    manifest["versions"]["nccl"] = rank0.get("nccl")
+    manifest["versions"]["cuda"] = rank0.get("cuda")
+    step[0] = f"writing {layout.MANIFEST}"
+    rd.write_json(layout.MANIFEST, manifest)
+    train = (rank0.get("summary") or {}) if ok else {}
+    summary = {
+        "status": manifest["status"],
+        "explanation": plan.explanation,
+        "global_batch": plan.global_batch,
+        "completion": check,
+        "root_cause": cause,
+        **{k: v for k, v in train.items() if k != "losses"},
+        "losses": train.get("losses"),
+    }
+    step[0] = f"writing {layout.SUMMARY}"
+    rd.write_json(layout.SUMMARY, summary)
+    step[0] = "reporting"
+    if ok:
+        fin = train.get("final", {})
+        loss = fin.get("train/loss")
+        n = len(check["completed_ranks"])
+        print(f"ddp-run: completed: {n} rank{'s' if n != 1 else ''} on"
+              f" {'distinct' if check['distinct_devices'] else 'SHARED'} devices"
+              f" ({', '.join(check['devices'].values())}), {train.get('steps')} steps"
+              + (f", final loss {loss:.4f}" if loss is not None else ""), flush=True)
+        for line in gpu_lines(train.get("gpus") or {}):
+            print(line, flush=True)
+        for line in breakdown.lines(train.get("time_breakdown")):
+            print(line, flush=True)
+        for line in breakdown.goodput_lines(train.get("goodput")):
+            print(line, flush=True)
+        return 0
+    label = "INTERRUPTED" if interrupted is not None else "FAILED"
+    for line in cause.get("traceback", [])[-6:]:
+        print(f"    {line}", file=sys.stderr)
+    for line in rootcause.consequence_lines(cause):
+        print(f"ddp-run: {line}", file=sys.stderr)
+    print(f"ddp-run: rank logs: {layout.join(rd.url, layout.LOGS)}", file=sys.stderr)
+    # Last, so that the end of the console names the rank and the cause.
+    print(f"ddp-run: {label}: {rootcause.headline(cause)}\n  where: {cause['where']}", file=sys.stderr, flush=True)
+    return _exit_code(ok, rc, interrupted)
+
+
+def _finalize_failed(rd: RunDir, manifest: dict[str, Any], rc: int, interrupted: int | None, step: str,
+                     exc: Exception) -> int:
+    """Record (if still possible) and report a failure while finalising; return a non-zero exit code."""
+    error = f"{type(exc).__name__}: {exc}"
+    manifest.update(status=layout.STATUS_FAILED, ended=datetime.now().isoformat(timespec="seconds"),
+                    torchrun_exit_code=rc, finalize_error={"while": step, "error": error,
+                                                           "interrupted_by": interrupted})
+    try:
+        rd.write_json(layout.MANIFEST, manifest)
+        recorded = f"{layout.MANIFEST} records it"
+    except Exception as again:  # noqa: BLE001 - the store is gone: say so, readers will see the run as lost
+        recorded = (f"{layout.MANIFEST} could not be updated either ({type(again).__name__});"
+                    " readers will see the run as lost")
+    print(f"ddp-run: FAILED while finalising ({step}) in {rd.url}: {error}; {recorded}",
+          file=sys.stderr, flush=True)
+    code = _exit_code(False, rc, interrupted)
+    return code if code != 0 else 1

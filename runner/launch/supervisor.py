@@ -1,0 +1,134 @@
+"""Start torchrun (any launcher's command) and supervise it to the end.
+
+torchrun's elastic agent starts, restarts and tears down the workers; the driver adds what it lacks:
+a clean stop on Ctrl-C/SIGTERM that leaves no process behind, and a readable root cause.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import psutil
+
+from runner.config import bytecode
+from runner.contract import layout
+from runner.contract.osutil import die_with_parent
+
+GRACE_S = 20.0  # after SIGTERM, how long workers get before SIGKILL (well inside the 30 s promise)
+
+
+def worker_env(run_url: str, local_dir: str, t0: float, restarts: int = 0,
+               task_path: str | None = None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment torchrun and its workers get. ``extra``: the launcher's variables (e.g. the interface
+    gloo and NCCL listen on), each added only where the user has not set it."""
+    env = dict(os.environ)
+    for k, v in (extra or {}).items():
+        env.setdefault(k, v)
+    if restarts:
+        # torchrun shares its rendezvous TCPStore with the workers and does not separate restart attempts in
+        # it: restarted gloo/NCCL ranks read the previous attempt's addresses and fail to connect
+        # (pytorch/pytorch#135712). Not sharing it gives every attempt a fresh store.
+        env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    for k, v in layout.SAFE_ENV.items():
+        env.setdefault(k, v)
+    env[layout.ENV_RUN_DIR] = run_url
+    env[layout.ENV_LOCAL_DIR] = local_dir
+    env[layout.ENV_T0] = repr(t0)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would pick, without its warning
+    if task_path:
+        env[layout.ENV_TASK_PATH] = task_path
+    else:
+        env.pop(layout.ENV_TASK_PATH, None)
+    return bytecode.child_env(env)
+
+
+def _torchrun_dies_with_us() -> None:  # runs in the child between fork and exec
+    die_with_parent(signal.SIGTERM)  # torchrun's agent then stops its workers
+
+
+class Supervisor:
+    """Runs torchrun as the driver's child and guarantees that no process outlives the run."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], agent_log: str) -> None:
+        self.cmd, self.env, self.agent_log = cmd, env, agent_log
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.interrupted: int | None = None
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        if self.interrupted is None:  # said at once: stopping can take seconds, and silence invites a second Ctrl-C
+            print(f"ddp-run: stopping on signal {signum}: the workers get up to {GRACE_S:.0f} s (rank 0 first"
+                  " finishes a checkpoint it is writing)", file=sys.stderr, flush=True)
+        self.interrupted = signum
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # torchrun's agent then stops its workers
+
+    def run(self, on_tick: Callable[[], None] | None = None) -> int:
+        """Start torchrun, wait for it, and return its exit code (negative for a signal).
+
+        ``on_tick`` is called about every half second while it runs (e.g. to mirror logs remotely).
+        """
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            with open(self.agent_log, "ab") as log:
+                # torchrun's own chatter goes to logs/torchrun.log; rank 0's console output keeps stdout.
+                self.env[layout.ENV_LAUNCH_T] = repr(time.time())
+                self.proc = subprocess.Popen(self.cmd, env=self.env, stderr=log, start_new_session=True,
+                                             preexec_fn=_torchrun_dies_with_us)
+                tree: list[psutil.Process] = []
+                while True:
+                    try:
+                        rc = self.proc.wait(timeout=0.5)
+                        break
+                    except subprocess.TimeoutExpired:
+                        tree = self._snapshot(tree)
+                        if on_tick is not None:
+                            on_tick()
+                        if self.interrupted is not None:
+                            rc = self._stop(tree)
+                            break
+            self._reap(tree)
+            return rc
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+    def _snapshot(self, tree: list[psutil.Process]) -> list[psutil.Process]:
+        """Remember torchrun's descendants (workers live in their own sessions, so killpg misses them)."""
+        try:
+            found = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            return tree
+        known = {p.pid for p in tree}
+        return tree + [p for p in found if p.pid not in known]
+
+    def _stop(self, tree: list[psutil.Process]) -> int:
+        assert self.proc is not None
+        deadline = time.monotonic() + GRACE_S
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            time.sleep(0.2)
+        if self.proc.poll() is None:
+            self.proc.kill()
+        return self.proc.wait()
+
+    @staticmethod
+    def _reap(tree: list[psutil.Process]) -> None:
+        """SIGTERM, then SIGKILL, any worker still alive after torchrun has gone."""
+        alive = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        for p in alive:
+            try:
+                p.terminate()
+            except psutil.Error:
+                pass
+        _, still = psutil.wait_procs(alive, timeout=5)
+        for p in still:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass

@@ -1,0 +1,402 @@
+"""``ddp-compare``: a set of run directories (or sweep directories) → a table, a CSV, plots and one sentence per
+run that answers "is N GPUs worth it for this job, what does it cost, and if not, why".
+
+Reads only what the runs wrote (run.json, summary.json, config.yaml). The arithmetic is in pure functions
+(efficiency, time to a target loss, cost, the bottleneck sentence, the config difference), tested on their own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runner.contract import layout
+from runner.contract.rules import flatten
+from runner.diagnostics import breakdown
+from runner.rundir.status import status_of
+
+DEFAULT_PRICE = 2.50  # USD per GPU-hour: a round on-demand figure for a data-centre GPU; --price sets yours
+# Keys that a fixed-global-batch study changes on purpose, or that only say where a run wrote.
+EXPECTED_DIFFERENCES = ("world_size", "batch.accumulation", "output.root", "resume", "dry_run")
+
+
+# -- pure arithmetic -----------------------------------------------------------------------------------------
+
+def scaling_efficiency(rate: float | None, world: int, base_rate: float | None, base_world: int) -> float | None:
+    """Throughput per rank over the baseline's throughput per rank (1.0 = perfect scaling)."""
+    if not rate or not base_rate:
+        return None
+    return (rate / world) / (base_rate / base_world)
+
+
+def loss_at_steps(losses: Sequence[float], log_every: int, total_steps: int) -> list[tuple[int, float]]:
+    """(optimizer step, loss) pairs of a run's logged losses: one every ``log_every`` steps, the last one at
+    ``total_steps`` (the engine always logs the final step)."""
+    steps = [(i + 1) * log_every for i in range(len(losses))]
+    if steps and total_steps:
+        steps[-1] = min(steps[-1], total_steps)
+    return list(zip(steps, losses, strict=True))
+
+
+def time_to_target(points: Sequence[tuple[int, float]], target: float, step_time_s: float | None,
+                   first_step_s: float | None = None) -> float | None:
+    """Seconds of training until the logged loss first reaches ``target`` (None if it never does).
+
+    Training time = the first step (start-up and compilation, when known) + the later steps at the median step
+    time. Checkpoints and validation are not in it: they are the same for every run of a comparison.
+    """
+    if step_time_s is None:
+        return None
+    for step, loss in points:
+        if loss <= target:
+            return (first_step_s or 0.0) + max(0, step - 1) * step_time_s
+    return None
+
+
+def gpu_hours(seconds: float | None, world: int) -> float | None:
+    """GPU-hours of ``seconds`` on ``world`` devices."""
+    return None if seconds is None else seconds * world / 3600.0
+
+
+def cost(hours: float | None, price_per_gpu_hour: float) -> float | None:
+    """Money for ``hours`` GPU-hours at ``price_per_gpu_hour``."""
+    return None if hours is None else hours * price_per_gpu_hour
+
+
+def common_target(runs: Sequence[Run]) -> float | None:
+    """The loss every completed run reached: the highest of their best logged losses."""
+    bests = [min(r.losses) for r in runs if r.losses and r.status == layout.STATUS_COMPLETED]
+    return max(bests) if bests else None
+
+
+def config_differences(configs: Mapping[str, Mapping[str, Any]],
+                       expected: Sequence[str] = EXPECTED_DIFFERENCES) -> dict[str, dict[str, Any]]:
+    """``{key: {run: value}}`` for every config key whose value is not the same in all runs (a key missing from
+    a run counts as a difference), leaving out the keys a scaling study changes on purpose."""
+    flat = {name: flatten(dict(cfg)) for name, cfg in configs.items()}
+    keys = sorted(set().union(*(f.keys() for f in flat.values()))) if flat else []
+    out: dict[str, dict[str, Any]] = {}
+    for key in keys:
+        if any(key == e or key.startswith(e + ".") for e in expected):
+            continue
+        values = {name: f.get(key, "<absent>") for name, f in flat.items()}
+        if len({json.dumps(v, sort_keys=True, default=str) for v in values.values()}) > 1:
+            out[key] = values
+    return out
+
+
+def bottleneck(run: Run, efficiency: float | None) -> str:
+    """One sentence on where the run's time goes, from its measured figures."""
+    who = f"{run.world} {'GPU' if run.device == 'cuda' else 'rank'}{'s' if run.world != 1 else ''}"
+    if run.status != layout.STATUS_COMPLETED:
+        why = run.failure or "no summary"
+        return f"{who}: {run.status}: {why}."
+    parts = [f"{who}: " + (f"{100 * efficiency:.0f}% scaling efficiency" if efficiency is not None
+                           else "the baseline of the scaling efficiency")]
+    measured = breakdown.phrases(run.time_breakdown)  # each rank's phases, where the run timed them
+    parts += measured
+    if not measured and run.step_time_s and run.data_wait_s is not None:
+        share = run.data_wait_s / run.step_time_s
+        parts.append(f"{100 * share:.0f}% of each step waits for data" if share >= 0.01
+                     else "data loading is hidden (under 1% of a step)")
+    shares = (run.goodput or {}).get("shares") or {}
+    heavy = [(k, v) for k, v in shares.items() if k in ("checkpoint", "validation") and v and v >= 0.05]
+    parts += [f"{k}s take {100 * v:.0f}% of the wall-clock" for k, v in heavy]
+    if shares.get("startup") and shares["startup"] >= 0.25:
+        parts.append(f"start-up is {100 * shares['startup']:.0f}% of the wall-clock (a longer run amortises it)")
+    clocks = {r: g.get("sm_clock_mhz") for r, g in (run.gpus or {}).items() if g.get("sm_clock_mhz")}
+    if len(clocks) > 1:
+        slow, fast = min(clocks, key=clocks.get), max(clocks, key=clocks.get)
+        gap = 1 - clocks[slow] / clocks[fast]
+        if gap >= 0.02:
+            parts.append(f"rank {slow}'s GPU clocks {100 * gap:.0f}% below rank {fast}'s, and every step waits for it")
+    if (not measured and efficiency is not None and efficiency < 0.95 and len(parts) == 2
+            and "hidden" in parts[1]):
+        parts.append("the rest is gradient synchronisation and per-rank overhead (profile with train.profile.steps)")
+    return "; ".join(parts) + "."
+
+
+# -- reading runs ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Run:
+    """What a comparison needs from one run directory."""
+
+    path: Path
+    name: str
+    status: str
+    world: int
+    device: str
+    global_batch: int | None
+    task: str | None
+    config: dict[str, Any] = field(default_factory=dict)
+    losses: list[float] = field(default_factory=list)
+    log_every: int = 1
+    steps: int = 0
+    step_time_s: float | None = None
+    data_wait_s: float | None = None
+    tokens_per_sample: int | None = None
+    first_step_s: float | None = None
+    val_loss: float | None = None
+    goodput: dict[str, Any] | None = None
+    gpus: dict[str, dict[str, float]] | None = None
+    time_breakdown: dict[str, Any] | None = None
+    failure: str | None = None
+
+    @property
+    def samples_per_s(self) -> float | None:
+        """Global samples per second at the median step time."""
+        return self.global_batch / self.step_time_s if self.global_batch and self.step_time_s else None
+
+    @property
+    def rate(self) -> float | None:
+        """Tokens/s for a task with tokens, else samples/s."""
+        sps = self.samples_per_s
+        return sps * self.tokens_per_sample if sps and self.tokens_per_sample else sps
+
+
+def find_runs(paths: Sequence[str]) -> list[Path]:
+    """Run directories among ``paths``: each one itself, or every run directory under a sweep directory."""
+    found: list[Path] = []
+    for p in map(Path, paths):
+        if (p / layout.MANIFEST).is_file():
+            found.append(p)
+        elif p.is_dir():
+            found += sorted(c.parent for c in p.rglob(layout.MANIFEST))
+        else:
+            raise FileNotFoundError(f"{p}: not a run directory or a folder holding some")
+    return list(dict.fromkeys(found))
+
+
+def load_run(path: Path) -> Run:
+    """Read one run directory (a run that has no summary yet, or failed, is still a row)."""
+    import yaml
+
+    manifest = json.loads((path / layout.MANIFEST).read_text())
+    summary_path = path / layout.SUMMARY
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    config = yaml.safe_load((path / layout.CONFIG).read_text()) if (path / layout.CONFIG).is_file() else {}
+    plan = manifest.get("plan", {})
+    median = summary.get("median") or {}
+    final = summary.get("final") or {}
+    step_s = median.get("step_time_s") or final.get("perf/step_time_s")
+    gb = plan.get("global_batch")
+    # Tokens per sample, as the run itself counted them (tokens/s over samples/s), for any task that has tokens.
+    tokens = (round(median["tokens_per_s"] * median["step_time_s"] / gb)
+              if median.get("tokens_per_s") and median.get("step_time_s") and gb else None)
+    cause = summary.get("root_cause") or {}
+    failure = (f"rank {cause.get('rank')}: {cause.get('type')}: {str(cause.get('message'))[:120]}"
+               if cause else None)
+    return Run(
+        path=path, name=path.name, status=summary.get("status") or status_of(manifest),
+        world=int(plan.get("world_size") or 0), device=str(plan.get("device", "cpu")),
+        global_batch=gb, task=manifest.get("task"), config=config,
+        losses=[v for v in (summary.get("losses") or []) if v is not None and math.isfinite(v)],
+        log_every=int((config.get("train") or {}).get("log_every") or 1), steps=int(summary.get("steps") or 0),
+        step_time_s=step_s, data_wait_s=final.get("perf/data_wait_s"), tokens_per_sample=tokens,
+        first_step_s=_first_step_seconds(summary), val_loss=summary.get("val_loss"),
+        goodput=summary.get("goodput"), gpus=summary.get("gpus"), time_breakdown=summary.get("time_breakdown"),
+        failure=failure,
+    )
+
+
+def _first_step_seconds(summary: Mapping[str, Any]) -> float | None:
+    g = summary.get("goodput") or {}
+    seconds = g.get("seconds") or {}
+    if "first_step" in seconds:
+        return float(seconds["first_step"]) + float(seconds.get("startup", 0.0))
+    return summary.get("time_to_first_step_s")
+
+
+# -- the report -----------------------------------------------------------------------------------------------
+
+COLUMNS = ("run", "status", "world", "global_batch", "rate", "unit", "efficiency", "final_loss", "val_loss",
+           "time_to_target_s", "gpu_hours", "cost", "data_share", "exposed_sync_share", "rank_gap_pct")
+
+
+def rows(runs: Sequence[Run], target: float | None, price: float) -> list[dict[str, Any]]:
+    """One row per run, the baseline being the completed run with the smallest world size."""
+    done = [r for r in runs if r.status == layout.STATUS_COMPLETED and r.rate]
+    base = min(done, key=lambda r: r.world) if done else None
+    out = []
+    for r in sorted(runs, key=lambda r: (r.world, r.name)):
+        eff = scaling_efficiency(r.rate, r.world, base.rate, base.world) if base and r is not base else None
+        t = time_to_target(loss_at_steps(r.losses, r.log_every, r.steps), target, r.step_time_s, r.first_step_s) \
+            if target is not None and r.status == layout.STATUS_COMPLETED else None
+        hours = gpu_hours(t, r.world)
+        out.append({
+            "run": r.name, "status": r.status, "world": r.world, "global_batch": r.global_batch,
+            "rate": r.rate, "unit": "tokens/s" if r.tokens_per_sample else "samples/s",
+            "efficiency": 1.0 if r is base else eff, "final_loss": r.losses[-1] if r.losses else None,
+            "val_loss": r.val_loss, "time_to_target_s": t, "gpu_hours": hours, "cost": cost(hours, price),
+            "bottleneck": bottleneck(r, None if r is base else eff),
+            **_breakdown_columns(r.time_breakdown),
+        })
+    return out
+
+
+def _breakdown_columns(tb: Mapping[str, Any] | None) -> dict[str, float | None]:
+    """The slowest rank's data and exposed-sync shares of a step, and the rank gap (None where not timed)."""
+    shares = (tb or {}).get("shares") or {}
+    return {"data_share": shares.get("data"), "exposed_sync_share": shares.get("exposed_sync"),
+            "rank_gap_pct": (tb or {}).get("gap_pct")}
+
+
+def warnings(runs: Sequence[Run]) -> list[str]:
+    """What makes the runs not directly comparable, in words."""
+    out = []
+    batches = {r.global_batch for r in runs if r.global_batch}
+    if len(batches) > 1:
+        out.append("the global batches differ (" + ", ".join(f"{r.name}: {r.global_batch}" for r in runs)
+                   + "): the runs solve different optimisation problems, so their losses per step do not compare")
+    diff = config_differences({r.name: r.config for r in runs if r.config})
+    if diff:
+        out.append("other settings differ: " + "; ".join(
+            f"{k} ({', '.join(f'{n}={v}' for n, v in vals.items())})" for k, vals in list(diff.items())[:12])
+            + (f"; and {len(diff) - 12} more" if len(diff) > 12 else ""))
+    tasks = {r.task for r in runs}
+    if len(tasks) > 1:
+        out.append(f"the runs train different tasks: {', '.join(sorted(map(str, tasks)))}")
+    return out
+
+
+def _fmt(v: Any, kind: str = "") -> str:
+    if v is None:
+        return "—"
+    if kind == "pct":
+        return f"{100 * v:.1f}%"
+    if isinstance(v, float):
+        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+    return str(v)
+
+
+def markdown(table: Sequence[Mapping[str, Any]], warns: Sequence[str], target: float | None, price: float) -> str:
+    """The report as Markdown: the table, the bottleneck sentences, the warnings."""
+    head = ["run", "status", "ranks", "global batch", "throughput", "scaling eff.", "final loss", "val loss",
+            f"time to loss {target:.4g}" if target is not None else "time to target", "GPU-hours", "cost"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in table:
+        warn = " ⚠" if r["status"] != layout.STATUS_COMPLETED else ""
+        lines.append("| " + " | ".join([
+            r["run"], r["status"] + warn, str(r["world"]), _fmt(r["global_batch"]),
+            f"{_fmt(r['rate'])} {r['unit']}" if r["rate"] else "—", _fmt(r["efficiency"], "pct"),
+            _fmt(r["final_loss"]), _fmt(r["val_loss"]),
+            f"{r['time_to_target_s']:.1f} s" if r["time_to_target_s"] is not None else "not reached",
+            f"{r['gpu_hours']:.4f}" if r["gpu_hours"] is not None else "—",
+            f"${r['cost']:.4f}" if r["cost"] is not None else "—"]) + " |")
+    out = ["# Comparison", ""]
+    if warns:
+        out += ["**Warning:** " + w + "." for w in warns] + [""]
+    out += lines + ["", f"Cost at ${price:.2f} per GPU-hour (--price). Scaling efficiency: throughput per rank "
+                    "against the completed run with the fewest ranks. Time to target: the first step (start-up, "
+                    "compilation) plus the later steps at the median step time.", "", "## Where the time goes", ""]
+    out += [f"- {r['bottleneck']}" for r in table]
+    return "\n".join(out) + "\n"
+
+
+def plots(runs: Sequence[Run], table: Sequence[Mapping[str, Any]], out: Path) -> list[Path]:
+    """throughput.png (against world size, with the ideal line), loss_vs_step.png, loss_vs_time.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    done = [r for r in table if r["status"] == layout.STATUS_COMPLETED and r["rate"]]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if done:
+        base = min(done, key=lambda r: r["world"])
+        worlds = sorted({r["world"] for r in done})
+        ax.plot(worlds, [base["rate"] / base["world"] * w for w in worlds], "--", color="grey", label="ideal")
+        ax.plot([r["world"] for r in done], [r["rate"] for r in done], "o-", label="measured")
+        ax.set_xticks(worlds)
+        ax.set_ylabel(done[0]["unit"])
+    ax.set_xlabel("ranks (world size)")
+    ax.set_title("Throughput against world size")
+    ax.legend()
+    fig.tight_layout()
+    written.append(out / "throughput.png")
+    fig.savefig(written[-1], dpi=100)
+    plt.close(fig)
+    for name, xlabel in (("loss_vs_step.png", "optimizer step"), ("loss_vs_time.png", "training time (s)")):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for r in runs:
+            pts = loss_at_steps(r.losses, r.log_every, r.steps)
+            if not pts:
+                continue
+            if name == "loss_vs_time.png":
+                if not r.step_time_s:
+                    continue
+                xs = [(r.first_step_s or 0.0) + (s - 1) * r.step_time_s for s, _ in pts]
+            else:
+                xs = [s for s, _ in pts]
+            ax.plot(xs, [v for _, v in pts], label=f"{r.name} ({r.status})")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("train loss")
+        ax.legend(fontsize="small")
+        fig.tight_layout()
+        written.append(out / name)
+        fig.savefig(written[-1], dpi=100)
+        plt.close(fig)
+    return written
+
+
+def write_csv(table: Sequence[Mapping[str, Any]], path: Path) -> None:
+    """The table as CSV (raw numbers, one row per run)."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=[*COLUMNS, "bottleneck"])
+    w.writeheader()
+    for r in table:
+        w.writerow({k: r.get(k) for k in [*COLUMNS, "bottleneck"]})
+    path.write_text(buf.getvalue())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point of ``ddp-compare``."""
+    ap = argparse.ArgumentParser(
+        prog="ddp-compare", description="Compare run directories (or sweep directories): table, CSV, plots.",
+        epilog="Example: ddp-compare outputs/2026-11-30/12-00-00_sweep --target-loss 3.5 --out report")
+    ap.add_argument("paths", nargs="+", help="run directories, or folders (sweeps) holding run directories")
+    ap.add_argument("--out", default="compare", help="folder for report.md, report.csv and the plots")
+    ap.add_argument("--target-loss", type=float, default=None,
+                    help="loss to time the runs to (default: the loss every completed run reached)")
+    ap.add_argument("--price", type=float, default=DEFAULT_PRICE,
+                    help=f"price per GPU-hour for the cost column (default {DEFAULT_PRICE:.2f})")
+    args = ap.parse_args(argv)
+    try:
+        paths = find_runs(args.paths)
+    except FileNotFoundError as exc:
+        print(f"ddp-compare: error: {exc}. Fix: pass run directories (holding {layout.MANIFEST}) or sweep"
+              " folders", file=sys.stderr)
+        return 2
+    if not paths:
+        print(f"ddp-compare: error: no run directory under {' '.join(args.paths)}", file=sys.stderr)
+        return 2
+    if args.price < 0:
+        print(f"ddp-compare: error: --price={args.price}: must be >= 0", file=sys.stderr)
+        return 2
+    runs = [load_run(p) for p in paths]
+    target = args.target_loss if args.target_loss is not None else common_target(runs)
+    table = rows(runs, target, args.price)
+    warns = warnings(runs)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = markdown(table, warns, target, args.price)
+    (out / "report.md").write_text(report)
+    write_csv(table, out / "report.csv")
+    files = plots(runs, table, out)
+    print(report)
+    print(f"ddp-compare: wrote {out / 'report.md'}, {out / 'report.csv'}, " + ", ".join(str(f) for f in files))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
