@@ -189,7 +189,8 @@ def test_doctor_fails_on_a_device_that_does_not_exist(fake_smi: Path, monkeypatc
 def _doctor(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    return subprocess.run([sys.executable, "-m", "runner.diagnostics.doctor", *args], cwd=ROOT, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "runner.diagnostics.doctor", *args], cwd=ROOT, env=env,
+                          capture_output=True,
                           text=True, timeout=timeout)
 
 

@@ -1,5 +1,5 @@
 """Where each step's time goes (tasks/engine/timing.py): phase arithmetic, the CPU timer, the slowest/fastest rank,
-the words the console and ddp-compare make of it (runner/diagnostics/breakdown.py), and DDP's last-bucket notice on real gloo."""
+the words the console and ddp-compare make of it, and DDP's last-bucket notice on real gloo."""
 
 from __future__ import annotations
 

@@ -58,7 +58,7 @@ ENV_LAUNCH_T = "DDP_RUNNER_LAUNCH_T"  # when the driver started torchrun (Unix s
 # Directories (os.pathsep-separated) that workers append to sys.path to import a task module found there by the
 # driver: appended, not prepended, so a stray file in the user's directory cannot shadow an installed module.
 ENV_TASK_PATH = "DDP_RUNNER_TASK_PATH"
-# Where TCPStore servers listen (runner/contract/netbind.py): unset = the address of the store's host name; "any" = every
+# Where TCPStore servers listen (contract/netbind.py): unset = the address of the store's host name; "any" = every
 # interface (torch's own behaviour).
 ENV_STORE_BIND = "DDP_RUNNER_STORE_BIND"
 # Multi-node runs: the node's name (its launcher.node_rank, or host-pid), which its workers log and record.
@@ -68,7 +68,7 @@ ENV_SLOW_SAVE = "DDP_RUNNER_SLOW_SAVE"
 ENV_CKPT_TEST_PAUSE = "DDP_RUNNER_CKPT_TEST_PAUSE"
 # Set by the driver when debug=true: the worker sends its C-level stderr (torch's C++ logs) to its private debug log.
 ENV_DEBUG = "DDP_RUNNER_DEBUG"
-# Diagnostics (runner/diagnostics/watchdog.py, tasks/engine/diagnostics/): each rank's progress (step, phase), rewritten at most
+# Diagnostics (the driver's watchdog, tasks/engine/diagnostics/): each rank's progress (step, phase), rewritten at most
 # about once a second; every rank's stacks when the watchdog finds one stuck; its record of the hang; private
 # debug logs (debug=true).
 PROGRESS = f"{LOGS}/progress"
@@ -77,7 +77,7 @@ HANG_RECORD = f"{LOGS}/hang.json"
 DEBUG_LOGS = f"{LOGS}/debug"
 # Created by the driver when it finds a hang: ranks on NCCL then dump the flight recorder (best effort).
 DUMP_REQUEST = f"{STACKS}/.dump-requested"
-# Per-rank memory (GiB) the memory planner may count on when strategy.memory_cap_gb is null (runner/config/memory_plan.py).
+# Per-rank memory (GiB) the memory planner may count on when strategy.memory_cap_gb is null (the memory planner).
 ENV_MEMORY_CAP_GB = "DDP_RUNNER_MEMORY_CAP_GB"
 # run.json: the memory planner's per-rank estimate under each strategy.
 MANIFEST_MEMORY_PLAN = "memory_plan"

@@ -309,7 +309,7 @@ def topology_check() -> Check:
 
 
 def visible_check(gpus: Sequence[Gpu] | None = None, environ: dict[str, str] | None = None) -> Check:
-    """CUDA_VISIBLE_DEVICES and the local-rank → physical-GPU mapping (``runner.config.devices``, which asks nvidia-smi)."""
+    """CUDA_VISIBLE_DEVICES and the local-rank → physical-GPU mapping (``config.devices``, which asks nvidia-smi)."""
     env = os.environ if environ is None else environ
     host = all_gpus() if gpus is None else list(gpus)
     visible = env.get("CUDA_VISIBLE_DEVICES")

@@ -15,7 +15,7 @@ When one has not changed for ``timeout_s``:
 4. ``logs/hang.json``: the rank behind, its step, phase and top frame, every rank's state; one console line;
 5. SIGTERM to torchrun (its usual stop path), SIGKILL if it has not ended after ``END_GRACE_S``.
 
-Under a remote root with several nodes, the other nodes' ranks are read from the run tree (runner/diagnostics/peers.py): their
+Under a remote root with several nodes, the other nodes' ranks are read from the run tree (peers.py): their
 records, with ``PeerRanks.lag_s`` more time, and their stacks, waited for before torchrun is stopped here.
 
 Standard library and psutil only (the driver never imports torch at start-up).

@@ -4,7 +4,7 @@ Every node plans the same run from the same command line and so computes the sam
 ``<output.root>/<rdzv_id>_<task>_w<world_size>`` (a root all nodes reach: a shared filesystem or an fsspec URL).
 Node 0 (``launcher.node_rank=0``; with ``node_rank=null``, the host the rendezvous endpoint names) creates it, or
 continues it when it already holds the run (a restart resumes from its newest checkpoint); every other node waits
-until node 0's driver has opened it, then joins. Node 0's driver holds the run directory's lease (runner/rundir/lease.py)
+until node 0's driver has opened it, then joins. Node 0's driver holds the run directory's lease (rundir/lease.py)
 until it exits, so that a second node-0 driver of the same job is refused; the joining nodes take none. Node 0's
 driver writes ``run.json`` and ``summary.json``, judging the run from every node's rank files; every
 node's driver records its host, devices and outcome in ``nodes/<node>.json``, and a failed run names the node
@@ -153,7 +153,7 @@ def exists(url: str) -> bool:
 
 
 def create(url: str, rdzv_id: str) -> RunDir:
-    """Node 0: make the run directory and its subfolders, holding its lease (runner/rundir/lease.py) as a local run's
+    """Node 0: make the run directory and its subfolders, holding its lease (rundir/lease.py) as a local run's
     driver does, so that a second node-0 driver of the same job is refused (exit 2) however close behind it
     starts. PlanError when the root cannot be written, :class:`Held` when another live driver holds the run
     directory; a directory this driver made is removed again then, one another driver made is left to it."""

@@ -1,4 +1,4 @@
-"""Each rank's progress for the driver's hang watchdog (runner/diagnostics/watchdog.py), and the hooks that let it read stacks.
+"""Each rank's progress for the driver's hang watchdog, and the hooks that let it read stacks.
 
 The training loop marks where it is with :func:`phase` (``data``, ``forward_backward``, ``sync``, ``optimizer``,
 ``step_end``, ``log``, ``validate``, ``checkpoint``, ``finish``, ``done``) and :func:`step`. Those calls only
