@@ -13,6 +13,7 @@ import textwrap
 import pytest
 from conftest import ROOT, ddp_run
 
+from runner.config import diagnostic_keys
 from runner.contract import layout
 from runner.contract.errors import PlanError
 from runner.diagnostics import rootcause
@@ -48,20 +49,20 @@ def _conf(**changes):
 ])
 def test_bad_diagnostics_settings_are_refused_with_key_and_fix(changes, key):
     with pytest.raises(PlanError) as err:
-        diagnostics.check(_conf(**changes), world_size=2)
+        diagnostic_keys.check(_conf(**changes), world_size=2)
     assert err.value.key == key and err.value.fix
 
 
 def test_good_settings_pass_and_a_continued_run_drops_the_fault():
     for timeout, expected in ((600, 120), (60, 30)):
         conf = _conf(timeout_s=timeout, watchdog__timeout_s="auto")
-        diagnostics.resolve(conf)
+        diagnostic_keys.resolve(conf)
         assert conf["watchdog"]["timeout_s"] == expected
-    diagnostics.check(_conf(watchdog__timeout_s=0), world_size=2)
+    diagnostic_keys.check(_conf(watchdog__timeout_s=0), world_size=2)
     conf = _conf(fault__kind="slow", fault__rank=0)
-    diagnostics.check(conf, world_size=2)
-    assert diagnostics.without_fault(conf) and conf["fault"]["kind"] is None
-    assert not diagnostics.without_fault(conf)
+    diagnostic_keys.check(conf, world_size=2)
+    assert diagnostic_keys.without_fault(conf) and conf["fault"]["kind"] is None
+    assert not diagnostic_keys.without_fault(conf)
 
 
 def test_refused_on_the_command_line_before_anything_starts(tmp_path):

@@ -21,7 +21,7 @@ import torch
 from conftest import ddp_run, load_json, run_dirs, wait_for
 from torch.utils.data import DistributedSampler
 
-from runner.launch.command import GRACE_S
+from runner.launch.supervisor import GRACE_S
 from tasks.engine import checkpoint as ckpt
 from tasks.smoke import Regression, synthetic_dataset
 

@@ -107,19 +107,19 @@ def test_inductor_settings_read_from_source_are_torchs_own():
 
 
 def test_the_driver_answers_gpt_and_inductor_questions_without_a_subprocess(tmp_path):
-    from runner import cli
+    from runner.job import planning
 
     cfg = {"task": {"name": "gpt", "module": "tasks.gpt.task", "checks": "tasks.gpt.checks",
                     "model": {"layers": 2, "heads": 2, "width": 64, "context": 64, "vocab": 256}},
            "data": {"name": "text"}, "device": "cpu", "strategy": {"memory_cap_gb": 1},
            "train": {"inductor": {"triton": {"cudagraphs": False}}}, "output": {"root": str(tmp_path)}}
-    probe = cli._start_probe(cfg, None)
+    probe = planning.start_probe(cfg, None)
     assert probe.proc is None and set(probe.result()) == {"model", "inductor"}
     assert probe.result()["inductor"] == {"triton.cudagraphs": True}  # a boolean setting (its placeholder)
     smoke = {**cfg, "task": {"name": "smoke", "module": "tasks.smoke", "checks": "tasks.smoke_checks",
                              "in_features": 8, "out_features": 1}, "data": {"name": "synthetic", "num_samples": 8,
                                                                             "seed": 0}}
-    probe = cli._start_probe(smoke, None)
+    probe = planning.start_probe(smoke, None)
     assert probe.proc is not None, "the smoke task has no memory_facts: torch counts its model"
     assert probe.result()["model"]["params"] == 9
 

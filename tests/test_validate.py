@@ -134,11 +134,11 @@ def bases(tmp_path_factory) -> dict[str, dict[str, Any]]:
 
 
 def _driver_plan(cfg: dict[str, Any]) -> Any:
-    """What the driver does before it creates anything (runner/cli.py's _plan), in this process."""
-    from runner import cli
+    """What the driver does before it creates anything (runner/job/planning.py), in this process."""
+    from runner.job import planning
 
     sys.path.append(str(EXAMPLE)) if str(EXAMPLE) not in sys.path else None
-    plan, task_dir, probe = cli._plan(cfg, [str(EXAMPLE)])
+    plan, task_dir, probe = planning.plan_job(cfg, [str(EXAMPLE)])
     if probe is not None:  # torch's answers were needed only for the plan
         probe.cancel()
     return plan, task_dir

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from runner.config.plan import Plan
+from runner.launch.base import BaseLauncher
 
 LOOPBACK = "127.0.0.1"
 
@@ -50,3 +51,20 @@ def env() -> dict[str, str]:
     """Variables that keep the collectives' own listening sockets on loopback (unless the user set them)."""
     lo = loopback_interface()
     return {"GLOO_SOCKET_IFNAME": lo, "NCCL_SOCKET_IFNAME": lo} if lo else {}
+
+
+class Local(BaseLauncher):
+    """``launcher=local``: one host, everything on loopback."""
+
+    name = "local"
+
+    def command(self, plan: Plan, launcher: Mapping[str, Any], run_url: str) -> list[str]:
+        """See :func:`command`."""
+        return command(plan, launcher, run_url)
+
+    def env(self, launcher: Mapping[str, Any]) -> dict[str, str]:
+        """See :func:`env`."""
+        return env()
+
+
+LAUNCHER = Local()

@@ -23,15 +23,16 @@ import sys
 import time
 from collections.abc import Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from runner.config.plan import Plan
 from runner.contract import layout
 from runner.contract.errors import PlanError
+from runner.contract.rules import global_batch
+from runner.launch import finalize
+from runner.launch.base import BaseLauncher, Job
 from runner.launch.local import LOOPBACK, agent_prefix, loopback_interface, worker_tail
-
-if TYPE_CHECKING:  # fsspec is imported only when a run directory is opened
-    from runner.rundir.run_dir import RunDir
+from runner.rundir.run_dir import RunDir
 
 POLL_S = 0.5
 # After its own agent ends, how long node 0 waits for the other nodes' drivers to record their end.
@@ -276,38 +277,29 @@ def node_end(record: dict[str, Any], rc: int, interrupted: int | None) -> dict[s
             "status": ended}
 
 
-def follow(rd: RunDir, plan: Plan, launcher: Mapping[str, Any], env_: dict[str, str],
-           conf: Mapping[str, Any]) -> int:
+def follow(job: Job, rd: RunDir) -> int:
     """A node other than node 0: run this node's agent into the shared run directory, record its outcome in
     ``nodes/<node>.json`` and return the exit code. Node 0's driver writes run.json and summary.json."""
-    from pathlib import Path
+    from runner.launch.session import Session, environment
+    from runner.rundir import run_dir as rundir
 
-    from runner.diagnostics import setup as diagnostics
-    from runner.launch.supervisor import Supervisor
-
+    launcher, plan = job.launcher, job.plan
     node = node_name(launcher)
     cmd = command(plan, launcher, rd.url)
     record = node_start(plan, launcher, node, cmd)
     write_node(rd, node, record)
     print(f"ddp-run: node {node} joined {rd.url}", flush=True)
-    mirror = None
-    if rd.is_remote:  # this node's rank logs and facts are written locally: copy them into the shared tree
-        from runner.diagnostics.peers import Relay
-        from runner.rundir import run_dir as rundir
-        from runner.rundir.mirror import Mirror
-
-        # A restart: whichever ranks land here append to their earlier lines (torchrun assigns them).
-        mirror = Mirror(rd, staged=rundir.stage_logs(rd))
-        diagnostics.prepare(rd.local, conf)  # this node's own staging folder: its ranks' progress and stacks
-        relay = Relay(rd, mirror)
-    sup = Supervisor(cmd, env_, str(Path(rd.local, layout.node_agent_log(node))))
-    rc = sup.run(on_tick=(lambda: (mirror.tick(), relay.tick())) if mirror else None)
-    if mirror:
-        diagnostics.tidy(rd.local)
-        mirror.flush()
-    write_node(rd, node, node_end(record, rc, sup.interrupted))
-    if sup.interrupted is not None:
-        return 128 + sup.interrupted
+    # A remote root: this node's rank logs and facts are written locally and copied into the shared tree; on a
+    # restart, whichever ranks land here append to their earlier lines (torchrun assigns them).
+    staged = rundir.stage_logs(rd) if rd.is_remote else None
+    variables = environment(rd, job.conf, plan, job.t0, job.task_dir, env(launcher))
+    session = Session(rd, job.conf, plan, cmd, variables, agent_log=layout.node_agent_log(node), staged=staged,
+                      relay=True)
+    rc = session.run()
+    session.close()
+    write_node(rd, node, node_end(record, rc, session.interrupted))
+    if session.interrupted is not None:
+        return 128 + session.interrupted
     print(f"ddp-run: node {node}: torchrun exited with {rc}; node 0 writes the run's summary in {rd.url}",
           file=sys.stderr if rc else sys.stdout, flush=True)
     print(rd.url, flush=True)
@@ -375,7 +367,7 @@ def elastic_plan(rd: RunDir, plan: Plan, launcher: Mapping[str, Any]) -> Plan:
     print(f"ddp-run: elastic: the job ran {ranks} of at most {plan.world_size} ranks"
           f" ({ranks // plan.nproc_per_node} of {plan.nnodes} nodes)", flush=True)
     return dataclasses.replace(plan, world_size=ranks, nnodes=ranks // plan.nproc_per_node,
-                               global_batch=plan.per_rank_batch * ranks * plan.accumulation)
+                               global_batch=global_batch(plan.per_rank_batch, ranks, plan.accumulation))
 
 
 def ranks_that_ran(fact_files: list[str]) -> int:
@@ -426,3 +418,105 @@ def blame(rd: RunDir, manifest: dict[str, Any], nodes: Mapping[str, Mapping[str,
     summary["failed_node"] = culprit
     rd.write_json(layout.SUMMARY, summary)
     print(f"ddp-run: the failure started on {culprit['message']}", file=sys.stderr, flush=True)
+
+
+def open_node0(conf: Mapping[str, Any], plan: Plan) -> RunDir | None:
+    """Node 0 of a multi-node run: create its run directory, or continue it when it already holds the run (a
+    restart of the same command: ``continued`` set), holding its lease. None on the other nodes, and, with
+    elastic ranks (``launcher.node_rank=null``, several drivers on the endpoint's host), on every driver
+    but the one that took the lease first: exactly one driver opens the run directory."""
+    from runner.rundir import run_dir as rundir
+    from runner.rundir import status
+    from runner.rundir.resume import check_no_live_driver
+
+    launcher = conf["launcher"]
+    if not is_creator(launcher):
+        return None
+    elastic = launcher.get("node_rank") is None
+    url = run_url(conf, plan)
+    rdzv_id = str(launcher["rdzv_id"])
+    try:
+        again = exists(url)
+    except (OSError, ValueError) as exc:
+        raise PlanError("output.root", conf["output"]["root"], f"cannot be reached ({type(exc).__name__}: {exc})",
+                        "give every node the same output.root on a filesystem they all mount") from exc
+    try:
+        if not again:
+            return create(url, rdzv_id)
+        rd = rundir.open_run_dir(url)
+        previous = rd.read_json(layout.MANIFEST)
+        if elastic and status.status_of(previous) == layout.STATUS_RUNNING:
+            raise Held("launcher.rdzv_id", rdzv_id, "opened by another driver", "")
+        check_no_live_driver(rd.url, previous)
+        take_lease(rd, rdzv_id)  # held until this driver exits, as a local run's driver holds its own
+    except Held:
+        if not elastic:
+            raise
+        # Another driver of this job (launcher.node_rank=null) opened it first: this one joins as another node.
+        print(f"ddp-run: another driver of this job opened {url} first: joining it", flush=True)
+        return None
+    print(f"ddp-run: {url} holds this run already: continuing it (resume from its newest checkpoint)", flush=True)
+    rd.continued = True
+    return rd
+
+
+class Multinode(BaseLauncher):
+    """``launcher=multinode``: node 0 opens (or continues) the run directory and judges the run from every node's
+    records; every other node joins it."""
+
+    name = "multinode"
+
+    def check(self, launcher: Mapping[str, Any], output_root: str) -> None:
+        """See :func:`check`."""
+        check(launcher)
+
+    def command(self, plan: Plan, launcher: Mapping[str, Any], run_url: str) -> list[str]:
+        """See :func:`command`."""
+        return command(plan, launcher, run_url)
+
+    def env(self, launcher: Mapping[str, Any]) -> dict[str, str]:
+        """See :func:`env`."""
+        return env(launcher)
+
+    def open(self, job: Job) -> RunDir | None:
+        """The run directory node 0 opens; None on the other nodes (they join it)."""
+        return job.rd if job.rd is not None else open_node0(job.conf, job.plan)
+
+    def join(self, job: Job) -> int:
+        """Wait for node 0 to open the run directory, then run this node's ranks into it."""
+        url = run_url(job.conf, job.plan)
+        rd = wait_to_join(url, str(job.conf["output"]["root"]), job.launcher.get("join_timeout_s", 120))
+        return follow(job, rd)
+
+    def launch(self, job: Job, rd: RunDir, manifest: dict[str, Any]) -> int:
+        """Node 0: this node's ranks under the judging session, then the run judged from every node's records."""
+        if job.rd is not None:  # resume=<run dir>: that run is continued from this host alone
+            return super().launch(job, rd, manifest)
+        from runner.config.plan import node_range
+
+        launcher = job.launcher
+        node = node_name(launcher)
+        record = node_start(job.plan, launcher, node, manifest["command"])
+        write_node(rd, node, record)
+        session = self.session(job, rd, manifest["command"], manifest, staged=job.staged,
+                               agent_log=layout.node_agent_log(node), peers=True)
+        launched = time.time()
+        rc = session.run()
+        if session.lease_lost:
+            return 1
+        write_node(rd, node, node_end(record, rc, session.interrupted))
+        nodes = collect(rd, node_range(job.conf)[0])
+        try:  # a remote root: the other nodes' ranks wrote their facts on their own hosts, mirrored since
+            gather(rd, launched)
+        except Exception as exc:  # noqa: BLE001 - judged then from this node's ranks alone: said, not raised
+            print(f"ddp-run: warning: could not read the other nodes' rank files from {rd.url}: {exc}",
+                  file=sys.stderr, flush=True)
+        plan = elastic_plan(rd, job.plan, launcher)
+        code = finalize.finish(rd, manifest, plan, rc, session.interrupted, watch=session.observations())
+        blame(rd, manifest, nodes)
+        session.close()
+        print(rd.url, flush=True)
+        return code
+
+
+LAUNCHER = Multinode()

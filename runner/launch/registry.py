@@ -1,20 +1,39 @@
-"""One module per launcher (``conf/launcher/<name>.yaml``): local, multinode, slurm; ``agent`` is the torchrun
-entry they all start."""
+"""The one registry of launchers (``conf/launcher/<name>.yaml``): ``local``, ``multinode``, ``slurm``. Each
+implements :class:`~runner.launch.base.Launcher`; ``agent`` is the torchrun entry they all start."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+from runner.config.plan import Plan
+from runner.contract.errors import PlanError
+from runner.launch import local, multinode, slurm
+from runner.launch.base import Launcher
+
+LAUNCHERS: dict[str, Launcher] = {"local": local.LAUNCHER, "multinode": multinode.LAUNCHER, "slurm": slurm.LAUNCHER}
+
+
+def get(launcher: Mapping[str, Any]) -> Launcher:
+    """The launcher a ``launcher`` config group names (PlanError for an unknown one)."""
+    name = launcher.get("name", "local")
+    if name not in LAUNCHERS:
+        raise PlanError("launcher", name, "unknown launcher", f"use launcher={', '.join(LAUNCHERS)}")
+    return LAUNCHERS[name]
+
 
 def launcher_check(launcher: Mapping[str, Any], output_root: str | None = None) -> None:
     """Refuse (PlanError) a launcher config its launcher cannot run (into ``output_root``), before anything
     starts."""
-    if launcher.get("name") == "multinode":
-        from runner.launch import multinode
+    get(launcher).check(launcher, str(output_root or ""))
 
-        multinode.check(launcher)
-    elif launcher.get("name") == "slurm":
-        from runner.launch import slurm
 
-        slurm.check(launcher, output_root)
+def torchrun_command(plan: Plan, launcher: Mapping[str, Any], run_url: str) -> list[str]:
+    """The torchrun invocation this host runs for ``plan``; the worker entry is ``python -P -m tasks <run dir>``.
+
+    ``-P`` keeps the working directory off the workers' ``sys.path``: a stray ``tasks.py`` or ``runner.py`` where
+    the user runs ddp-run cannot shadow this package (a task module found there comes through
+    ``layout.ENV_TASK_PATH``, appended after the installed packages). Under Slurm this is the command each node's
+    srun task runs (``runner/launch/slurm.py``).
+    """
+    return get(launcher).command(plan, launcher, run_url)

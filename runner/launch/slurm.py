@@ -29,17 +29,16 @@ import time
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import fsspec
 
 from runner.config.plan import Gpu, Plan
 from runner.contract import layout
 from runner.contract.errors import PlanError
+from runner.launch.base import BaseLauncher, Job
 from runner.launch.local import agent_prefix, worker_tail
-
-if TYPE_CHECKING:  # fsspec is imported only when a run directory is opened
-    from runner.rundir.run_dir import RunDir
+from runner.rundir.run_dir import RunDir
 
 POLL_S = 1.0
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL",
@@ -246,13 +245,10 @@ def job_main(run_url: str) -> int:
     """The job's driver (the batch step): run every node's agent through srun into ``run_url``, then finalise."""
     from omegaconf import OmegaConf
 
-    from runner.diagnostics import setup as diagnostics
-    from runner.diagnostics.watchdog import Watchdog
-    from runner.launch import finalize, multinode
-    from runner.launch.supervisor import Supervisor, worker_env
+    from runner.launch import finalize
+    from runner.launch.multinode import env as multinode_env
+    from runner.launch.session import Session, environment
     from runner.rundir import run_dir as rundir
-    from runner.rundir.heartbeat import Heartbeat
-    from runner.rundir.mirror import Mirror
     from runner.rundir.status import this_driver
 
     t0 = time.time()
@@ -281,26 +277,15 @@ def job_main(run_url: str) -> int:
                     slurm={**manifest.get("slurm", {}), "job_id": job_id, "restarts": restarts,
                            "nodes": hosts, "partition": os.environ.get("SLURM_JOB_PARTITION")})
     rd.write_json(layout.MANIFEST, manifest)
-    extra = multinode.env({"rdzv_endpoint": f"{head}:0"})
+    extra = multinode_env({"rdzv_endpoint": f"{head}:0"})
     extra.pop(layout.ENV_NODE, None)  # each node's workers take SLURM_NODEID
     task_dir = manifest.get("invocation", {}).get("task_dir")
-    env = worker_env(rd.url, rd.local, t0, restarts=launcher.get("max_restarts", 0), task_path=task_dir,
-                     extra=extra)
     print(f"ddp-run: Slurm job {job_id} on {', '.join(hosts)}: rendezvous {head}:{rdzv_port(launcher, job_id)}",
           flush=True)
-    env.update(diagnostics.worker_env(conf, plan.backend))
-    diagnostics.prepare(rd.local, conf)
-    sup = Supervisor(cmd, env, str(Path(rd.local, layout.AGENT_LOG)))
-    mirror = Mirror(rd) if rd.is_remote else None
-    watch = Watchdog(rd.local, rd.url, plan.world_size, float(conf.get("watchdog", {}).get("timeout_s") or 0),
-                     lambda: sup.proc, nccl=plan.backend == "nccl")
-    ticks = [Heartbeat(rd, manifest).tick, watch.tick, *([mirror.tick] if mirror else [])]
-    rc = sup.run(on_tick=lambda: [tick() for tick in ticks])
-    watch.tick(judge=False)
-    diagnostics.tidy(rd.local)
-    code = finalize.finish(rd, manifest, plan, rc, sup.interrupted, watch=watch.observations())
-    if mirror:
-        mirror.flush()
+    session = Session(rd, conf, plan, cmd, environment(rd, conf, plan, t0, task_dir, extra), manifest=manifest)
+    rc = session.run()
+    code = finalize.finish(rd, manifest, plan, rc, session.interrupted, watch=session.observations())
+    session.close()
     print(rd.url, flush=True)
     return code
 
@@ -319,6 +304,31 @@ def submit_and_follow(rd: RunDir, manifest: dict[str, Any], launcher: Mapping[st
     return code
 
 
+class Slurm(BaseLauncher):
+    """``launcher=slurm``: this driver writes the run directory and submits; the job's own driver (the batch
+    step, :func:`job_main`) runs torchrun on the job's nodes under the same supervision session."""
+
+    name = "slurm"
+
+    def check(self, launcher: Mapping[str, Any], output_root: str) -> None:
+        """See :func:`check`."""
+        check(launcher, output_root)
+
+    def command(self, plan: Plan, launcher: Mapping[str, Any], run_url: str) -> list[str]:
+        """See :func:`command`."""
+        return command(plan, launcher, run_url)
+
+    def launch(self, job: Job, rd: RunDir, manifest: dict[str, Any]) -> int:
+        """Submit, then follow; a refusal by sbatch leaves no run directory behind."""
+        try:
+            return submit_and_follow(rd, manifest, job.launcher, job.conf["task"]["name"])
+        except PlanError:
+            rd.remove()
+            raise
+
+
+LAUNCHER = Slurm()
+
+
 if __name__ == "__main__":
     sys.exit(job_main(sys.argv[1]))
-

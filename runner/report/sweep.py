@@ -6,9 +6,16 @@ Written by the driver at the end of ``ddp-run -m …`` into the sweep directory 
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
+import sys
 from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
 from typing import Any
+
+from runner.contract import layout
 
 SWEEP_JSON = "sweep.json"
 SWEEP_MD = "sweep.md"
@@ -79,3 +86,81 @@ def _throughput(figures: Mapping[str, Any]) -> str:
     if figures.get("samples_per_s"):
         return f"{figures['samples_per_s']:,.1f} samples/s"
     return "—"
+
+
+class SweepRecord:
+    """How each job of one ``ddp-run -m`` ended, and where the sweep's record goes.
+
+    The sweep directory is made when the first job needs a run directory (:meth:`directory`), or at the end when
+    every job was refused, so that the refusals leave a trace.
+    """
+
+    def __init__(self, argv: Sequence[str], swept: Sequence[str], hydra_dir: str | None) -> None:
+        self.argv, self.swept, self.hydra_dir = list(argv), list(swept), hydra_dir
+        self.jobs: list[dict[str, Any]] = []
+        self.sweep_dir: str | None = None
+        self.root: str | None = None
+
+    def directory(self, root: str, now: datetime) -> str:
+        """The sweep directory under ``root``, made on first use."""
+        from runner.rundir.run_dir import create_sweep_dir
+
+        self.root = root
+        if self.sweep_dir is None:
+            self.sweep_dir = create_sweep_dir(root, now)
+            print(f"ddp-run: sweep directory {self.sweep_dir}", flush=True)
+        return self.sweep_dir
+
+    def add(self, num: int, overrides: Sequence[str], code: int, run_dir: str | None, reason: str | None,
+            refused: bool) -> None:
+        """Remember how job ``num`` ended (refused, not run, or its run directory's status and figures)."""
+        record: dict[str, Any] = {"job": num, "values": job_values(overrides, self.swept),
+                                  "overrides": list(overrides), "exit_code": code}
+        if run_dir is None:
+            record.update(status="refused" if refused else "not run", reason=reason)
+        else:
+            summary = _read_json(layout.join(run_dir, layout.SUMMARY))
+            record["run_dir"] = run_dir
+            record["status"] = ((summary or {}).get("status")
+                                or (_read_json(layout.join(run_dir, layout.MANIFEST)) or {}).get("status")
+                                or "failed")
+            record["figures"] = headline(summary)
+        self.jobs.append(record)
+
+    def write(self) -> None:
+        """sweep.json, sweep.md and Hydra's multirun.yaml into the sweep directory; a failure only warns."""
+        import fsspec
+
+        from runner.contract.errors import PlanError
+
+        try:
+            if not self.jobs:
+                return
+            root = str(self.root or "outputs")
+            base = self.directory(root, datetime.now())
+            fs, _ = fsspec.core.url_to_fs(root)
+            fs.pipe_file(layout.join(base, SWEEP_JSON), json.dumps(
+                {"command": self.argv, "swept": self.swept, "jobs": self.jobs}, indent=2, default=str).encode())
+            fs.pipe_file(layout.join(base, SWEEP_MD), markdown(self.jobs, self.swept, self.argv).encode())
+            record = Path(self.hydra_dir or "", HYDRA_RECORD)
+            if self.hydra_dir and record.is_file():
+                fs.put_file(str(record), layout.join(base, HYDRA_RECORD))
+            done = sum(r["status"] == "completed" for r in self.jobs)
+            print(f"ddp-run: sweep: {done} of {len(self.jobs)} jobs completed; {layout.join(base, SWEEP_MD)}",
+                  flush=True)
+        except (OSError, PlanError) as exc:
+            print(f"ddp-run: warning: the sweep record could not be written ({exc})", file=sys.stderr, flush=True)
+        finally:
+            if self.hydra_dir:
+                shutil.rmtree(self.hydra_dir, ignore_errors=True)
+
+
+def _read_json(url: str) -> Any:
+    """A JSON file of the run tree, None when it is absent or unreadable."""
+    import fsspec
+
+    try:
+        with fsspec.open(url, "r") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None

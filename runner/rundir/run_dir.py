@@ -33,6 +33,7 @@ class RunDir:
     fs: fsspec.AbstractFileSystem
     path: str
     lease: Lease | None = None  # this driver's hold on it (runner/rundir/lease.py), taken before anything is written
+    continued: bool = False  # it holds an earlier launch of the same run, continued in place by this one
 
     @property
     def is_remote(self) -> bool:

@@ -1,0 +1,201 @@
+"""One job: plan, refuse or launch through the job's launcher, and say how it ended.
+
+The flow, one direction: the composed config (or a continued run's own) → :func:`~runner.job.planning.plan_job`
+→ dry run, or the launcher opens (or joins) the run directory → config.yaml and run.json recorded → the launcher
+launches and supervises → exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from runner.config import memory_plan
+from runner.config.diagnostic_keys import without_fault
+from runner.config.plan import Plan
+from runner.contract import layout
+from runner.contract.errors import PlanError
+from runner.data import prep as data_prep
+from runner.diagnostics.doctor import cheap_report
+from runner.job.planning import memory, plan_job
+from runner.launch import registry
+from runner.launch.base import Job
+from runner.rundir import resume as resume_checks
+from runner.rundir import run_dir as rundir
+from runner.rundir.lease import take_or_refuse
+from runner.rundir.manifest import initial_manifest
+
+
+@dataclass
+class Invocation:
+    """How the job was asked for (from Hydra's record of it), so that it can be reproduced, and where a new run
+    directory goes (a sweep's jobs go into the sweep's directory)."""
+
+    argv: list[str]
+    overrides: list[str] = field(default_factory=list)
+    task_preset: str | None = None
+    config_name: str | None = None
+    config_sources: list[str] = field(default_factory=list)
+    swept: dict[str, str] = field(default_factory=dict)
+    new_run_dir: Callable[[dict[str, Any], Plan, datetime], rundir.RunDir] | None = None
+
+    def record(self, task_dir: str | None) -> dict[str, Any]:
+        """``invocation`` in run.json."""
+        return {"argv": self.argv, "cwd": os.getcwd(), "overrides": self.overrides, "task_preset": self.task_preset,
+                "config_name": self.config_name, "config_sources": self.config_sources, "task_dir": task_dir,
+                # This job's value of each key the sweep varies (TensorBoard's HPARAMS table shows them).
+                "swept": self.swept}
+
+
+@dataclass
+class Outcome:
+    """How a job ended: its exit code, its run directory (None when it got none) and a refusal's reason."""
+
+    code: int
+    run_dir: str | None = None
+    reason: str | None = None
+
+    @property
+    def refused(self) -> bool:
+        """Was the job refused before anything started?"""
+        return self.code == layout.EXIT_REFUSED and self.run_dir is None
+
+
+def refuse(err: PlanError) -> Outcome:
+    """Print a refusal the user can act on; the refused outcome."""
+    print(f"ddp-run: refused: {err.key}={err.value!r}: {err.problem}.\n"
+          f"  key:   {err.key}\n  value: {err.value!r}\n  fix:   {err.fix}\n"
+          "Nothing was started and no run directory was created.", file=sys.stderr)
+    return Outcome(layout.EXIT_REFUSED, reason=f"refused: {err.key}={err.value!r}: {err.problem}")
+
+
+def new_run_dir(conf: dict[str, Any], plan: Plan, started: datetime) -> rundir.RunDir:
+    """A single run's directory: ``<root>/<date>/<time>_<task>_w<ws>``."""
+    return rundir.create_run_dir(conf["output"]["root"], conf["task"]["name"], plan.world_size, started)
+
+
+def _continued_run(resume: str, dry_run: bool, overrides: list[str]) -> tuple[dict[str, Any], rundir.RunDir]:
+    """``resume=<run dir>``: that run's own config, and the directory, its lease taken (held until this driver
+    exits). Workers take the run's own newest checkpoint first and fall back to where the run started from."""
+    rd = rundir.open_run_dir(resume)
+    with rd.fs.open(layout.join(rd.path, layout.CONFIG)) as f:
+        conf = OmegaConf.to_container(OmegaConf.create(f.read().decode()), resolve=True)
+    conf["dry_run"] = dry_run
+    if without_fault(conf):  # a rehearsal fault strikes once, not again in the continued run
+        print("ddp-run: note: the run's fault.* is not repeated when it is continued", file=sys.stderr)
+    ignored = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in ("resume", "output.root", "dry_run")]
+    if ignored:
+        print(f"ddp-run: warning: continuing {rd.url} with its own config.yaml; ignored: {' '.join(ignored)}",
+              file=sys.stderr, flush=True)
+    previous = rd.read_json(layout.MANIFEST)
+    resume_checks.check_no_live_driver(rd.url, previous)
+    rd.lease = take_or_refuse(rd.fs, rd.path, rd.url)
+    rd.continued = True
+    return conf, rd
+
+
+def _planned(conf: dict[str, Any], rd: rundir.RunDir | None) -> tuple[Plan, str | None, Any, dict | None]:
+    """Plan the job (PlanError on refusal): its plan, task directory, probe and memory plan."""
+    recorded = rd.read_json(layout.MANIFEST).get("invocation", {}).get("task_dir") if rd is not None else None
+    plan, task_dir, probe = plan_job(conf, [recorded] if recorded else [])
+    resume = str(conf.get("resume", "auto"))
+    try:
+        if rd is None and resume not in ("auto", "never"):
+            resume_checks.check_resume_source(resume, plan)
+    except BaseException:
+        if probe is not None:
+            probe.cancel()
+        raise
+    return plan, task_dir, probe, memory(conf, plan, probe)
+
+
+def _announce(conf: dict[str, Any], plan: Plan, mem: dict[str, Any] | None) -> None:
+    print(f"ddp-run: {conf['task']['name']}: {plan.explanation}; device {plan.device}, backend {plan.backend}",
+          flush=True)
+    if mem is not None:
+        print(f"ddp-run: {memory_plan.describe(mem)}", flush=True)
+        if (tight := memory_plan.tight(mem)) is not None:
+            print(f"ddp-run: warning: {tight}", file=sys.stderr, flush=True)
+
+
+def _record_start(job: Job, rd: rundir.RunDir, cmd: list[str], how: Invocation, started: datetime,
+                  mem: dict[str, Any] | None) -> dict[str, Any]:
+    """config.yaml (what the workers run) and run.json (the manifest) into the opened run directory."""
+    conf, plan = job.conf, job.plan
+    rd.write_text(layout.CONFIG, OmegaConf.to_yaml(OmegaConf.create(conf)))
+    manifest = initial_manifest(plan, cmd, conf["task"]["name"], started, invocation=how.record(job.task_dir),
+                                data=data_prep.describe(conf["data"]))
+    manifest["doctor"] = cheap_report(gpu=plan.device == "cuda")  # the preflight checks that cost no time
+    manifest[layout.MANIFEST_MEMORY_PLAN] = mem
+    if rd.continued:
+        previous = rd.read_json(layout.MANIFEST)
+        manifest["started"] = previous.get("started", manifest["started"])
+        manifest["continued"] = previous.get("continued", []) + [started.isoformat(timespec="seconds")]
+    rd.write_json(layout.MANIFEST, manifest)
+    print(f"ddp-run: run directory {rd.url}", flush=True)
+    return manifest
+
+
+def execute(composed: dict[str, Any], how: Invocation,
+            check: Callable[[dict[str, Any]], None] | None = None) -> Outcome:
+    """One job: plan, refuse or launch, supervise, summarise. ``check``: refuses (PlanError) a composed config the
+    command line broke (e.g. a required key removed); a continued run's own config is not checked by it."""
+    t0, started = time.time(), datetime.now()
+    resume = str(composed.get("resume", "auto"))
+    rd = None
+    try:
+        conf = composed
+        if resume not in ("auto", "never") and resume_checks.is_run_dir(resume):
+            conf, rd = _continued_run(resume, bool(composed.get("dry_run")), how.overrides)
+        elif check is not None:
+            check(conf)
+        plan, task_dir, probe, mem = _planned(conf, rd)
+    except PlanError as err:
+        if rd is not None and rd.lease is not None:  # refused after taking the lease: give it back now
+            rd.lease.release()
+        return refuse(err)
+    _announce(conf, plan, mem)
+    launcher = registry.get(conf["launcher"])
+    if conf["dry_run"]:
+        print("ddp-run: dry run, nothing launched. Command:\n  "
+              + shlex.join(launcher.command(plan, conf["launcher"], "<run dir>")))
+        print(OmegaConf.to_yaml(OmegaConf.create({"plan": plan.to_manifest(), layout.MANIFEST_MEMORY_PLAN: mem})))
+        if rd is not None and rd.lease is not None:
+            rd.lease.release()
+        return Outcome(0)
+    if conf["output"].get("private"):
+        # Everything this driver, torchrun and the workers create from here on (they inherit the umask) is
+        # owner-only: the run directory, logs, TensorBoard files, checkpoints.
+        os.umask(0o077)
+    make = how.new_run_dir or new_run_dir
+    job = Job(conf, plan, t0, task_dir, rd=rd, new_run_dir=lambda: make(conf, plan, started))
+    return _launch(job, launcher, how, started, mem, probe)
+
+
+def _launch(job: Job, launcher: Any, how: Invocation, started: datetime, mem: dict[str, Any] | None,
+            probe: Any) -> Outcome:
+    """Open (or join) the run directory through the launcher, record the start, launch."""
+    try:
+        rd = launcher.open(job)
+        if rd is None:  # another node of a multi-node run: node 0's driver opens the run directory
+            return Outcome(launcher.join(job))
+    except PlanError as err:
+        return refuse(err)
+    if rd.continued:
+        job.staged = rundir.prepare_continue(rd)
+    if probe is not None:
+        probe.keep()  # the next job with this task and model skips the probe
+    cmd = launcher.command(job.plan, job.launcher, rd.url)
+    manifest = _record_start(job, rd, cmd, how, started, mem)
+    try:
+        return Outcome(launcher.launch(job, rd, manifest), run_dir=rd.url)
+    except PlanError as err:  # refused by the launcher at launch (sbatch): it left no run directory
+        return refuse(err)

@@ -1,0 +1,122 @@
+"""One supervision session, whatever the launcher: worker environment → diagnostics → supervisor → mirror →
+watchdog → ticks → tidy. Every launcher runs its torchrun through it: a local run, node 0 and the other nodes of
+a multi-node run, and the driver of a Slurm job.
+
+The *judging* session (a manifest is given) also refreshes the driver's heartbeat in run.json and runs the hang
+watchdog: exactly one per run. Another node's session mirrors its ranks' files and relays node 0's dump request.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from runner.config.plan import Plan
+from runner.contract import layout
+from runner.diagnostics import setup
+from runner.diagnostics.peers import PeerRanks, Relay
+from runner.diagnostics.watchdog import Watchdog
+from runner.launch.supervisor import Supervisor, worker_env
+from runner.rundir.heartbeat import Heartbeat
+from runner.rundir.mirror import Mirror
+from runner.rundir.run_dir import RunDir
+
+
+def environment(rd: RunDir, conf: Mapping[str, Any], plan: Plan, t0: float, task_dir: str | None,
+                extra: Mapping[str, str]) -> dict[str, str]:
+    """What torchrun and its workers get: the run directory's names, the launcher's ``extra`` variables (where
+    the user has not set them) and the diagnostics' (flight recorder, debug)."""
+    env = worker_env(rd.url, rd.local, t0, restarts=conf["launcher"].get("max_restarts", 0), task_path=task_dir,
+                     extra=extra)
+    env.update(setup.worker_env(conf, plan.backend))
+    return env
+
+
+def lease_tick(held: Any) -> Callable[[], None]:
+    """The supervisor's tick for the run directory's lease: renew it; once it is lost, stop the workers (SIGTERM
+    to this driver, handled as Ctrl-C is) so that only the new holder writes the directory."""
+
+    def tick() -> None:
+        if held is None or held.lost:
+            return
+        held.refresh()
+        if held.lost:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return tick
+
+
+class Session:
+    """torchrun under supervision for one run directory, with everything that watches it.
+
+    ``manifest``: this session judges the run (heartbeat and watchdog); None for another node's session.
+    ``agent_log``: torchrun's log, relative to the run tree. ``staged``: what a remote tree holds already (see
+    :class:`~runner.rundir.mirror.Mirror`). ``peers``: read the other nodes' mirrored ranks too (multi-node run
+    under a remote root). ``relay``: another node of a remote run: pass node 0's dump request to this node's ranks.
+    """
+
+    def __init__(self, rd: RunDir, conf: Mapping[str, Any], plan: Plan, cmd: list[str], env: dict[str, str], *,
+                 agent_log: str = layout.AGENT_LOG, manifest: dict[str, Any] | None = None,
+                 staged: dict[str, tuple[int, int]] | None = None, peers: bool = False, relay: bool = False) -> None:
+        self.rd, self.plan, self.judging = rd, plan, manifest is not None
+        # On a shared filesystem another node's folders are node 0's: only the judge (or a node with its own
+        # staging folder) makes them.
+        if self.judging or rd.is_remote:
+            setup.prepare(rd.local, conf)
+        self.supervisor = Supervisor(cmd, env, str(Path(rd.local, agent_log)))
+        self.mirror = Mirror(rd, staged=staged) if rd.is_remote else None
+        self.watch: Watchdog | None = None
+        self.ticks: list[Callable[[], None]] = []
+        if manifest is not None:
+            peer_ranks = None
+            if peers and rd.is_remote:  # the other nodes' ranks write on their own disks: read their copies
+                peer_ranks = PeerRanks(rd)
+                peer_ranks.reset()
+            timeout = float((conf.get("watchdog") or {}).get("timeout_s") or 0)
+            self.watch = Watchdog(rd.local, rd.url, plan.world_size, timeout, lambda: self.supervisor.proc,
+                                  nccl=plan.backend == "nccl", peers=peer_ranks)
+            self.ticks += [Heartbeat(rd, manifest).tick, self.watch.tick]
+        if self.mirror is not None:
+            self.ticks.append(self.mirror.tick)
+            if relay:
+                self.ticks.append(Relay(rd, self.mirror).tick)
+        self.ticks.append(lease_tick(rd.lease))
+
+    @property
+    def interrupted(self) -> int | None:
+        """The signal that stopped the run (Ctrl-C, SIGTERM to the driver), or None."""
+        return self.supervisor.interrupted
+
+    @property
+    def lease_lost(self) -> bool:
+        """Did another driver take this run directory over while it ran?"""
+        return self.rd.lease is not None and self.rd.lease.lost
+
+    def run(self) -> int:
+        """Run torchrun to its end and return its exit code (negative for a signal). On a lost lease nothing
+        more is touched: the directory is the new holder's."""
+        rc = self.supervisor.run(on_tick=lambda: [tick() for tick in self.ticks])
+        if self.lease_lost:
+            print(f"ddp-run: FAILED: lost the lease on {self.rd.url} to another driver; run.json left to it",
+                  file=sys.stderr, flush=True)
+            return rc
+        if self.watch is not None:
+            self.watch.tick(judge=False)  # processes that ended since the last tick
+        if self.judging or self.mirror is not None:
+            setup.tidy(self.rd.local)
+        return rc
+
+    def observations(self) -> dict[str, Any] | None:
+        """What the watchdog saw (a hang, OOM kills), for the summary."""
+        return self.watch.observations() if self.watch is not None else None
+
+    def close(self) -> None:
+        """Give the lease back and make the last copy into a remote tree."""
+        if self.rd.lease is not None:
+            self.rd.lease.release()
+        if self.mirror is not None:
+            self.mirror.flush()

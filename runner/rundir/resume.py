@@ -1,0 +1,95 @@
+"""Which run a job continues or resumes from, checked before launch: a run directory to continue in place (whose
+driver must be gone), or a source of checkpoints (one must be complete, and its run's world size may differ only at
+the same global batch)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import fsspec
+
+from runner.config.plan import Plan
+from runner.contract import layout
+from runner.contract.errors import PlanError
+from runner.rundir import status
+
+
+def is_run_dir(url: str) -> bool:
+    """Is ``url`` a run directory (config.yaml and run.json written)? PlanError when it cannot be read."""
+    try:
+        fs, path = fsspec.core.url_to_fs(url)
+        return fs.exists(layout.join(path, layout.CONFIG)) and fs.exists(layout.join(path, layout.MANIFEST))
+    except (OSError, ValueError, ImportError) as exc:
+        raise PlanError("resume", url, f"cannot be read ({type(exc).__name__}: {exc})",
+                        "use resume=auto, resume=never, a run directory or a checkpoints/step_<N> path") from exc
+
+
+def check_no_live_driver(run_url: str, manifest: dict[str, Any]) -> None:
+    """One writer per run directory: refuse to continue a run whose driver is still alive (runner/rundir/status.py);
+    a ``lost`` one (its driver killed or its host gone) may be continued."""
+    if status.status_of(manifest) == layout.STATUS_RUNNING:
+        who = status.describe_driver(manifest)
+        raise PlanError("resume", run_url, f"is still running: its driver is {who}; one driver per run directory",
+                        f"wait for it to end, or stop it (Ctrl-C, or kill -INT {manifest['driver'].get('pid')}"
+                        f" on {manifest['driver'].get('host')}) and resume then")
+
+
+def check_resume_source(resume: str, plan: Plan) -> None:
+    """Refuse before launch a source that holds no complete checkpoint, or a checkpoint from a run with another
+    world size (its RNG and data order would not carry over)."""
+    fix = "use resume=auto, resume=never, a run directory or a checkpoints/step_<N> path"
+    try:
+        fs, path = fsspec.core.url_to_fs(resume)
+        path = path.rstrip("/")
+        if path.endswith("/" + layout.CKPT_STATE):
+            path = path.rsplit("/", 1)[0]
+        if not fs.exists(path):
+            raise PlanError("resume", resume, "no such run directory or checkpoint", fix)
+        # A checkpoint counts only once its commit marker exists (see tasks/engine/checkpoint/storage.py), and
+        # loads only if its state.pt has the size meta.json records (the workers check its sha256 too). A
+        # checkpoint named explicitly must pass; of a directory's, one must (the workers take the newest that does).
+        if fs.exists(layout.join(path, layout.CKPT_MARKER)):
+            run = path.rsplit("/", 2)[0]  # <run>/checkpoints/step_<N>
+            if problem := checkpoint_size_problem(fs, path):
+                raise PlanError("resume", resume, f"fails its integrity check: {problem}",
+                                "resume from an older checkpoints/step_<N>, or from the run directory (its newest"
+                                " checkpoint that passes is taken)")
+        elif markers := fs.glob(layout.join(path, "step_*", layout.CKPT_MARKER)):
+            run = path.rsplit("/", 1)[0]  # <run>/checkpoints
+            problems = [p for m in markers if (p := checkpoint_size_problem(fs, m.rsplit("/", 1)[0]))]
+            if len(problems) == len(markers):
+                raise PlanError("resume", resume, "holds no checkpoint that passes its integrity check: "
+                                + "; ".join(problems), fix)
+        else:
+            raise PlanError("resume", resume, "holds no complete checkpoint (no step_<N>/meta.json)", fix)
+        manifest = layout.join(run, layout.MANIFEST)
+        theirs = json.loads(fs.cat_file(manifest)).get("plan", {}) if fs.exists(manifest) else {}
+        ws, global_batch = theirs.get("world_size"), theirs.get("global_batch")
+    except PlanError:
+        raise
+    except (OSError, ValueError, ImportError) as exc:
+        raise PlanError("resume", resume, f"cannot be read ({type(exc).__name__}: {exc})", fix) from exc
+    # Another world size reshards (the data order carries over: the sampler's strided split consumes a prefix of
+    # each epoch); another global batch would be another optimisation problem.
+    if ws is not None and ws != plan.world_size and global_batch != plan.global_batch:
+        raise PlanError("world_size", plan.world_size,
+                        f"the checkpoint's run used world_size={ws} and global batch {global_batch}, this plan's"
+                        f" global batch is {plan.global_batch}",
+                        f"resume with world_size={ws}, or keep the global batch: batch.global={global_batch}")
+
+
+def checkpoint_size_problem(fs: Any, ckpt_dir: str) -> str | None:
+    """Why a committed checkpoint cannot load, as far as the driver checks (meta.json readable, state.pt of the
+    recorded size); None when it passes. The driver never hashes: the workers verify sha256 when they load."""
+    name = ckpt_dir.rstrip("/").rsplit("/", 1)[-1]
+    try:
+        expected = json.loads(fs.cat_file(layout.join(ckpt_dir, layout.CKPT_MARKER))).get("bytes")
+        size = fs.size(layout.join(ckpt_dir, layout.CKPT_STATE))
+    except FileNotFoundError:
+        return f"{name}: {layout.CKPT_STATE} is missing"
+    except (ValueError, AttributeError):
+        return f"{name}: {layout.CKPT_MARKER} is not valid"
+    if size != expected:
+        return f"{name}: {layout.CKPT_STATE} is {size} bytes, {layout.CKPT_MARKER} says {expected}"
+    return None
