@@ -13,7 +13,7 @@ from typing import Any
 from runner.contract.errors import (
     PlanError,
 )
-from runner.contract.rules import explain, flatten
+from runner.contract.rules import explain, flatten, global_batch
 
 
 @dataclass(frozen=True)
@@ -127,9 +127,30 @@ def make_plan(
     ``inductor_settings`` torch._inductor's settings and their defaults (checked only when ``train.inductor``
     sets any).
     """
-    from runner.config import validate  # (imported here: validate imports this module's PlanError)
+    from runner.config import validate
 
     validate.check_engine(cfg)  # types, ranges and choices of every engine key; the rest here needs devices
+    world_size, nnodes, nproc = _ranks(cfg, gpus)
+    per_rank = _positive_int(cfg, "batch.per_rank", "set batch.per_rank to a positive micro-batch, e.g. 8")
+    accumulation = _accumulation(cfg, per_rank, world_size)
+    device, backend = _device_and_backend(cfg, gpus, world_size, nnodes, nproc)
+    _check_training(cfg, world_size, backend, inductor_settings)
+    _check_data_fits(cfg, train_samples, data_file, world_size, per_rank, accumulation)
+    return Plan(
+        world_size=world_size,
+        per_rank_batch=per_rank,
+        accumulation=accumulation,
+        global_batch=global_batch(per_rank, world_size, accumulation),
+        device=device,
+        backend=backend,
+        nnodes=nnodes,
+        nproc_per_node=nproc,
+        gpus=tuple(gpus[:nproc]) if device == "cuda" else (),
+    )
+
+
+def _ranks(cfg: Mapping[str, Any], gpus: Sequence[Gpu]) -> tuple[int, int, int]:
+    """World size (``auto``: one rank per visible GPU), nodes, and processes per node."""
     launcher = _get(cfg, "launcher.name") or "local"
     _, nnodes = node_range(cfg)
     if _get(cfg, "world_size") == "auto":
@@ -139,7 +160,6 @@ def make_plan(
         per_node = _get(cfg, "launcher.nproc_per_node") or len(gpus)
         cfg = {**cfg, "world_size": per_node * nnodes}
     world_size = _positive_int(cfg, "world_size", "set world_size to the number of ranks, e.g. world_size=2")
-    per_rank = _positive_int(cfg, "batch.per_rank", "set batch.per_rank to a positive micro-batch, e.g. 8")
     if nnodes != 1 and launcher == "local":
         raise PlanError("launcher.nnodes", nnodes, "the local launcher runs on this host only",
                         "use launcher.nnodes=1, or launcher=multinode (or launcher=slurm) for several hosts")
@@ -148,7 +168,6 @@ def make_plan(
             "world_size", world_size, f"not divisible by launcher.nnodes={nnodes}",
             "use the same number of processes on every node (world_size = nnodes × processes per node)",
         )
-    nproc = world_size // nnodes
     per_node = _get(cfg, "launcher.nproc_per_node")
     if per_node is not None:
         per_node = _positive_int(cfg, "launcher.nproc_per_node", "set launcher.nproc_per_node to the processes"
@@ -159,14 +178,21 @@ def make_plan(
                             f" = {nnodes * per_node}",
                             f"use world_size={nnodes * per_node}, or change launcher.nnodes /"
                             " launcher.nproc_per_node")
+    return world_size, nnodes, world_size // nnodes
 
-    global_batch = _get(cfg, "batch.global")
-    if global_batch is None:
-        accumulation = _positive_int(cfg, "batch.accumulation", "set batch.accumulation to 1 or more")
-    else:
-        _positive_int(cfg, "batch.global", "set batch.global to a positive global batch, or null")
-        accumulation = derive_accumulation(global_batch, per_rank, world_size)
 
+def _accumulation(cfg: Mapping[str, Any], per_rank: int, world_size: int) -> int:
+    """``batch.accumulation``, or derived from a fixed ``batch.global``."""
+    fixed = _get(cfg, "batch.global")
+    if fixed is None:
+        return _positive_int(cfg, "batch.accumulation", "set batch.accumulation to 1 or more")
+    _positive_int(cfg, "batch.global", "set batch.global to a positive global batch, or null")
+    return derive_accumulation(fixed, per_rank, world_size)
+
+
+def _device_and_backend(cfg: Mapping[str, Any], gpus: Sequence[Gpu], world_size: int, nnodes: int,
+                        nproc: int) -> tuple[str, str]:
+    """``device`` and ``backend`` with ``auto`` decided; never more processes than visible GPUs."""
     device = _get(cfg, "device")
     backend = _get(cfg, "backend")
     if device == "cuda" and not gpus:
@@ -190,13 +216,16 @@ def make_plan(
             " DDP needs one GPU per process",
             f"use world_size={len(gpus) * nnodes} or fewer, or device=cpu",
         )
+    return device, backend
 
-    max_steps = _get(cfg, "train.max_steps")
-    if max_steps is not None:
+
+def _check_training(cfg: Mapping[str, Any], world_size: int, backend: str,
+                    inductor_settings: Mapping[str, Any] | None) -> None:
+    """The training keys whose rules need the plan: run length, DDP's communication, the compiler's settings."""
+    if _get(cfg, "train.max_steps") is not None:
         _positive_int(cfg, "train.max_steps", "set train.max_steps to a positive number of optimizer steps, or null")
     else:
         _positive_int(cfg, "train.epochs", "set train.epochs to 1 or more (or set train.max_steps)")
-
     if _get(cfg, "train.ddp_comm") == "bf16" and backend != "nccl":
         raise PlanError("train.ddp_comm", "bf16", f"bf16 gradient all-reduce needs NCCL; this run uses {backend}",
                         "use train.ddp_comm=fp32 (or run on GPUs with backend=nccl)")
@@ -207,7 +236,6 @@ def make_plan(
         raise PlanError("train.ddp_bucket_mb", bucket_mb,
                         "below DDP's 1 MB first bucket, which the compiler's DDP graph split refuses",
                         "use train.ddp_bucket_mb=1 or more (or train.ddp_split_graph=false)")
-
     inductor = flatten(_get(cfg, "train.inductor") or {})
     if inductor and not _get(cfg, "train.compile"):
         key = next(iter(inductor))
@@ -215,39 +243,32 @@ def make_plan(
                         "set train.compile=true, or leave train.inductor out")
     _check_inductor(inductor, inductor_settings)
 
-    if train_samples is not None and train_samples < world_size * per_rank and data_file is not None:
+
+def _check_data_fits(cfg: Mapping[str, Any], train_samples: int | None, data_file: str | None, world_size: int,
+                     per_rank: int, accumulation: int) -> None:
+    """Every rank gets a full micro-batch, and an epoch holds one optimizer step."""
+    if train_samples is None:
+        return
+    if train_samples < world_size * per_rank and data_file is not None:
         raise PlanError(
             "data.path", data_file,
             f"gives {train_samples} training samples, fewer than world_size × batch.per_rank ="
             f" {world_size} × {per_rank} = {world_size * per_rank}, so some rank would get no full micro-batch",
             "use a larger file, or lower batch.per_rank, world_size or the task's sample length",
         )
-    if train_samples is not None and train_samples < world_size * per_rank:
+    if train_samples < world_size * per_rank:
         raise PlanError(
             "batch.per_rank", per_rank,
             f"the training set has {train_samples} samples, fewer than world_size × batch.per_rank ="
             f" {world_size} × {per_rank} = {world_size * per_rank}, so some rank would get no full micro-batch",
             "lower batch.per_rank or world_size, or give the task more data",
         )
-
     # The sampler pads to ceil(samples / world_size) per rank; an epoch must hold one optimizer step.
-    micro = -(-train_samples // world_size) // per_rank if train_samples is not None else None
-    if micro is not None and micro < accumulation:
-        key, value = ("batch.global", global_batch) if global_batch is not None else ("batch.accumulation",
-                                                                                     accumulation)
+    micro = -(-train_samples // world_size) // per_rank
+    if micro < accumulation:
+        fixed = _get(cfg, "batch.global")
+        key, value = ("batch.global", fixed) if fixed is not None else ("batch.accumulation", accumulation)
         raise PlanError(key, value,
                         f"an epoch gives each rank {micro} micro-batches of {per_rank} ({train_samples} samples over"
                         f" {world_size} ranks), fewer than the {accumulation} one optimizer step accumulates",
                         "lower it (or batch.per_rank), or give the task more data")
-
-    return Plan(
-        world_size=world_size,
-        per_rank_batch=per_rank,
-        accumulation=accumulation,
-        global_batch=per_rank * world_size * accumulation,
-        device=device,
-        backend=backend,
-        nnodes=nnodes,
-        nproc_per_node=nproc,
-        gpus=tuple(gpus[:nproc]) if device == "cuda" else (),
-    )

@@ -133,8 +133,8 @@ def say(msg: str) -> None:
     print(f"{PROG}: {msg}", file=sys.stderr, flush=True)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Validate the options, find the text, get a tokenizer, encode, split and write. Raises UsageError."""
+def _check_options(args: argparse.Namespace) -> None:
+    """Refuse (UsageError) options that cannot work, before any file is read."""
     if not 0.0 <= args.val_fraction < 1.0:
         raise UsageError("--val-fraction", args.val_fraction, "must be in [0, 1)", "e.g. --val-fraction 0.1")
     if args.train_bytes < 0:
@@ -152,8 +152,9 @@ def run(args: argparse.Namespace) -> int:
     if args.glob is not None and not all(g.strip() for g in args.glob):
         raise UsageError("--glob", args.glob, "an empty pattern matches nothing", "e.g. --glob '*.txt'")
 
-    fs, root = _input_fs(args.input)
-    out_url = args.out or default_out(root)
+
+def _output(out_url: str) -> tuple[Any, str]:
+    """The output folder's filesystem and path (UsageError when it cannot be one)."""
     try:
         out_fs, out_root = fsspec.core.url_to_fs(out_url)
     except (ImportError, ValueError) as exc:
@@ -162,12 +163,11 @@ def run(args: argparse.Namespace) -> int:
     if out_fs.isfile(out_root):
         raise UsageError("--out", out_url, "is a file; the output is a folder of four files",
                          "pass a folder (it is created if missing)")
-    globs = tuple(args.glob or DEFAULT_GLOBS)
-    exclude = out_root.rstrip("/") + "/" if type(out_fs) is type(fs) else None
-    sources = find_sources(fs, root, args.input, globs, exclude)
-    total = sum(s.size for s in sources)
-    say(f"{len(sources)} file(s), {_human(total)} of text from {args.input}")
+    return out_fs, out_root
 
+
+def _tokenizer(args: argparse.Namespace, fs: Any, sources: list[Any]) -> tuple[Any, dict[str, Any], int, int | None]:
+    """The tokenizer, what it is, its vocabulary size (it must fit uint16 ids) and its end-of-text id."""
     tok, tok_info = load_tokenizer(args, fs, sources)
     vocab_size = tokenizer_vocab_size(tok)
     if vocab_size > MAX_VOCAB:
@@ -176,6 +176,21 @@ def run(args: argparse.Namespace) -> int:
     eot_id = tok.token_to_id(EOT)
     if eot_id is None:
         say(f"note: the tokenizer has no {EOT} token: documents are concatenated without a separator")
+    return tok, tok_info, vocab_size, eot_id
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate the options, find the text, get a tokenizer, encode, split and write. Raises UsageError."""
+    _check_options(args)
+    fs, root = _input_fs(args.input)
+    out_url = args.out or default_out(root)
+    out_fs, out_root = _output(out_url)
+    globs = tuple(args.glob or DEFAULT_GLOBS)
+    exclude = out_root.rstrip("/") + "/" if type(out_fs) is type(fs) else None
+    sources = find_sources(fs, root, args.input, globs, exclude)
+    total = sum(s.size for s in sources)
+    say(f"{len(sources)} file(s), {_human(total)} of text from {args.input}")
+    tok, tok_info, vocab_size, eot_id = _tokenizer(args, fs, sources)
 
     local_out, local_in = _is_local(out_fs), _is_local(fs)
     # Local output: build beside the final files (same filesystem, so the renames are atomic). Remote output:
@@ -225,15 +240,17 @@ def run(args: argparse.Namespace) -> int:
             shutil.rmtree(work, ignore_errors=True)
         elif made_out and not done and not any(work.iterdir()):
             work.rmdir()  # a failed run leaves no empty output folder behind
+    _say_done(_display_url(out_url, out_fs, out_root), n_train, n_val, vocab_size)
+    return 0
 
-    shown = _display_url(out_url, out_fs, out_root)
+
+def _say_done(shown: str, n_train: int, n_val: int, vocab_size: int) -> None:
     val_part = f" + {n_val:,} val" if n_val else " (no val.bin: --val-fraction 0 or too little text)"
     print(f"{PROG}: wrote {n_train:,} train{val_part} tokens, vocabulary {vocab_size}, to {shown}")
     train_cmd = f"ddp-run task=gpt data.path={shown}/train.bin"
     if n_val:
         train_cmd += f" data.val_path={shown}/val.bin"
     print(f"Train on it: {train_cmd} task.model.vocab={-(-vocab_size // 128) * 128}")
-    return 0
 
 
 def default_out(input_path: str) -> str:

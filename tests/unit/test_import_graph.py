@@ -197,3 +197,18 @@ def test_the_graph_checker_sees_a_circle() -> None:
     assert cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert room("runner.config.plan") == "runner.config" and room("runner.cli") == "runner.cli"
+
+
+def test_the_cli_stays_a_thin_shell_and_no_driver_function_needs_a_scroll_bar() -> None:
+    """cli.py at most 250 lines with no function over 60; no function of runner/ over 80 lines."""
+    assert len((ROOT / "runner" / "cli.py").read_text().splitlines()) <= 250
+    long = []
+    for name, path in module_names().items():
+        if not name.startswith("runner"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > (60 if name == "runner.cli" else 80):
+                    long.append(f"{name}.{node.name}: {lines} lines")
+    assert long == []
