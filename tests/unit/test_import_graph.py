@@ -212,3 +212,12 @@ def test_the_cli_stays_a_thin_shell_and_no_driver_function_needs_a_scroll_bar() 
                 if lines > (60 if name == "runner.cli" else 80):
                     long.append(f"{name}.{node.name}: {lines} lines")
     assert long == []
+
+
+def test_every_package_ships_in_the_wheel() -> None:
+    """pyproject.toml lists packages by name: a new subpackage left out would be missing from an installed wheel."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for pkg in PACKAGES for p in (ROOT / pkg).rglob("__init__.py")}
+    assert found - listed == set()
