@@ -130,7 +130,7 @@ _CRASH_SCRIPT = textwrap.dedent("""
     root = sys.argv[1]
     ck.save(root, 1, {"w": torch.full((4096,), 1.0), "step": 1}, keep_last=0)
     faults.use(faults.Faults(commit_pause_s=120))  # the next save stops between payload and commit
-    ck.save(root, 2, {"w": torch.full((4096,), 2.0), "step": 2}, keep_last=0)
+    ck.save(root, 2, {"w": torch.full((4096,), 2.0), "step": 2}, keep_last=0, hooks=faults.save_hooks())
     print("not killed", file=sys.stderr)
 """)
 

@@ -45,7 +45,7 @@ _CRASH_SCRIPT = textwrap.dedent("""
         return {"model": {"w": torch.full((4096,), v)}, "optim": {"m": torch.full((8,), v)}}
     sharded.save(root, 1, {"step": 1}, shards(1.0), keep_last=0)
     faults.use(faults.Faults(commit_pause_s=120))  # the next save stops between its files and meta.json
-    sharded.save(root, 2, {"step": 2}, shards(2.0), keep_last=0)
+    sharded.save(root, 2, {"step": 2}, shards(2.0), keep_last=0, hooks=faults.save_hooks())
     print("not killed", file=sys.stderr)
 """)
 

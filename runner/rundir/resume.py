@@ -10,7 +10,7 @@ from typing import Any
 import fsspec
 
 from runner.config.plan import Plan
-from runner.contract import layout
+from runner.contract import checkpoints, layout
 from runner.contract.errors import PlanError
 from runner.rundir import status
 
@@ -72,24 +72,17 @@ def check_resume_source(resume: str, plan: Plan) -> None:
         raise PlanError("resume", resume, f"cannot be read ({type(exc).__name__}: {exc})", fix) from exc
     # Another world size reshards (the data order carries over: the sampler's strided split consumes a prefix of
     # each epoch); another global batch would be another optimisation problem.
-    if ws is not None and ws != plan.world_size and global_batch != plan.global_batch:
-        raise PlanError("world_size", plan.world_size,
-                        f"the checkpoint's run used world_size={ws} and global batch {global_batch}, this plan's"
-                        f" global batch is {plan.global_batch}",
+    if problem := checkpoints.world_size_change_problem(ws, global_batch, plan.world_size, plan.global_batch):
+        raise PlanError("world_size", plan.world_size, f"the checkpoint's run does not carry over: {problem}",
                         f"resume with world_size={ws}, or keep the global batch: batch.global={global_batch}")
 
 
 def checkpoint_size_problem(fs: Any, ckpt_dir: str) -> str | None:
-    """Why a committed checkpoint cannot load, as far as the driver checks (meta.json readable, state.pt of the
-    recorded size); None when it passes. The driver never hashes: the workers verify sha256 when they load."""
+    """Why a committed checkpoint cannot load, as far as the driver checks (the contract's size rule: meta.json
+    readable, state.pt of the recorded size); None when it passes. The driver never hashes: the workers verify
+    sha256 when they load."""
     name = ckpt_dir.rstrip("/").rsplit("/", 1)[-1]
-    try:
-        expected = json.loads(fs.cat_file(layout.join(ckpt_dir, layout.CKPT_MARKER))).get("bytes")
-        size = fs.size(layout.join(ckpt_dir, layout.CKPT_STATE))
-    except FileNotFoundError:
-        return f"{name}: {layout.CKPT_STATE} is missing"
-    except (ValueError, AttributeError):
-        return f"{name}: {layout.CKPT_MARKER} is not valid"
-    if size != expected:
-        return f"{name}: {layout.CKPT_STATE} is {size} bytes, {layout.CKPT_MARKER} says {expected}"
-    return None
+    marker_path, state_path = layout.join(ckpt_dir, layout.CKPT_MARKER), layout.join(ckpt_dir, layout.CKPT_STATE)
+    marker = fs.cat_file(marker_path) if fs.exists(marker_path) else None
+    size = fs.size(state_path) if fs.exists(state_path) else None
+    return checkpoints.size_problem(name, marker, size)

@@ -6,6 +6,7 @@ keeps every rank's start-up short.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import fsspec
@@ -44,6 +45,31 @@ def _plain(value: Any) -> Any:
     if isinstance(value, list):
         return [_plain(v) for v in value]
     return value
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """The plan's batch on this launch's world: the one place the global batch is computed on the worker side."""
+
+    world_size: int
+    per_rank: int
+    accumulation: int
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step: per-rank batch × world size × accumulation."""
+        return self.per_rank * self.world_size * self.accumulation
+
+    def as_dict(self) -> dict[str, int]:
+        """The plan as run.json, TensorBoard and checkpoints record it."""
+        return {"world_size": self.world_size, "per_rank_batch": self.per_rank, "accumulation": self.accumulation,
+                "global_batch": self.global_batch}
+
+
+def batch_plan(cfg: Config, world_size: int) -> BatchPlan:
+    """``batch.per_rank`` and ``batch.accumulation`` of ``cfg`` on ``world_size`` ranks (the world this launch
+    runs in, which an elastic restart may have changed)."""
+    return BatchPlan(world_size, cfg.batch.per_rank, cfg.batch.accumulation)
 
 
 def load_config(run_dir: str) -> Config:

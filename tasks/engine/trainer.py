@@ -23,11 +23,10 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from runner.contract import layout, rules
 from tasks import registry
 from tasks.api import TaskParts
-from tasks.engine import checkpoint as ckpt
 from tasks.engine import compile_cache, metrics, startup, timing, worker_io
 from tasks.engine import logging as tb
-from tasks.engine.checkpoint import sharded
-from tasks.engine.config import Config, load_config
+from tasks.engine.checkpoint.manager import CheckpointManager
+from tasks.engine.config import Config, batch_plan, load_config
 from tasks.engine.diagnostics import faults, heartbeat, profiling, termination
 from tasks.engine.diagnostics import telemetry as gpu_telemetry
 from tasks.engine.optim import apply_inductor_settings, build_optimizer, lr_factor
@@ -35,6 +34,7 @@ from tasks.engine.progress import Progress
 from tasks.engine.sampler import ResumableDistributedSampler
 from tasks.engine.strategy import factory, grad_sync
 from tasks.engine.strategy.base import Strategy
+from tasks.engine.train_state import TrainState
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -55,16 +55,6 @@ class Context:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
-
-
-@dataclass
-class TrainState:
-    """Where training stands: enough to continue exactly from here."""
-
-    step: int = 0            # optimizer steps done
-    epoch: int = 0           # current epoch
-    micro_in_epoch: int = 0  # micro-batches of the current epoch already consumed
-    losses: list[float] = field(default_factory=list)
 
 
 def setup(run_dir: str, local_dir: str, console: IO[str] | None, cfg: Config) -> Context:
@@ -231,11 +221,29 @@ class Trainer:
         self.compile_cache = (compile_cache.configure(str(cfg.output.root))
                               if t.compile and t.get("compile_cache", True) else None)
         self.strategy: Strategy = factory.build(cfg, self.model, ctx.device, ctx.local_rank, ctx.world_size)
-        self.optimizer = build_optimizer(t, self.strategy.params)
-        if hasattr(self.strategy, "wrap_optimizer"):  # zero1: the optimizer state sharded over the ranks
-            self.optimizer = self.strategy.wrap_optimizer(self.optimizer)
+        # zero1 partitions the optimizer state over the ranks; the others step the optimizer as it is.
+        self.optimizer = self.strategy.wrap_optimizer(build_optimizer(t, self.strategy.params))
         self.scaler = torch.amp.GradScaler(ctx.device.type) if t.precision == "fp16" else None
-        self.per_rank, self.accumulation = cfg.batch.per_rank, cfg.batch.accumulation
+        self.plan = batch_plan(cfg, ctx.world_size)
+        self.per_rank, self.accumulation = self.plan.per_rank, self.plan.accumulation
+        self._build_data()
+        self.state = TrainState()
+        self.total_steps = self._total_steps()
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda s: lr_factor(s, self.total_steps, t.schedule, t.warmup_steps, t.min_lr_ratio),
+        )
+        self.checkpoints = CheckpointManager(
+            cfg, run_dir=ctx.run_dir, rank=ctx.rank, console=ctx.console, plan=self.plan, strategy=self.strategy,
+            optimizer=self.optimizer, scheduler=self.scheduler, scaler=self.scaler)
+        # Clock, power, temperature and power-cap state of this rank's GPU, per logging window (None: no NVML).
+        self.telemetry = gpu_telemetry.Sampler.start(ctx.device) if t.get("gpu_telemetry", True) else None
+        self.gpu_windows: dict[int, list[dict[str, float]]] = {}
+        self.time_windows: dict[int, list[dict[str, float]]] = {}  # each rank's phase times, per logging window
+
+    def _build_data(self) -> None:
+        """The sampler, the loader and the optimizer steps an epoch gives."""
+        cfg, ctx, t = self.cfg, self.ctx, self.cfg.train
         # shuffle=True here, never in the DataLoader: the sampler shuffles by (seed, epoch) identically on every
         # rank and hands each rank its own slice.
         self.sampler = ResumableDistributedSampler(
@@ -258,26 +266,24 @@ class Trainer:
                 f" {self.sampler.num_samples // self.per_rank} micro-batches, fewer than one optimizer step."
                 " Fix: lower batch.accumulation, batch.per_rank or world_size, or use more data"
             )
-        self.state = TrainState()
-        self.total_steps = self._total_steps()
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            lambda s: lr_factor(s, self.total_steps, t.schedule, t.warmup_steps, t.min_lr_ratio),
-        )
-        self.resumed_from: str | None = None
-        self.first_commit_unix: float | None = None  # when this launch's first checkpoint was committed
-        # Background saving snapshots rank 0's whole state; a strategy whose state is spread saves collectively.
-        self.saver = ckpt.AsyncSaver() if (ctx.is_main and cfg.checkpoint.async_save
-                                           and self.strategy.full_state_on_rank0) else None
-        if self.saver is not None:  # stopped by SIGTERM (a peer failed, or Ctrl-C): finish the write in flight
-            termination.on_terminate(self.saver.finish)
-        self.ckpt_root = layout.join(ctx.run_dir, layout.CHECKPOINTS)
-        # Clock, power, temperature and power-cap state of this rank's GPU, per logging window (None: no NVML).
-        self.telemetry = gpu_telemetry.Sampler.start(ctx.device) if t.get("gpu_telemetry", True) else None
-        self.gpu_windows: dict[int, list[dict[str, float]]] = {}
-        self.time_windows: dict[int, list[dict[str, float]]] = {}  # each rank's phase times, per logging window
 
-    # -- checkpoints -----------------------------------------------------------------------------------
+    # -- checkpoints: the manager decides, the trainer asks ---------------------------------------------
+
+    @property
+    def resumed_from(self) -> str | None:
+        """The checkpoint this launch resumed from (None: a fresh start)."""
+        return self.checkpoints.resumed_from
+
+    def maybe_resume(self) -> None:
+        """Continue from the checkpoint the manager picks, if any: its progress, and the steps left from there."""
+        resumed = self.checkpoints.maybe_resume()
+        if resumed is not None:
+            self.state = resumed
+            self.total_steps = self._total_steps()
+
+    def checkpoint(self, final: bool = False) -> None:
+        """Save a checkpoint of where training stands now (collective: every rank calls it)."""
+        self.checkpoints.save(self.state, final=final)
 
     def _total_steps(self) -> int:
         """``train.max_steps``, or the steps done plus what is left of ``train.epochs`` from where training stands.
@@ -290,152 +296,6 @@ class Trainer:
             return t.max_steps
         left = (t.epochs - s.epoch) * self.steps_per_epoch * self.accumulation - s.micro_in_epoch
         return s.step + max(0, left) // self.accumulation
-
-    def _resume_sources(self) -> tuple[list[str], bool]:
-        """Where to resume from: candidate checkpoints newest first, and whether the one candidate was named
-        explicitly (then its failure is the answer; otherwise an older complete one is the fallback).
-
-        A run's own checkpoints always win, whatever ``resume`` says: they are this run's progress (an elastic
-        restart of a ``resume=never`` run must not start over and then have keep_last delete its fresh
-        checkpoints as "older" than the previous attempt's). ``resume`` says where a run with none starts.
-        """
-        resume = str(self.cfg.resume)
-        own = [url for _, url in reversed(ckpt.list_complete(self.ckpt_root))]
-        if own or resume in ("auto", "never"):
-            return own, False
-        if ckpt.is_checkpoint(resume):
-            return [resume], True
-        found = ckpt.list_complete(resume) or ckpt.list_complete(layout.join(resume, layout.CHECKPOINTS))
-        if not found:
-            raise ValueError(f"resume={resume!r}: no complete checkpoint there. Fix: point resume at a"
-                             " run directory with checkpoints/step_<N>, a checkpoint, or use resume=never")
-        return [url for _, url in reversed(found)], False
-
-    def maybe_resume(self) -> None:
-        """Load model, optimizer, scheduler, scaler, progress and this rank's RNG state from a checkpoint.
-
-        A candidate that fails its integrity check (size or sha256 against meta.json) is passed over for the next
-        older complete one, and the log says so; a checkpoint named explicitly is not.
-        """
-        sources, explicit = self._resume_sources()
-        if not sources:
-            return
-        if explicit:
-            src, state, skipped = sources[0], ckpt.load(sources[0], map_location="cpu"), []
-        else:
-            state, src, skipped = ckpt.load_first_good(sources, map_location="cpu")
-        for url, reason in skipped:
-            if self.ctx.is_main:  # every rank makes the same choice from the same files; rank 0 says it
-                msg = (f"{url.rstrip('/').rsplit('/', 1)[-1]} failed its integrity check ({reason});"
-                       f" resuming from {src.rstrip('/').rsplit('/', 1)[-1]}")
-                self._say(msg)  # the rank log
-                if self.ctx.console is not None:  # and the user's console: a checkpoint was passed over
-                    print(f"warning: {msg}", file=self.ctx.console, flush=True)
-        self._check_compatible(state, src)
-        if sharded.is_sharded(state):  # model and optimizer state come from every rank's shards
-            shards = self.strategy.state_dict(self.optimizer)
-            sharded.load_shards(src, state, shards)
-            state = {**state, **shards}
-        self.strategy.load_state_dict(state, self.optimizer)
-        self.scheduler.load_state_dict(state["scheduler"])
-        if self.scaler is not None and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        p = state["progress"]
-        # The data position is counted in micro-batches of the checkpoint's per-rank batch.
-        samples = self._samples_done(state) // self.ctx.world_size
-        self.state = TrainState(p["step"], p["epoch"], samples // self.per_rank, list(p.get("losses", [])))
-        self.total_steps = self._total_steps()
-        if self.ctx.rank < len(state["rng"]):  # a rank the checkpoint did not have keeps its own seeded stream
-            ckpt.set_rng_state(state["rng"][self.ctx.rank])
-        self.resumed_from = src
-        self._say(f"resumed from {src} at step {self.state.step}")
-
-    def _samples_done(self, state: dict[str, Any]) -> int:
-        """Samples of the current epoch all ranks together had used: with the sampler's strided split these are
-        exactly the epoch's first ones, so a run at another world size continues at the same place."""
-        plan = state.get("plan", {})
-        per_rank = plan.get("per_rank_batch", self.per_rank)
-        return state["progress"]["micro_in_epoch"] * per_rank * plan.get("world_size", self.ctx.world_size)
-
-    def _check_compatible(self, state: dict[str, Any], src: str) -> None:
-        mine = self.model.state_dict()
-        theirs = state.get("model") or {}  # a sharded checkpoint: DCP checks names and shapes as it loads
-        if sharded.is_sharded(state) != bool(getattr(self.strategy, "sharded_checkpoint", False)):
-            have = "sharded (strategy=fsdp)" if sharded.is_sharded(state) else "single-file (strategy=ddp/zero1)"
-            raise ValueError(f"cannot resume from {src}: it is a {have} checkpoint and this run uses strategy="
-                             f"{(self.cfg.get('strategy') or {}).get('name', 'ddp')}. Fix: resume it under the"
-                             " strategy that wrote it (at any world size), or start over with resume=never")
-        if not theirs:
-            mine = {}
-        problems = [f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(mine[k].shape)}"
-                    for k, v in theirs.items() if k in mine and tuple(v.shape) != tuple(mine[k].shape)]
-        problems += [f"{k}: missing in checkpoint" for k in mine if k not in theirs]
-        problems += [f"{k}: not in this model" for k in theirs if k not in mine]
-        if problems:
-            raise ValueError(f"cannot resume from {src}: the model differs ({len(problems)} keys): "
-                             + "; ".join(problems[:8]) + ". Fix: resume with the same task.model settings")
-        plan = state.get("plan", {})
-        global_batch = self.per_rank * self.ctx.world_size * self.accumulation
-        if plan.get("world_size") not in (None, self.ctx.world_size) and plan.get("global_batch") != global_batch:
-            # Another world size is fine (resharding), another optimisation problem is not.
-            raise ValueError(f"cannot resume from {src}: it ran with world_size={plan['world_size']} and global"
-                             f" batch {plan.get('global_batch')}, this run has world_size={self.ctx.world_size} and"
-                             f" global batch {global_batch}. Fix: resume with batch.global={plan.get('global_batch')}"
-                             f" (or world_size={plan['world_size']})")
-        done_all = self._samples_done(state)
-        done = done_all // self.ctx.world_size
-        if done_all % self.ctx.world_size or done % self.per_rank:
-            raise ValueError(f"cannot resume from {src}: each rank had used {done} samples of the epoch, not a"
-                             f" whole number of batch.per_rank={self.per_rank} micro-batches, so the data order"
-                             f" would not continue exactly. Fix: resume with batch.per_rank="
-                             f"{plan['per_rank_batch']} (or a divisor of {done})")
-
-    def checkpoint(self, final: bool = False) -> None:
-        """Every rank hands its RNG state to rank 0 (one collective), which saves atomically. A strategy whose
-        state is spread over the ranks gathers it first (zero1) or has every rank write its shards (fsdp)."""
-        heartbeat.phase("checkpoint")
-        rng = [None] * self.ctx.world_size
-        dist.all_gather_object(rng, ckpt.rng_state())
-        spread = not self.strategy.full_state_on_rank0
-        model_optim = self.strategy.state_dict(self.optimizer) if spread else None  # collective
-        if getattr(self.strategy, "sharded_checkpoint", False):
-            self._save_sharded(rng, model_optim, final)
-            return
-        if not self.ctx.is_main:
-            return
-        state = {**(model_optim or self.strategy.state_dict(self.optimizer)), **self._small_state(rng)}
-        protect = frozenset({self.resumed_from} if self.resumed_from else ())
-        keep = self.cfg.checkpoint.keep_last
-        if self.saver is not None:
-            self.saver.save(self.ckpt_root, self.state.step, state, keep_last=keep, protect=protect)
-        else:
-            ckpt.save(self.ckpt_root, self.state.step, state, keep_last=keep, protect=protect)
-            if self.first_commit_unix is None:
-                self.first_commit_unix = time.time()
-
-    def _save_sharded(self, rng: list[Any], shards: dict[str, Any], final: bool) -> None:
-        """Every rank writes its shards; rank 0 commits (the last checkpoint also gets a consolidated model)."""
-        protect = frozenset({self.resumed_from} if self.resumed_from else ())
-        sharded.save(self.ckpt_root, self.state.step, self._small_state(rng) if self.ctx.is_main else {}, shards,
-                     keep_last=self.cfg.checkpoint.keep_last, protect=protect,
-                     export=self.model if final else None)
-        if self.first_commit_unix is None:
-            self.first_commit_unix = time.time()
-
-    def _small_state(self, rng: list[Any]) -> dict[str, Any]:
-        """Everything in a checkpoint but model and optimizer state."""
-        s = self.state
-        return {
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-            "progress": {"step": s.step, "epoch": s.epoch, "micro_in_epoch": s.micro_in_epoch,
-                         "losses": list(s.losses)},
-            "rng": rng,
-            "plan": {"world_size": self.ctx.world_size, "per_rank_batch": self.per_rank,
-                     "accumulation": self.accumulation,
-                     "global_batch": self.per_rank * self.ctx.world_size * self.accumulation},
-            "config": self.cfg.to_yaml(),
-        }
 
     # -- the loop --------------------------------------------------------------------------------------
 
@@ -488,8 +348,7 @@ class Trainer:
                 self.log(loop, step, lr, grad_norm)
             val_due = self.parts.val_set is not None and t.val_every and step % t.val_every == 0 \
                 and step != self.total_steps
-            every = self.cfg.checkpoint.every_steps
-            ckpt_due = every and step % every == 0 and step != self.total_steps
+            ckpt_due = self.checkpoints.save_due(step, self.total_steps)
             # Finished right away when nothing is in flight to keep busy (a CPU run: the step is already done, and a
             # late close would time the next step instead), and before anything that reads the losses or syncs.
             if loop.pending is not None and (loop.pending.ready is None or val_due or ckpt_due
@@ -505,7 +364,7 @@ class Trainer:
 
     def _start_loop(self) -> _Loop:
         ctx, t = self.ctx, self.cfg.train
-        meter = metrics.StepMeter(self.per_rank * ctx.world_size * self.accumulation, ctx.world_size,
+        meter = metrics.StepMeter(self.plan.global_batch, ctx.world_size,
                                   self.parts.tokens_per_sample, self.parts.flops_per_sample,
                                   metrics.peak_flops(ctx.device_name, t.precision),
                                   sync=torch.cuda.synchronize if ctx.device.type == "cuda" else None)
@@ -517,8 +376,7 @@ class Trainer:
         writer = self._writer() if self.writer_future is not None else None
         progress = Progress(ctx.console, self.total_steps, self.state.step) if ctx.is_main else None
         timer = timing.PhaseTimer(ctx.device, int(t.get("timing_every", 1) or 0), first_step=self.state.step + 1)
-        if hasattr(self.strategy, "grads_ready"):  # a strategy that can say when its gradient sync starts
-            self.strategy.grads_ready = timer.grads_ready
+        self.strategy.on_grads_ready(timer.grads_ready)  # when its gradient sync starts, if the strategy can tell
         startup.mark("loop_start")
         return _Loop(meter, profiler, writer, progress, torch.zeros((), device=ctx.device), self.state.step,
                      start_step=self.state.step, start_unix=startup.marked("loop_start"), timer=timer)
@@ -573,8 +431,7 @@ class Trainer:
             self._say(f"compile: first step {loop.first_step_s:.1f} s from launch, scope {facts.get('scope')},"
                       f" cache {facts.get('cache_dir')}: {facts.get('cache_hits', 0)} hits,"
                       f" {facts.get('cache_misses', 0)} misses")
-        if self.saver is not None:  # optimizer state exists now: get the save's buffers ready
-            self.saver.reserve(self.strategy.state_dict(self.optimizer))
+        self.checkpoints.reserve()  # optimizer state exists now: get the save's buffers ready
         # Compilation leaves many long-lived Python objects; every full collection would walk them all and
         # stall this rank's host, and with DDP a stall on any rank stalls all. Frozen, they are not walked
         # again (torchtitan and Megatron manage the GC for the same reason). Measured: BENCHMARKS.md.
@@ -626,7 +483,7 @@ class Trainer:
         if cap and cap < len(data):  # the same leading samples every time, each counted once
             data = Subset(data, range(cap))
         loss = evaluate(self.model, data, self.ctx, self.per_rank, self.cfg.train.precision,
-                        lockstep=getattr(self.strategy, "sharded_checkpoint", False))
+                        lockstep=self.strategy.collective_forward)
         if writer is not None:
             writer.add_scalar("val/loss", loss, step)
         self._say(f"step {step} val/loss {loss:.4f}")
@@ -640,10 +497,7 @@ class Trainer:
             with loop.meter.paused("validation"):
                 loop.val_loss = self.validate(loop.writer, self.state.step)
         with loop.meter.paused("checkpoint"):
-            if self.cfg.checkpoint.get("final", True):  # off only for benchmarks of models too big to save often
-                self.checkpoint(final=True)
-            if self.saver is not None:
-                self.saver.wait()
+            self.checkpoints.save_final(self.state)
         if loop.progress is not None:
             loop.progress.close()
         summary = {
@@ -678,9 +532,9 @@ class Trainer:
         out = metrics.goodput(
             wall_s=now - t0, startup_s=loop.start_unix - t0, first_step_s=first_end - loop.start_unix,
             excluded={k: v for k, v in loop.meter.excluded.items() if v > 0},
-            samples=steps * self.per_rank * self.ctx.world_size * self.accumulation,
+            samples=steps * self.plan.global_batch,
             tokens_per_sample=self.parts.tokens_per_sample)
-        committed = self.saver.first_commit_unix if self.saver is not None else self.first_commit_unix
+        committed = self.checkpoints.first_commit_unix
         out["time_to_first_checkpoint_s"] = committed - t0 if committed is not None else None
         out["startup_parts"] = startup.parts()  # where the start-up went, on rank 0
         return out
@@ -696,9 +550,7 @@ class Trainer:
 
     def close(self) -> None:
         """Finish the checkpoint in flight and stop DataLoader worker processes now, not at interpreter exit."""
-        if self.saver is not None:
-            termination.forget(self.saver.finish)
-            self.saver.close()
+        self.checkpoints.close()
         if self.telemetry is not None:
             self.telemetry.close()
         self.loader = None  # persistent workers stop when their iterator is collected
@@ -707,9 +559,7 @@ class Trainer:
     def _writer(self) -> Any:
         writer = self.writer_future.result()
         cfg = self.cfg
-        plan = {"world_size": self.ctx.world_size, "per_rank_batch": self.per_rank,
-                "accumulation": self.accumulation,
-                "global_batch": self.per_rank * self.ctx.world_size * self.accumulation}
+        plan = self.plan.as_dict()
         # A sweep's swept values too: its jobs sit side by side in HPARAMS (tensorboard --logdir <sweep dir>).
         hparams = {"task": cfg.task.name, "lr": cfg.train.lr, "precision": cfg.train.precision, "device": cfg.device,
                    **tb.swept_values(self.ctx.run_dir)}

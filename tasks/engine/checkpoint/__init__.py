@@ -1,4 +1,5 @@
-"""Rank-zero checkpoints: atomic storage on any fsspec URL, background saving, and every rank's RNG state."""
+"""Checkpoints: the policy (``manager``: what, when, from where, whether), atomic storage on any fsspec URL,
+background saving, sharded saves, and every rank's RNG state."""
 
 from tasks.engine.checkpoint.async_saver import AsyncSaver
 from tasks.engine.checkpoint.rng import rng_state, set_rng_state

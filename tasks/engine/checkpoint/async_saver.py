@@ -10,8 +10,7 @@ from typing import Any
 
 import torch
 
-from tasks.engine.checkpoint.storage import CheckpointError, save, step_url
-from tasks.engine.diagnostics import faults
+from tasks.engine.checkpoint.storage import CheckpointError, SaveHooks, save, step_url
 
 _Key = tuple[Any, ...]
 
@@ -72,7 +71,8 @@ class AsyncSaver:
     consistent even though ``save`` returns before the copy has finished.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, hooks: SaveHooks | None = None) -> None:
+        self._hooks = hooks  # what every save calls before its commit (storage.save)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._failed: str = ""
@@ -126,8 +126,7 @@ class AsyncSaver:
             try:
                 for ev in events:
                     ev.synchronize()
-                faults.slow_save(step)
-                self.last_url = save(ckpt_root, step, snap, keep_last=keep_last, protect=protect)
+                self.last_url = save(ckpt_root, step, snap, keep_last=keep_last, protect=protect, hooks=self._hooks)
                 if self.first_commit_unix is None:
                     self.first_commit_unix = time.time()
             except BaseException as e:  # noqa: BLE001 - stored and re-raised in the training thread

@@ -27,11 +27,13 @@ EXPORT_FILE = "model.pt"
 
 
 def save(ckpt_root: str, step: int, state: dict[str, Any], shards: dict[str, Any], *, keep_last: int,
-         protect: frozenset[str] = frozenset(), export: torch.nn.Module | None = None) -> str | None:
+         protect: frozenset[str] = frozenset(), export: torch.nn.Module | None = None,
+         hooks: storage.SaveHooks | None = None) -> str | None:
     """Write checkpoint ``step`` (collective: every rank calls it); returns its URL on rank 0, else None.
 
     ``state`` is rank 0's small state, ``shards`` this rank's part of model and optimizer state (from the
-    strategy), ``export`` the model whose whole state dict rank 0 also saves as ``model.pt``.
+    strategy), ``export`` the model whose whole state dict rank 0 also saves as ``model.pt``, ``hooks`` what rank
+    0's commit calls before the marker (:func:`storage.save`).
     """
     import torch.distributed.checkpoint as dcp
 
@@ -57,7 +59,7 @@ def save(ckpt_root: str, step: int, state: dict[str, Any], shards: dict[str, Any
     url = None
     if main:
         url = storage.save(ckpt_root, step, {**state, "sharded": SHARDS_DIR}, keep_last=keep_last,
-                           protect=protect, staged=tmp)
+                           protect=protect, staged=tmp, hooks=hooks)
     dist.barrier()  # no rank moves on (or starts the next save) before the commit
     return url
 

@@ -16,7 +16,9 @@ every file's size in ``meta.json``.
 The engine gathers the state dict and calls this module from global rank 0 only; collectives and barriers
 are the engine's business, not this module's.
 
-A test can hold a save between its payload and its commit (``tasks/engine/diagnostics/faults.py``).
+What counts as complete and intact (the marker's fields, sizes, sha256) is the rule the driver applies too:
+``runner/contract/checkpoints.py``. A save calls one hook point, :meth:`SaveHooks.before_commit`, when the caller
+passes hooks (the checkpoint tests hold a save there: ``tasks/engine/diagnostics/faults.py``).
 """
 
 from __future__ import annotations
@@ -31,26 +33,32 @@ import shutil
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 import fsspec
 import torch
 from fsspec.implementations.local import LocalFileSystem
 
-from runner.contract import layout
-from tasks.engine.diagnostics import faults
+from runner.contract import checkpoints as rules
 
-STATE_FILE = layout.CKPT_STATE
-META_FILE = layout.CKPT_MARKER
-FORMAT = "ddp-runner-checkpoint/1"
+STATE_FILE = rules.STATE_FILE
+META_FILE = rules.MARKER_FILE
+FORMAT = rules.FORMAT
 
-_COMPLETE_RE = re.compile(r"^step_(\d+)$")
 _LEFTOVER_RE = re.compile(r"^step_(\d+)\.(?:tmp|old)-[0-9a-f]+$")
 _CHUNK = 16 << 20
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete, corrupt, unsafe to unpickle, or could not be written."""
+
+
+class SaveHooks(Protocol):
+    """What a save calls between writing its payload and committing it (a test holds the save there)."""
+
+    def before_commit(self, step: int, url: str) -> None:
+        """Called once per save, after every file but the marker is written."""
+        ...
 
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -75,10 +83,7 @@ def step_url(ckpt_root: str, step: int) -> str:
     return _join_url(ckpt_root, _step_dir_name(step))
 
 
-def _step_dir_name(step: int) -> str:
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        raise ValueError(f"checkpoint step must be a non-negative int, got {step!r}")
-    return f"step_{step}"
+_step_dir_name = rules.step_dir_name
 
 
 class _HashingWriter:
@@ -134,18 +139,10 @@ def _read_meta(fs: fsspec.AbstractFileSystem, dir_path: str, step: int | None = 
     # predate the commit (another process, or this one's listing of a sharded save's files).
     fs.invalidate_cache(dir_path)
     try:
-        meta = json.loads(fs.cat_file(f"{dir_path}/{META_FILE}"))
-    except (FileNotFoundError, ValueError, UnicodeDecodeError):
+        text = fs.cat_file(f"{dir_path}/{META_FILE}")
+    except FileNotFoundError:
         return None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        return None
-    if not isinstance(meta.get("step"), int) or not isinstance(meta.get("bytes"), int):
-        return None
-    if not isinstance(meta.get("sha256"), str) or meta.get("state_file") != STATE_FILE:
-        return None
-    if step is not None and meta["step"] != step:
-        return None
-    return meta
+    return rules.parse_marker(text, step)
 
 
 def _fsync_dir(path: str) -> None:
@@ -170,8 +167,7 @@ def _scan(fs: fsspec.AbstractFileSystem, root: str) -> tuple[list[tuple[int, str
     leftovers: list[tuple[int, str]] = []
     for entry in entries:
         name = entry.rstrip("/").rsplit("/", 1)[-1]
-        if m := _COMPLETE_RE.match(name):
-            step = int(m.group(1))
+        if (step := rules.step_of(name)) is not None:
             if _read_meta(fs, f"{root}/{name}", step) is not None:
                 complete.append((step, name))
             else:
@@ -206,8 +202,7 @@ def _split_ckpt_url(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
 def is_checkpoint(url: str) -> bool:
     """True when ``url`` (a checkpoint dir or its state.pt) is a complete checkpoint (valid meta.json)."""
     fs, path = _split_ckpt_url(url)
-    m = _COMPLETE_RE.match(path.rsplit("/", 1)[-1])
-    return _read_meta(fs, path, int(m.group(1)) if m else None) is not None
+    return _read_meta(fs, path, rules.step_of(path.rsplit("/", 1)[-1])) is not None
 
 
 # ------------------------------------------------------------------------------------------ deletion
@@ -347,7 +342,7 @@ def _remote_files(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, int]:
 
 
 def save(ckpt_root: str, step: int, state: dict, *, keep_last: int,
-         protect: frozenset[str] = frozenset(), staged: str | None = None) -> str:
+         protect: frozenset[str] = frozenset(), staged: str | None = None, hooks: SaveHooks | None = None) -> str:
     """Write ``state`` as checkpoint ``<ckpt_root>/step_<step>`` atomically; return its URL.
 
     The checkpoint becomes visible only once complete. Afterwards retention keeps the newest ``keep_last``
@@ -359,6 +354,8 @@ def save(ckpt_root: str, step: int, state: dict, *, keep_last: int,
     ``staged`` (from :func:`stage_dir`) is the directory other ranks have already written their shards into (a
     temporary one locally, ``step_<N>`` itself on an object store): it is committed together with ``state``, and
     meta.json records every file's size.
+
+    ``hooks``: called once, between the payload and the commit (None: nothing is called).
     """
     name = _step_dir_name(step)
     fs, root = _fs(ckpt_root)
@@ -372,7 +369,8 @@ def save(ckpt_root: str, step: int, state: dict, *, keep_last: int,
         try:
             nbytes, digest = _write_payload(fs, f"{tmp}/{STATE_FILE}", state, local=True)
             files = _staged_files(tmp) if staged else None
-            faults.pause_before_commit(step, url)
+            if hooks is not None:
+                hooks.before_commit(step, url)
             with open(f"{tmp}/{META_FILE}", "wb") as f:
                 f.write(_meta_bytes(step, nbytes, digest, files))
                 f.flush()
@@ -398,7 +396,8 @@ def save(ckpt_root: str, step: int, state: dict, *, keep_last: int,
             _remove_dir(fs, final)  # un-commit first (meta.json goes first), then overwrite
         nbytes, digest = _write_payload(fs, f"{final}/{STATE_FILE}", state, local=False)
         files = _remote_files(fs, final) if staged else None
-        faults.pause_before_commit(step, url)
+        if hooks is not None:
+            hooks.before_commit(step, url)
         fs.pipe_file(f"{final}/{META_FILE}", _meta_bytes(step, nbytes, digest, files))
     _apply_retention(fs, root, keep_last, protect | {url})
     return url
@@ -415,6 +414,13 @@ def _sha256_file(fs: fsspec.AbstractFileSystem, path: str) -> str:
     return h.hexdigest()
 
 
+def _size_or_none(fs: fsspec.AbstractFileSystem, path: str) -> int | None:
+    try:
+        return fs.size(path)
+    except FileNotFoundError:
+        return None
+
+
 def load(url: str, map_location: Any = "cpu", *, verify: bool = True) -> dict:
     """Load a complete checkpoint (dir URL or its state.pt URL) with ``torch.load(weights_only=True)``.
 
@@ -427,12 +433,8 @@ def load(url: str, map_location: Any = "cpu", *, verify: bool = True) -> dict:
     if meta is None:
         raise CheckpointError(f"{url}: not a complete checkpoint (no valid {META_FILE} in {path})")
     state_path = f"{path}/{STATE_FILE}"
-    try:
-        size = fs.size(state_path)
-    except FileNotFoundError:
-        raise CheckpointError(f"{url}: {STATE_FILE} is missing although {META_FILE} exists") from None
-    if size != meta["bytes"]:
-        raise CheckpointError(f"{url}: {STATE_FILE} is {size} bytes, {META_FILE} says {meta['bytes']}")
+    if problem := rules.size_problem(url, meta, _size_or_none(fs, state_path)):
+        raise CheckpointError(problem)
     if _is_local(fs):
         source: Any = state_path
         digest = _sha256_file(fs, state_path) if verify else meta["sha256"]
@@ -440,16 +442,12 @@ def load(url: str, map_location: Any = "cpu", *, verify: bool = True) -> dict:
         data = fs.cat_file(state_path)  # one download: hash it and unpickle it from memory
         digest = hashlib.sha256(data).hexdigest() if verify else meta["sha256"]
         source = io.BytesIO(data)
-    if digest != meta["sha256"]:
-        raise CheckpointError(f"{url}: sha256 of {STATE_FILE} does not match {META_FILE} (corrupt file)")
-    for rel, want in (meta.get("files") or {}).items():  # a sharded checkpoint's other files
+    if problem := rules.digest_problem(url, meta["sha256"], digest):
+        raise CheckpointError(problem)
+    for rel, want in rules.listed_files(meta).items():  # a sharded checkpoint's other files
         fs.invalidate_cache(f"{path}/{rel}")  # its size, not a cached listing's
-        try:
-            got = fs.size(f"{path}/{rel}")
-        except FileNotFoundError:
-            raise CheckpointError(f"{url}: {rel} is missing although {META_FILE} lists it") from None
-        if got != want:
-            raise CheckpointError(f"{url}: {rel} is {got} bytes, {META_FILE} says {want}")
+        if problem := rules.file_size_problem(url, rel, want, _size_or_none(fs, f"{path}/{rel}")):
+            raise CheckpointError(problem)
     try:
         return torch.load(source, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:

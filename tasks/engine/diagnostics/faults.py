@@ -14,12 +14,15 @@ restart can be shown to recover):
 ``fault.also`` lists more faults (same keys) that strike in the same launch, e.g. one rank fails while another
 is stuck.
 
-Test-only hooks for checkpoint tests (environment variables named in ``runner/contract/layout.py``):
+Test-only hooks for checkpoint tests (environment variables named in ``runner/contract/layout.py``), both held at the
+save path's one hook point, between a checkpoint's payload and its commit marker (``storage.SaveHooks``):
 
-- ``DDP_RUNNER_SLOW_SAVE=<step>:<seconds>``: hold that step's background checkpoint write.
-- ``DDP_RUNNER_CKPT_TEST_PAUSE=<seconds>``: print a line to stderr and sleep between a checkpoint's payload and
-  its commit, so a test can SIGKILL a process in the middle of a save.
+- ``DDP_RUNNER_SLOW_SAVE=<step>:<seconds>``: hold that step's checkpoint write (a test keeps a background write
+  in flight while a fault strikes).
+- ``DDP_RUNNER_CKPT_TEST_PAUSE=<seconds>``: print a line to stderr and sleep, so a test can SIGKILL a process in
+  the middle of a save.
 
+:func:`save_hooks` hands them to the checkpoint code once; without either, the save path calls nothing here.
 Nothing else in the engine injects faults.
 """
 
@@ -119,15 +122,26 @@ def _out_of_memory(where: str) -> None:
     raise torch.OutOfMemoryError(f"{where}: out of memory simulated on CPU (a real host OOM would hurt the machine)")
 
 
-def slow_save(step: int) -> None:
-    """Hold the background write of checkpoint ``step`` if a test asked for it."""
-    if _active.slow_save is not None and _active.slow_save[0] == step:
-        time.sleep(_active.slow_save[1])
+class CheckpointHooks:
+    """The checkpoint tests' hooks (a ``storage.SaveHooks``): a save held between its payload and its commit."""
+
+    def __init__(self, slow_save: tuple[int, float] | None, commit_pause_s: float | None) -> None:
+        self.slow_save = slow_save
+        self.commit_pause_s = commit_pause_s
+
+    def before_commit(self, step: int, url: str) -> None:
+        """Hold checkpoint ``step`` (``DDP_RUNNER_SLOW_SAVE``), then pause, saying so
+        (``DDP_RUNNER_CKPT_TEST_PAUSE``)."""
+        if self.slow_save is not None and self.slow_save[0] == step:
+            time.sleep(self.slow_save[1])
+        if self.commit_pause_s:
+            print(f"{layout.ENV_CKPT_TEST_PAUSE}: payload of step {step} written to {url}, pausing before commit",
+                  file=sys.stderr, flush=True)
+            time.sleep(self.commit_pause_s)
 
 
-def pause_before_commit(step: int, url: str) -> None:
-    """Pause between a checkpoint's payload and its commit marker if a test asked for it."""
-    if _active.commit_pause_s:
-        print(f"{layout.ENV_CKPT_TEST_PAUSE}: payload of step {step} written to {url}, pausing before commit",
-              file=sys.stderr, flush=True)
-        time.sleep(_active.commit_pause_s)
+def save_hooks() -> CheckpointHooks | None:
+    """The hooks the active faults ask of checkpoint saves, or None (no test asked: saves run no hook)."""
+    if _active.slow_save is None and not _active.commit_pause_s:
+        return None
+    return CheckpointHooks(_active.slow_save, _active.commit_pause_s)

@@ -13,6 +13,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from tasks.engine.strategy import ddp_compile, grad_sync
+from tasks.engine.strategy.base import Strategy
 
 CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes that capture CUDA graphs
 
@@ -31,7 +32,7 @@ class _SingleProcess(torch.nn.Module):
         return contextlib.nullcontext()
 
 
-class DDPStrategy:
+class DDPStrategy(Strategy):
     """DistributedDataParallel with ``no_sync`` on all but the last micro-step (see :class:`Strategy`)."""
 
     full_state_on_rank0 = True
@@ -41,7 +42,7 @@ class DDPStrategy:
         t = train_cfg
         self.model, self.world_size = model, world_size
         # Called when the synchronising backward's last gradient exists (the engine's timing sets it).
-        self.grads_ready: Callable[[], None] | None = None
+        self._grads_ready_callback: Callable[[], None] | None = None
         if world_size > 1:
             self.wrapped: DDP | _SingleProcess = DDP(
                 model, device_ids=[device.index] if device.type == "cuda" else None,
@@ -71,9 +72,13 @@ class DDPStrategy:
         for p in self.params:
             p.grad = torch.zeros_like(p)
 
+    def on_grads_ready(self, callback: Callable[[], None]) -> None:
+        """DDP's comm hook sees the last gradient bucket: ``callback`` is called then."""
+        self._grads_ready_callback = callback
+
     def _grads_ready(self) -> None:
-        if self.grads_ready is not None:
-            self.grads_ready()
+        if self._grads_ready_callback is not None:
+            self._grads_ready_callback()
 
     def sync(self, last: bool) -> contextlib.AbstractContextManager:
         """``no_sync`` around forward and backward of every micro-step but the last."""

@@ -22,6 +22,7 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from tasks.engine.strategy.base import Strategy
 from tasks.engine.strategy.units import shard_units
 
 PARAM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -33,11 +34,12 @@ def mixed_precision(precision: str) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype is not None else None)
 
 
-class FSDPStrategy:
+class FSDPStrategy(Strategy):
     """FSDP2 ``fully_shard`` per block and at the root (see :class:`~tasks.engine.strategy.base.Strategy`)."""
 
     full_state_on_rank0 = False  # every rank holds a shard: saving is collective (checkpoint/sharded.py)
     sharded_checkpoint = True
+    collective_forward = True    # every forward all-gathers the blocks' parameters
     cudagraphs = False           # FSDP2's all-gathers run between the compiled blocks: no whole-step graphs
 
     def __init__(self, model: torch.nn.Module, device: torch.device, local_rank: int, world_size: int,
