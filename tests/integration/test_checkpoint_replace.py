@@ -25,7 +25,6 @@ if str(ROOT) not in sys.path:
 
 from tasks.engine import checkpoint as ck  # noqa: E402
 from tasks.engine.checkpoint import storage  # noqa: E402
-from tasks.engine.diagnostics import faults  # noqa: E402
 from tests.s3_server import s3_server, s3_url  # noqa: E402, F401 - fixtures
 
 OLD_SHARDS = {"shards/__0_0.distcp": b"old rank 0 shard", "shards/__1_0.distcp": b"old rank 1 shard"}
@@ -67,16 +66,28 @@ def _save(root: str, step: int, value: int, shards: dict[str, bytes] | None) -> 
     """A plain save (rank 0's state only), or a sharded one whose other files ``shards`` are staged first."""
     state = {"v": torch.tensor([value]), "w": torch.full((1024,), float(value))}
     if shards is None:
-        return ck.save(str(root), step, state, keep_last=0)
+        return ck.save(str(root), step, state, keep_last=0, hooks=_hooks)
     staged = storage.stage_dir(root, step)
     _during_write()  # the hook the test installs (a no-op outside the replacement)
     for rel, data in shards.items():
         with fsspec.open(f"{staged}/{rel}", "wb", auto_mkdir=True) as f:
             f.write(data)
-    return ck.save(root, step, state, keep_last=0, staged=staged)
+    return ck.save(root, step, state, keep_last=0, staged=staged, hooks=_hooks)
 
 
 _probe: list[Callable[[], None]] = []
+_commit_probe: list[Callable[[int, str], None]] = []
+
+
+class _Hooks:
+    """The save path's one hook point (storage.SaveHooks), held between the payload and the commit marker."""
+
+    def before_commit(self, step: int, url: str) -> None:
+        for p in _commit_probe:
+            p(step, url)
+
+
+_hooks = _Hooks()
 
 
 def _during_write() -> None:
@@ -122,7 +133,7 @@ def _install_probes(monkeypatch: pytest.MonkeyPatch, check: Callable[[], None], 
         seen.append("stage")
 
     monkeypatch.setattr(storage.torch, "save", save_payload)
-    monkeypatch.setattr(faults, "pause_before_commit", before_commit)
+    _commit_probe.append(before_commit)
     _probe.append(after_stage)
     return seen
 
@@ -131,6 +142,7 @@ def _install_probes(monkeypatch: pytest.MonkeyPatch, check: Callable[[], None], 
 def _no_probe() -> Any:
     yield
     _probe.clear()
+    _commit_probe.clear()
 
 
 @pytest.mark.parametrize("new", ["plain", "sharded"])
@@ -173,6 +185,7 @@ def test_a_crash_while_replacing_a_step_falls_back_to_the_step_before(
         _save(root, 2, 20, shards)
     monkeypatch.undo()
     _probe.clear()
+    _commit_probe.clear()
 
     _assert_old_step_is_not_in_use(kind, root, old_files)
     # The run resumes from the latest complete checkpoint and saves step 2 again.
