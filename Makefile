@@ -30,9 +30,15 @@ $(VENV)/.installed-test: $(VENV)/.installed
 run: setup
 	$(VENV)/bin/ddp-run task=smoke $(RUN_ARGS) $(ARGS)
 
+# Every tier (tests/unit, tests/integration, tests/e2e) at once on TEST_WORKERS xdist workers: the end-to-end
+# tests mostly wait on their subprocesses (torchrun, watchdogs, Slurm), so more workers than cores pays off.
+# --dist loadgroup keeps each xdist_group (the one local Slurm) on one worker. `make test TEST_WORKERS=0` runs
+# serially; `make test ARGS='-m "not e2e"'` skips the end-to-end tier.
+TEST_WORKERS ?= 4
+
 test: $(VENV)/.installed-test
 	$(PY) -m ruff check runner tasks tests bench examples
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(ARGS)
 
 bench: setup
 	$(PY) bench/overhead.py

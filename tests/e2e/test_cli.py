@@ -1,0 +1,97 @@
+"""The CLI as a user meets it, through ``python -m runner``: a refusal is exit 2 of a real process with nothing
+created (one of each kind: the plan's rules, Hydra's composition, a swept value), task modules found from the
+working directory, a dry run, help, and a run directory re-run from its own config. The rest of the refusals,
+dry runs and flags go through ``main()`` in process: tests/integration/test_cli_inproc.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import ddp_run, run_dirs
+
+
+@pytest.mark.parametrize("args, key, value", [
+    (["device=cpu", "world_size=0"], "world_size", "0"),  # the plan's rules
+    (["device=cpu", "batch.perrank=3"], "batch.perrank", "'3'"),  # Hydra cannot compose it
+    (["-m", "task=smoke,nope", "device=cpu"], "task", "'nope'"),  # a swept value, before the first job
+])
+def test_a_refusal_is_exit_2_of_the_real_cli_and_creates_nothing(args, key, value, out_root):
+    r = ddp_run(args, out_root)
+    assert r.returncode == 2, r.stderr
+    assert f"key:   {key}" in r.stderr and f"value: {value}" in r.stderr and "fix:" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not out_root.exists(), "a refused plan must leave no directory"
+
+
+def test_dry_run_prints_plan_and_command_and_launches_nothing(out_root):
+    r = ddp_run(["device=cpu", "batch.per_rank=4", "batch.global=32", "dry_run=true"], out_root)
+    assert r.returncode == 0, r.stderr
+    assert "global batch 32 = 4 per rank × 2 ranks × 4 accumulation" in r.stdout
+    assert "--nproc-per-node=2" in r.stdout and "-m tasks" in r.stdout
+    assert not out_root.exists()
+
+
+def test_help_lists_config_groups(out_root):
+    r = ddp_run(["--help"], out_root)
+    assert r.returncode == 0
+    for group in ("task:", "data:", "launcher:", "smoke"):
+        assert group in r.stdout
+    assert run_dirs(out_root.parent) == []
+
+
+# -- task modules -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("source, problem", [
+    (None, "no such module"),
+    ("def make(cfg, device):\n    pass\n", "defines no build()"),
+    ("import no_such_package_xyz\n\ndef build(cfg, device):\n    pass\n", "no_such_package_xyz"),
+    ("def build(cfg, device)\n", "SyntaxError"),
+])
+def test_task_module_problems_are_refused_before_launch(out_root, tmp_path, source, problem):
+    if source is not None:
+        (tmp_path / "mytask.py").write_text(source)
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "runner", "task.module=mytask", "device=cpu", f"output.root={out_root}"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "key:   task.module" in r.stderr and problem in r.stderr, r.stderr
+    assert not out_root.exists()
+
+
+def test_a_run_directory_reruns_its_exact_config(out_root, tmp_path):
+    """The run's saved config.yaml, given back with --config-dir, is not shadowed by the package's own."""
+    import json
+
+    first = ddp_run(["device=cpu", "batch.global=32", "train.lr=0.05", "world_size=1"], out_root)
+    assert first.returncode == 0, first.stderr
+    (run,) = run_dirs(out_root)
+    again_root = tmp_path / "again"
+    r = ddp_run(["--config-dir", str(run), "--config-name", "config"], again_root)
+    assert r.returncode == 0, r.stderr
+    (rerun,) = run_dirs(again_root)
+
+    def without_root(p: Path) -> list[str]:
+        return [ln for ln in (p / "config.yaml").read_text().splitlines() if "root:" not in ln]
+
+    assert without_root(rerun) == without_root(run)
+    manifest = json.loads((rerun / "run.json").read_text())
+    assert manifest["invocation"]["config_sources"][0] == str(run)
+    assert manifest["invocation"]["argv"][:3] == ["ddp-run", "--config-dir", str(run)]
+
+
+def test_an_object_store_without_credentials_is_refused_in_one_sentence(out_root, tmp_path):
+    env = {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "AWS_SESSION_TOKEN": "", "AWS_PROFILE": "",
+           "AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": str(tmp_path / "none"),
+           "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
+    import os
+    import subprocess
+    import sys
+
+    full = {k: v for k, v in {**os.environ, **env}.items() if v != ""}
+    r = subprocess.run([sys.executable, "-m", "runner", "device=cpu", "output.root=s3://ddp-runner-no-such-bucket/x"],
+                       capture_output=True, text=True, timeout=120, env=full, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "key:   output.root" in r.stderr and "credentials" in r.stderr and "Traceback" not in r.stderr

@@ -1,0 +1,102 @@
+"""ddp-compare: the arithmetic on its own, and a report over real runs (a 1-vs-2-rank fixed-global-batch sweep
+of the tiny GPT, and a run that failed)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ddp_run, load_json, run_dirs
+
+
+def test_report_over_a_fixed_global_batch_sweep_and_a_failed_run(tmp_path):
+    root = tmp_path / "outputs"
+    # Validation on a sliver of the default corpus (its 10 % tail is ~19k windows: seconds per validation on a CPU).
+    common = ["task=gpt", "device=cpu", "train.max_steps=12", "train.log_every=2", "batch.global=16",
+              "data.val_fraction=0.002"]
+    r = ddp_run(["-m", "world_size=1,2", *common], root)
+    assert r.returncode == 0, r.stderr
+    failed_root = tmp_path / "failed"
+    f = ddp_run([*common, "world_size=2", "train.lr=0.002", "fault.kind=exception", "fault.rank=1", "fault.step=3"],
+                failed_root)
+    assert f.returncode != 0
+    (sweep,) = {p.parent for p in run_dirs(root)}
+    (failed,) = run_dirs(failed_root)
+    out = tmp_path / "report"
+    res = subprocess.run([sys.executable, "-m", "runner.report.compare", str(sweep), str(failed), "--out", str(out),
+                          "--price", "3"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    for name in ("report.md", "report.csv", "throughput.png", "loss_vs_step.png", "loss_vs_time.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert (out / "throughput.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = {row["run"]: row for row in csv.DictReader((out / "report.csv").open())}
+    assert set(table) == {p.name for p in run_dirs(root)} | {failed.name}
+    assert table[failed.name]["status"] == "failed" and "rank 1" in table[failed.name]["bottleneck"]
+    for run in run_dirs(root):  # the numbers are the runs' own
+        summary, manifest = load_json(run / "summary.json"), load_json(run / "run.json")
+        row = table[run.name]
+        assert int(row["world"]) == manifest["plan"]["world_size"] and int(row["global_batch"]) == 16
+        assert float(row["rate"]) == pytest.approx(summary["median"]["tokens_per_s"], rel=1e-6)
+        assert float(row["final_loss"]) == pytest.approx(summary["losses"][-1])
+        if row["gpu_hours"]:
+            assert float(row["cost"]) == pytest.approx(3 * float(row["gpu_hours"]))
+    w1 = next(r for r in table.values() if r["world"] == "1")
+    w2 = next(r for r in table.values() if r["world"] == "2" and r["status"] == "completed")
+    assert float(w2["efficiency"]) == pytest.approx(float(w2["rate"]) / 2 / float(w1["rate"]))
+    # Where each step's time goes, on every rank: summary.json, TensorBoard, the console, the bottleneck sentence.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    for run in run_dirs(root):
+        world = load_json(run / "run.json")["plan"]["world_size"]
+        tb = load_json(run / "summary.json")["time_breakdown"]
+        assert set(tb["per_rank"]) == {str(r) for r in range(world)}, tb
+        for v in tb["per_rank"].values():
+            parts = v["data_ms"] + v["compute_ms"] + v["exposed_sync_ms"] + v["optimizer_ms"]
+            assert v["step_ms"] == pytest.approx(parts) and v["compute_ms"] > 0
+        assert (max(v["exposed_sync_ms"] for v in tb["per_rank"].values()) > 0) == (world > 1)  # gloo: never hidden
+        acc = EventAccumulator(str(run / "tb"))
+        acc.Reload()
+        assert {f"time/rank{r}/exposed_sync_ms" for r in range(world)} <= set(acc.Tags()["scalars"])
+    assert "rank 1 per step (mean ms): data" in r.stdout and "slowest rank" in r.stdout
+    assert "of each step waits for gradient sync" in w2["bottleneck"] and w2["exposed_sync_share"]
+    report = (out / "report.md").read_text()
+    # The failed run used another learning rate (and a rehearsal fault): both are listed as differing settings.
+    assert "other settings differ:" in report and "train.lr (" in report and "fault.kind (" in report
+    assert "| failed ⚠ |" in report
+    assert json.dumps(table)  # parses as plain data
+
+
+def test_a_sweep_records_every_job_even_a_refused_one(tmp_path):
+    import tempfile
+
+    root = tmp_path / "outputs"
+    cwd_record = Path(tempfile.gettempdir(), "multirun.yaml")  # ddp_run's working directory
+    before = cwd_record.stat().st_mtime_ns if cwd_record.exists() else None
+    r = ddp_run(["-m", "world_size=1,2", "batch.global=24", "device=cpu", "train.lr=0.01,0.02"], root)
+    assert r.returncode == 2, r.stderr  # some job was refused: the sweep says so in its exit code
+    (sweep_dir,) = [p for p in root.glob("*/*_sweep")]
+    record = json.loads((sweep_dir / "sweep.json").read_text())
+    status = {(j["values"]["world_size"], j["values"]["train.lr"]): j["status"] for j in record["jobs"]}
+    assert status == {("1", "0.01"): "completed", ("1", "0.02"): "completed",
+                      ("2", "0.01"): "refused", ("2", "0.02"): "refused"}
+    names = sorted(p.name for p in sweep_dir.iterdir() if p.is_dir())
+    assert names == ["0_smoke_w1_lr=0.01", "1_smoke_w1_lr=0.02"]
+    assert (sweep_dir / "multirun.yaml").is_file() and "refused" in (sweep_dir / "sweep.md").read_text()
+    # TensorBoard over the sweep directory: each job a run of its own, its swept values in the HPARAMS table.
+    from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    mux = EventMultiplexer()
+    mux.AddRunsFromDirectory(str(sweep_dir))
+    mux.Reload()
+    assert sorted(mux.Runs()) == [f"{n}/tb" for n in names]
+    for name, lr in zip(names, (0.01, 0.02), strict=True):
+        content = mux.PluginRunToTagToContent("hparams")[f"{name}/tb"]["_hparams_/session_start_info"]
+        hparams = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info.hparams
+        assert hparams["train.lr"].number_value == pytest.approx(lr) and hparams["world_size"].number_value == 1
+    after = cwd_record.stat().st_mtime_ns if cwd_record.exists() else None
+    assert before == after, "Hydra's multirun.yaml landed in the working directory"

@@ -1,0 +1,155 @@
+"""Diagnostics end to end, through the real CLI (Hydra → torchrun → 2 gloo ranks on CPU): every rehearsal fault is
+attributed to the right rank and class, a rank stopped from outside (SIGSTOP) is named as hung with its stack on
+disk, debug mode names a collective mismatch and keeps its logs private, and no process is left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import ddp_run, load_json, run_dirs
+
+from runner.contract import layout
+
+WATCHDOG_S = 5
+# A collective timeout far above the watchdog's: a hang must be named by the watchdog, not by a timeout.
+COMMON = ["device=cpu", "world_size=2", "train.max_steps=6", f"watchdog.timeout_s={WATCHDOG_S}", "timeout_s=90"]
+
+
+def _procs_of(run: Path) -> list[psutil.Process]:
+    """Processes (torchrun, ranks) still working for ``run``."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "environ"]):
+        try:
+            if any(str(run) in part for part in (p.info["cmdline"] or [])) or \
+                    str(run) in (p.info["environ"] or {}).get(layout.ENV_RUN_DIR, ""):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _last_lines(stderr: str) -> str:
+    return "\n".join(stderr.strip().splitlines()[-2:])
+
+
+@pytest.mark.parametrize(("kind", "rank", "cls"), [
+    ("exception", 1, "exception"),
+    ("oom", 1, "oom"),
+    ("sigkill", 1, "signal"),
+    ("hang", 1, "hang"),
+    ("sigkill", 0, "signal"),
+])
+def test_fault_is_attributed_to_its_rank_and_class(tmp_path, kind, rank, cls):
+    t0 = time.monotonic()
+    r = ddp_run([*COMMON, f"fault.kind={kind}", f"fault.rank={rank}", "fault.step=3"], tmp_path, timeout=240)
+    elapsed = time.monotonic() - t0
+    assert r.returncode not in (0, layout.EXIT_REFUSED), r.stdout + r.stderr
+    [run] = run_dirs(tmp_path)
+    cause = load_json(run / layout.SUMMARY)["root_cause"]
+    assert (cause["rank"], cause["class"]) == (rank, cls), cause
+    assert f"earliest error on rank {rank} [{cls}]" in _last_lines(r.stderr), r.stderr
+    assert cause["where"] and all(c["rank"] != rank for c in cause["consequences"])
+    if kind == "hang":
+        hang = load_json(run / layout.HANG_RECORD)
+        assert hang["rank"] == 1 and hang["step"] == 3 and "faults.py" in hang["top_frame"]
+        since = load_json(run / layout.rank_progress(1))["since"]  # when rank 1 last made progress
+        assert hang["time"] - since <= WATCHDOG_S + 15
+        for r_ in (0, 1):
+            assert "most recent call first" in (run / layout.rank_stack(r_)).read_text()
+    if kind == "oom":
+        assert "simulated on CPU" in cause["message"]
+    if kind == "exception":  # the failing rank's own words, exit code and traceback
+        assert "earliest error on rank 1 [exception]: RuntimeError: injected fault on rank 1 at step 3" in r.stderr
+        manifest = load_json(run / layout.MANIFEST)
+        assert manifest["status"] == "failed" and manifest["exit_codes"]["1"] == 1
+        assert cause["type"] == "RuntimeError" and any("injected fault" in line for line in cause["traceback"])
+    assert _procs_of(run) == []
+    assert elapsed < 200  # generous: a loaded CI machine starts two ranks slowly
+
+
+def test_a_slow_rank_below_the_watchdog_is_not_a_hang(tmp_path):
+    r = ddp_run([*COMMON, "train.max_steps=4", "fault.kind=slow", "fault.rank=1", "fault.step=2", "fault.slow_s=1"],
+                tmp_path, timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    [run] = run_dirs(tmp_path)
+    assert not (run / layout.HANG_RECORD).exists()
+    assert not (run / layout.STACKS).exists(), "the empty stack files are tidied away"
+
+
+def test_a_long_validation_is_progress_not_a_hang(tmp_path):
+    # 32 validation batches of 0.25 s per rank (8 s) against a 3 s watchdog: each batch counts as progress.
+    here = Path(__file__).resolve().parents[1] / "support" / "user_tasks"
+    r = subprocess.run([sys.executable, "-P", "-m", "runner", "device=cpu", "world_size=2", "train.max_steps=2",
+                        "batch.per_rank=1", "task.module=slow_validation", "watchdog.timeout_s=3", "timeout_s=60",
+                        f"output.root={tmp_path}"], cwd=here, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    [run] = run_dirs(tmp_path)
+    assert not (run / layout.HANG_RECORD).exists()
+    assert load_json(run / layout.SUMMARY)["val_loss"] is not None
+
+
+def test_a_rank_stopped_from_outside_is_named_with_its_stack(tmp_path):
+    driver = subprocess.Popen([sys.executable, "-m", "runner", "device=cpu", "world_size=2", "train.max_steps=1000000",
+                               "train.log_every=1000", f"watchdog.timeout_s={WATCHDOG_S}", "timeout_s=90",
+                               f"output.root={tmp_path}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        progress = None
+        while time.monotonic() < deadline and driver.poll() is None:
+            runs = run_dirs(tmp_path) if tmp_path.exists() else []
+            with_progress = runs and (runs[0] / layout.rank_progress(1)).exists()
+            if with_progress and (p := json.loads((runs[0] / layout.rank_progress(1)).read_text()))["step"] >= 2:
+                progress = p
+                break
+            time.sleep(0.2)
+        assert progress is not None, "rank 1 never made progress"
+        [run] = run_dirs(tmp_path)
+        stopped_at = time.time()
+        os.kill(progress["pid"], signal.SIGSTOP)
+        _, err = driver.communicate(timeout=120)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.communicate()
+    assert driver.returncode not in (0, layout.EXIT_REFUSED), err
+    hang = load_json(run / layout.HANG_RECORD)
+    assert hang["rank"] == 1 and hang["stopped"] is True, hang
+    assert hang["time"] - stopped_at <= WATCHDOG_S + 15
+    assert hang["top_frame"], "the stopped rank's stack was written when it was resumed to end the run"
+    assert "most recent call first" in (run / layout.rank_stack(1)).read_text()
+    cause = load_json(run / layout.SUMMARY)["root_cause"]
+    assert (cause["rank"], cause["class"]) == (1, "hang") and "stopped" in cause["message"]
+    assert "earliest error on rank 1 [hang]" in _last_lines(err), err
+    assert _procs_of(run) == []
+
+
+def test_debug_mode_names_a_collective_mismatch_and_keeps_its_logs_private(tmp_path):
+    here = Path(__file__).resolve().parents[1] / "support" / "user_tasks"
+    # -P as the ddp-run script: the working directory is not on the driver's sys.path, so the task module is
+    # found there and handed to the workers as a user's would be.
+    r = subprocess.run([sys.executable, "-P", "-m", "runner", "device=cpu", "world_size=2", "train.max_steps=2",
+                        "task.module=uneven_allreduce", "debug=true", "timeout_s=60",
+                        f"output.root={tmp_path}"], cwd=here, capture_output=True, text=True, timeout=240)
+    assert r.returncode not in (0, layout.EXIT_REFUSED), r.stdout + r.stderr
+    [run] = run_dirs(tmp_path)
+    cause = load_json(run / layout.SUMMARY)["root_cause"]
+    assert cause["class"] == "exception" and "detected mismatch between collectives" in cause["message"].lower(), cause
+    assert "detected mismatch between collectives" in _last_lines(r.stderr).lower()
+    debug = run / layout.DEBUG_LOGS
+    assert stat.S_IMODE(debug.stat().st_mode) == 0o700
+    logs = sorted(debug.iterdir())
+    assert logs and all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in logs)
+    text = (run / layout.rank_debug_log(0)).read_text()
+    assert text.strip(), "torch's C++ / distributed debug output went to the private log"
+    first = text.strip().splitlines()[0]
+    assert first not in r.stdout + r.stderr, "and not to the console"
+    assert _procs_of(run) == []

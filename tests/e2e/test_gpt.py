@@ -1,0 +1,125 @@
+"""End-to-end task=gpt through the CLI on CPU: real torchrun, 2 gloo ranks, TensorBoard read back.
+
+Runs are short (the tiny preset is ~0.1M parameters) and validate on a sliver of the default corpus
+(``data.val_fraction``): a full 10 % tail is ~19k windows, seconds per validation on a CPU.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import ddp_run, load_json, run_dirs
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+BASE = ["task=gpt", "world_size=2", "device=cpu", "checkpoint.async_save=false"]
+SCALARS = ("train/loss", "val/loss", "lr", "grad_norm", "perf/tokens_per_s", "perf/tokens_per_s_per_device",
+           "perf/samples_per_s", "perf/step_time_s", "perf/data_wait_s", "memory/peak_gb")
+
+
+def _run(root: Path, *args: str) -> Path:
+    r = ddp_run([*BASE, *args], root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    [run] = run_dirs(root)
+    return run
+
+
+def _tb(run: Path) -> dict[str, list[tuple[int, float]]]:
+    acc = EventAccumulator(str(run / "tb"))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def _steps(points: list[tuple[int, float]]) -> list[int]:
+    return [s for s, _ in points]
+
+
+def test_gpt_two_ranks_trains_and_logs_every_scalar_per_optimizer_step(tmp_path):
+    steps, val_every = 30, 10
+    run = _run(tmp_path, f"train.max_steps={steps}", f"train.val_every={val_every}", "data.val_fraction=0.01")
+    summary, tb = load_json(run / "summary.json"), _tb(run)
+
+    assert summary["status"] == "completed" and summary["steps"] == steps
+    losses = summary["losses"]
+    assert len(losses) == steps and all(math.isfinite(v) for v in losses)
+    assert losses[-1] < losses[0] - 0.5, losses  # byte-level text: ~ln 256 = 5.5 at init, falls fast
+
+    missing = set(SCALARS) - set(tb)
+    assert not missing, f"missing scalars {missing}; have {sorted(tb)}"
+    # The HPARAMS tab lists loss, step time and throughput beside the plan, each a scalar the run logs.
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    acc = EventAccumulator(str(run / "tb"))
+    acc.Reload()
+    content = acc.PluginTagToContent("hparams")["_hparams_/experiment"]
+    metric_tags = {m.name.tag for m in plugin_data_pb2.HParamsPluginData.FromString(content).experiment.metric_infos}
+    assert metric_tags == {"train/loss", "val/loss", "perf/step_time_s", "perf/samples_per_s", "perf/tokens_per_s"}
+    assert metric_tags <= set(tb)
+    for tag in set(SCALARS) - {"val/loss"}:
+        assert _steps(tb[tag]) == list(range(1, steps + 1)), tag  # x = optimizer step
+    assert [v for _, v in tb["train/loss"]] == pytest.approx(losses)
+    val = tb["val/loss"]
+    assert _steps(val) == [10, 20, 30]
+    assert val[-1][1] < val[0][1] and summary["val_loss"] == pytest.approx(val[-1][1])
+
+    # Throughput arithmetic holds at every step: tokens = samples × context; per device = total / world size.
+    for (_, tps), (_, per_dev), (_, sps) in zip(tb["perf/tokens_per_s"], tb["perf/tokens_per_s_per_device"],
+                                                tb["perf/samples_per_s"], strict=True):
+        assert tps == pytest.approx(sps * 64, rel=1e-5) and per_dev == pytest.approx(tps / 2, rel=1e-5)
+    # Warmup 5 steps then cosine: LR rises to its peak 1e-3, then falls.
+    lrs = [v for _, v in tb["lr"]]
+    assert lrs[:5] == pytest.approx([2e-4, 4e-4, 6e-4, 8e-4, 1e-3]) and lrs[-1] < lrs[5]
+    assert all(v > 0 for _, v in tb["memory/peak_gb"])
+
+    # The step after a validation is timed without the validation (hundreds of ms here, vs ~tens per step).
+    times = dict(tb["perf/step_time_s"])
+    typical = float(np.median(list(times.values())))
+    for s in (val_every + 1, 2 * val_every + 1):
+        assert times[s] < 10 * typical, (s, times[s], typical)
+
+    # MFU needs a known device peak: on CPU it is absent, never guessed.
+    assert not any("mfu" in tag for tag in tb)
+    assert summary["median"]["mfu_pct"] is None and not any("mfu" in k for k in summary["final"])
+    assert summary["median"]["tokens_per_s"] > 0
+    # Every window but the first (start-up) is kept, with the wall-clock span they cover.
+    assert len(summary["perf_windows"]["step_time_s"]) == steps - 1
+    start, end = summary["perf_span_unix"]
+    assert 0 < end - start < sum(summary["perf_windows"]["step_time_s"]) + 60
+    # GPU telemetry needs NVML and a GPU: on CPU there is none, and no gpu scalars either.
+    assert summary["gpus"] == {} and not any(tag.startswith("gpu") for tag in tb)
+
+
+def test_x_axis_is_the_optimizer_step_under_accumulation(tmp_path):
+    steps = 12
+    run = _run(tmp_path, f"train.max_steps={steps}", "batch.accumulation=2", "batch.per_rank=4",
+               "train.val_every=4", "data.val_fraction=0.002")
+    summary, tb = load_json(run / "summary.json"), _tb(run)
+    assert summary["global_batch"] == 16 and summary["steps"] == steps
+    for tag in set(SCALARS) - {"val/loss"}:
+        assert _steps(tb[tag]) == list(range(1, steps + 1)), tag
+    assert _steps(tb["val/loss"]) == [4, 8, 12]
+
+
+def test_bf16_autocast_runs_on_cpu(tmp_path):
+    run = _run(tmp_path, "train.max_steps=8", "train.precision=bf16", "data.val_fraction=0.002")
+    summary = load_json(run / "summary.json")
+    assert summary["status"] == "completed" and summary["steps"] == 8
+    assert all(math.isfinite(v) for v in summary["losses"]) and math.isfinite(summary["val_loss"])
+    assert summary["losses"][-1] < summary["losses"][0]
+
+
+def test_trains_from_a_local_uint16_bin(tmp_path):
+    # Ids above 255 prove the file is read as uint16, not bytes. A fixed cycle: the next token is predictable.
+    vocab, period = 320, 300
+    path = tmp_path / "tokens.bin"
+    np.tile(np.arange(period, dtype="<u2"), 400).tofile(path)  # 120k tokens, ~1.7k windows of 64 + 1
+    run = _run(tmp_path / "out", f"data.path={path}", f"task.model.vocab={vocab}", "train.max_steps=20",
+               "train.lr=3e-3", "data.val_fraction=0.05")
+    summary = load_json(run / "summary.json")
+    assert summary["status"] == "completed" and summary["steps"] == 20
+    losses = summary["losses"]
+    assert losses[0] == pytest.approx(math.log(vocab), abs=0.3)  # uniform over the vocabulary at init
+    assert losses[-1] < losses[0] - 0.5, losses
+    assert summary["val_loss"] < losses[0]

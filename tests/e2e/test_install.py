@@ -1,0 +1,133 @@
+"""The package as a new user gets it: a built wheel installed into a fresh venv outside the checkout, used from an
+empty directory that holds a stray ``tasks.py`` and ``runner.py``: the smoke task, a task of the user's own
+(the examples/ classifier) with a checkpoint and a resume, and the GPT task on text tokenized with ddp-tokenize."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import shared_run
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(cmd: list[str], cwd: Path, timeout: float = 600, check: bool = True,
+         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    # A clean environment: nothing from the checkout may leak in through PYTHONPATH.
+    full = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env={**full, **(env or {})})
+    if check:
+        assert r.returncode == 0, f"{cmd} -> {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return r
+
+
+@pytest.fixture(scope="session")
+def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with the project's wheel (and the torch this suite runs on) installed: built once per session,
+    by the first xdist worker that needs it (the others wait for it and use the same)."""
+    return shared_run(tmp_path_factory, "install-venv", _make_venv)
+
+
+def _make_venv(base: Path) -> Path:
+    base.mkdir(parents=True, exist_ok=True)
+    dist = base / "dist"
+    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dist),
+          str(ROOT)], cwd=base)
+    wheels = list(dist.glob("ddp_runner-*.whl"))
+    assert len(wheels) == 1, wheels
+    env = base / "venv"
+    _run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", str(env)], cwd=base)
+    import torch
+
+    # The torch of this suite first (the CPU wheel on disk here), so that the wheel's `torch>=…` is already met
+    # and nothing pulls a CUDA build.
+    _run([str(env / "bin/pip"), "install", "-q", f"torch=={torch.__version__.split('+')[0]}"], cwd=base)
+    _run([str(env / "bin/pip"), "install", "-q", str(wheels[0])], cwd=base)
+    return env
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    """An empty directory with files that would shadow the package if the workers imported from here."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "tasks.py").write_text("raise SystemExit('the stray tasks.py was imported')\n")
+    (work / "runner.py").write_text("raise SystemExit('the stray runner.py was imported')\n")
+    return work
+
+
+def test_version_and_help_from_anywhere(venv: Path, workdir: Path) -> None:
+    r = _run([str(venv / "bin/ddp-run"), "--version"], cwd=workdir)
+    assert r.stdout.strip() == "ddp-run 0.1.0"
+    for tool in ("ddp-tokenize", "ddp-compare", "ddp-doctor"):
+        assert _run([str(venv / "bin" / tool), "--help"], cwd=workdir).stdout.startswith("usage:"), tool
+    r = _run([str(venv / "bin/ddp-run"), "--help"], cwd=workdir)
+    for group in ("task:", "data:", "launcher:", "smoke", "gpt2_small"):
+        assert group in r.stdout
+
+
+def test_smoke_run_from_a_directory_with_stray_modules(venv: Path, workdir: Path) -> None:
+    r = _run([str(venv / "bin/ddp-run"), "task=smoke", "device=cpu", "world_size=2", "output.root=out"], cwd=workdir)
+    assert "completed: 2 ranks on distinct devices" in r.stdout
+    run = Path(r.stdout.strip().splitlines()[-1])
+    manifest = json.loads((workdir / run / "run.json").read_text())
+    assert manifest["status"] == "completed"
+    assert manifest["versions"]["ddp_runner"] == "0.1.0"
+    assert manifest["git"] is None  # installed, not a checkout
+    assert manifest["doctor"]["status"] == "ok"  # the preflight checks that cost nothing, every run
+    assert manifest["invocation"]["task_preset"] == "smoke"
+    assert manifest["invocation"]["overrides"] == ["task=smoke", "device=cpu", "world_size=2", "output.root=out"]
+    assert str(venv) in manifest["command"][0]  # the venv's own python runs torchrun and the workers
+
+
+def test_own_task_from_outside_the_checkout_with_checkpoint_and_resume(venv: Path, workdir: Path) -> None:
+    shutil.copytree(ROOT / "examples" / "image_classifier", workdir, dirs_exist_ok=True)
+    ddp_run = str(venv / "bin/ddp-run")
+    args = ["--config-dir", "conf", "task=tiny_cnn", "device=cpu", "world_size=2", "output.root=out"]
+    # Killed after step 10 (a checkpoint exists at step 8), then continued in place.
+    first = _run([ddp_run, *args, "fault.kind=sigkill", "fault.rank=1", "fault.step=10"], cwd=workdir, check=False)
+    assert first.returncode != 0
+    run = workdir / "out" / sorted(p.relative_to(workdir / "out") for p in (workdir / "out").glob("*/*"))[0]
+    assert (run / "checkpoints" / "step_8" / "meta.json").exists()
+    again = _run([ddp_run, f"resume={run}"], cwd=workdir)
+    assert "resumed from" in (run / "logs" / "rank0.log").read_text()
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 32, again.stdout[-2000:]
+    assert summary["final"]["train/loss"] < 1.0  # it learned the quadrants (chance: ln 4 = 1.39)
+    # The same module named on the shell instead of through its YAML.
+    r = _run([ddp_run, "task=smoke", "task.module=tiny_cnn", "+task.classes=4", "+task.image_size=16",
+              "+task.width=8", "+task.dropout=0.0", "+task.train_samples=64", "+task.val_samples=16",
+              "device=cpu", "world_size=2", "output.root=out2"], cwd=workdir)
+    assert "completed" in r.stdout
+
+
+def test_gpt_on_text_tokenized_with_ddp_tokenize(venv: Path, workdir: Path) -> None:
+    text = workdir / "corpus"
+    text.mkdir()
+    for i, src in enumerate(sorted((Path(os.__file__).parent / "json").glob("*.py"))):
+        shutil.copy(src, text / f"doc{i}.txt")
+    _run([str(venv / "bin/ddp-tokenize"), str(text), "--out", "tok", "--vocab-size", "512"], cwd=workdir)
+    meta = json.loads((workdir / "tok" / "meta.json").read_text())
+    assert meta["vocab_size"] <= 512
+    common = ["task=gpt", "device=cpu", "world_size=2", "data.path=tok/train.bin", "data.val_path=tok/val.bin",
+              "train.max_steps=12", "checkpoint.every_steps=6"]
+    small = _run([str(venv / "bin/ddp-run"), *common, "task.model.vocab=256", "output.root=out"], cwd=workdir,
+                 check=False)
+    assert small.returncode == 2 and "task.model.vocab" in small.stderr
+    assert not (workdir / "out").exists()
+    first = _run([str(venv / "bin/ddp-run"), *common, "task.model.vocab=512", "output.root=out", "fault.kind=sigkill",
+                  "fault.rank=1", "fault.step=8"], cwd=workdir, check=False)
+    assert first.returncode != 0
+    run = next((workdir / "out").glob("*/*"))
+    manifest = json.loads((run / "run.json").read_text())
+    assert manifest["data"]["path"].endswith("tok/train.bin")
+    _run([str(venv / "bin/ddp-run"), f"resume={run}"], cwd=workdir)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 12
+    assert summary["resumed_from"].endswith("step_6")

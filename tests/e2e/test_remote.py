@@ -1,0 +1,115 @@
+"""A remote output root end to end: a real S3 server (moto, on loopback), real torchrun and gloo workers.
+
+The driver stages logs and TensorBoard files locally and mirrors them; rank 0 writes checkpoints straight to
+the bucket. The server's endpoint and fake credentials reach the driver and the workers through the
+environment the ``s3_server`` fixture sets.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import fsspec
+import pytest
+import torch
+from conftest import SMOKE_CKPT2, ddp_run, load_json
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tasks.engine import checkpoint as ck  # noqa: E402
+from tests.support.s3_server import files, only_remote_run, read_json, s3  # noqa: E402
+
+SMOKE = SMOKE_CKPT2
+
+
+@pytest.fixture
+def local_run(smoke_reference: Path) -> Path:
+    """The same run on a local disk (made once per session): the remote runs must reproduce its losses and
+    parameters exactly."""
+    return smoke_reference
+
+
+def assert_same_as_local(summary: dict, final: dict, local: Path) -> None:
+    assert summary["losses"] == load_json(local / "summary.json")["losses"]
+    params = ck.load(local / "checkpoints/step_8")["model"]
+    assert final["model"].keys() == params.keys()
+    for k, v in params.items():
+        assert torch.equal(final["model"][k], v), k
+
+
+def test_run_under_s3_root_mirrors_the_whole_tree(s3_url, local_run):  # noqa: F811 - fixture
+    root = f"{s3_url}/runs"
+    r = ddp_run(SMOKE, root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    run = only_remote_run(root)
+    assert r.stdout.strip().splitlines()[-1] == run
+
+    tree = files(run)
+    for f in ("config.yaml", "run.json", "summary.json", "logs/rank0.log", "logs/rank1.log", "logs/rank0.json",
+              "checkpoints/step_8/state.pt", "checkpoints/step_8/meta.json"):
+        assert f in tree, (f, sorted(tree))
+    assert any(f.startswith("tb/events.out.tfevents.") for f in tree), sorted(tree)
+    assert "rank 0 device cpu:0 completed" in s3().cat_file(f"{run}/logs/rank0.log").decode()
+    assert read_json(f"{run}/run.json")["status"] == "completed"
+    summary = read_json(f"{run}/summary.json")
+    assert summary["status"] == "completed" and summary["steps"] == 8
+    # The workers reached the server themselves: rank 0 wrote these checkpoints straight into the bucket.
+    assert [u.rsplit("/", 1)[1] for _, u in ck.list_complete(f"{run}/checkpoints")] == ["step_6", "step_8"]
+    final = ck.load(f"{run}/checkpoints/step_8")
+    assert final["progress"]["step"] == 8 and final["progress"]["losses"] == summary["losses"]
+    assert_same_as_local(summary, final, local_run)
+
+
+def test_s3_run_killed_then_resumed_in_place(s3_url, local_run, tmp_path):  # noqa: F811 - fixture
+    # Rank 1 is SIGKILLed after step 7, once step_6 is in the bucket; then the remote run is continued in place.
+    root = f"{s3_url}/crash"
+    r = ddp_run([*SMOKE, "fault.kind=sigkill", "fault.rank=1", "fault.step=7"], root)
+    assert r.returncode != 0, r.stdout + r.stderr
+    crashed = only_remote_run(root)
+    assert read_json(f"{crashed}/run.json")["status"] == "failed"
+    # step_6 normally; step_4 if the rank-0 upload of step_6 was cut short when torchrun stopped it
+    source = ck.latest(f"{crashed}/checkpoints")
+    assert source is not None and source.rsplit("/", 1)[1] in ("step_4", "step_6"), source
+    log_before = s3().cat_file(f"{crashed}/logs/rank0.log").decode()
+
+    r = ddp_run([f"resume={crashed}"], tmp_path / "unused")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip().splitlines()[-1] == crashed
+    manifest, summary = read_json(f"{crashed}/run.json"), read_json(f"{crashed}/summary.json")
+    assert manifest["status"] == "completed" and len(manifest["continued"]) == 1
+    assert summary["resumed_from"] == source
+    final = ck.load(ck.latest(f"{crashed}/checkpoints"))
+    assert final["progress"]["step"] == 8
+    assert_same_as_local(summary, final, local_run)
+    # The mirrored log kept the first attempt's lines and gained the second's; no stale error record.
+    log_after = s3().cat_file(f"{crashed}/logs/rank0.log").decode()
+    assert log_after.startswith(log_before) and "resumed from" in log_after[len(log_before):]
+    assert not [f for f in files(crashed) if f.endswith(".error.json")]
+    assert any(f.startswith("tb/events.out.tfevents.") for f in files(crashed))
+
+
+def test_dry_run_of_a_remote_continue_leaves_no_local_staging(s3_url, tmp_path):  # noqa: F811 - fixture
+    root = f"{s3_url}/staging"
+    assert ddp_run([*SMOKE, "train.max_steps=2"], root).returncode == 0
+    run = only_remote_run(root)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    r = ddp_run([f"resume={run}", "dry_run=true"], tmp_path / "unused", env={"TMPDIR": str(tmp)})
+    assert r.returncode == 0 and "dry run, nothing launched" in r.stdout, r.stdout + r.stderr
+    assert not [p for p in tmp.iterdir() if p.name.startswith("ddp-run-")]
+
+
+def test_a_root_in_a_missing_bucket_is_refused_and_no_bucket_is_made(s3_url, tmp_path):  # noqa: F811 - fixture
+    """Guards against s3fs's makedirs creating a bucket from a typo in output.root (it did, and the run went on)."""
+    bucket = f"no-such-bucket-{tmp_path.name[-8:].lower().replace('_', '-')}"
+    root = s3_url.replace(s3_url.split("/")[2], bucket, 1)
+    r = ddp_run(["task=smoke", "device=cpu", "world_size=1", "train.max_steps=1"], root)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "key:   output.root" in r.stderr and f"bucket '{bucket}' does not exist" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    fs = fsspec.filesystem("s3")
+    fs.invalidate_cache()
+    assert not fs.exists(bucket), "a bucket was created"

@@ -1,0 +1,160 @@
+"""launcher=slurm against a real Slurm on localhost (tests/slurm_cluster.py: munged, slurmctld and two slurmd's,
+nodes n1 and n2): a 2-node job runs to completion, a sweep becomes separate jobs, scancel mid-run leaves a truthful
+run directory and no process, and a requeued job resumes from its checkpoint."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import conftest
+import psutil
+import pytest
+from conftest import ddp_run, load_json, run_dirs
+
+from runner.contract import layout
+from tests.support import slurm_cluster
+
+# One local Slurm per session: every test of this file on the same xdist worker (--dist loadgroup).
+pytestmark = pytest.mark.xdist_group("slurm")
+
+SMOKE = ["task=smoke", "device=cpu", "world_size=2", "launcher=slurm", "launcher.nodes=2", "timeout_s=60"]
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A local Slurm for the whole session; skipped, with the reason, where it cannot run."""
+    reason = slurm_cluster.why_not()
+    if reason:
+        pytest.skip(reason)
+    env = slurm_cluster.start(tmp_path_factory.mktemp("slurm"))
+    try:
+        yield env
+    finally:
+        slurm_cluster.drain({**os.environ, **env})
+        slurm_cluster.stop(Path(env["SLURM_CONF"]).parent)
+
+
+wait_for = functools.partial(conftest.wait_for, timeout=240, interval=0.5)  # Slurm's commands are slow to ask
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        return load_json(path)
+    except (OSError, ValueError):
+        return {}
+
+
+def _procs_of(run: Path) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["environ"]):
+        try:
+            if str(run) in (p.info["environ"] or {}).get(layout.ENV_RUN_DIR, ""):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_a_two_node_job_runs_the_smoke_task_to_completion(slurm, out_root):
+    r = ddp_run([*SMOKE, "train.epochs=1"], out_root, env=slurm)
+    assert r.returncode == 0, r.stdout + r.stderr
+    [run] = run_dirs(out_root)
+    assert r.stdout.strip().splitlines()[-1] == str(run)
+    job = load_json(run / layout.SLURM_JOB)
+    assert f"submitted Slurm job {job['job_id']}" in r.stdout and "completed: 2 ranks" in r.stdout
+    script = (run / layout.SLURM_SCRIPT).read_text()
+    assert "#SBATCH --nodes=2" in script and "-m runner.launch.slurm" in script
+    manifest, summary = load_json(run / "run.json"), load_json(run / "summary.json")
+    assert manifest["status"] == summary["status"] == "completed"
+    assert manifest["slurm"]["job_id"] == job["job_id"] and manifest["slurm"]["nodes"] == ["n1", "n2"]
+    assert manifest["command"][0] == "srun" and "--rdzv-endpoint=127.0.0.1:" in " ".join(manifest["command"])
+    assert {rk["node"] for rk in manifest["ranks"].values()} == {"0", "1"}, "one rank on each node"
+    assert summary["completion"]["all_completed"] and summary["completion"]["distinct_devices"]
+    assert (run / layout.SLURM_LOG.replace("%j", job["job_id"])).is_file()
+
+
+def test_a_sweep_submits_separate_jobs(slurm, out_root):
+    r = ddp_run(["-m", *SMOKE, "launcher.nodes=1", "launcher.wait=false", "train.max_steps=2", "seed=1,2"],
+                out_root, env=slurm)
+    assert r.returncode == 0, r.stdout + r.stderr
+    runs = run_dirs(out_root)
+    assert len(runs) == 2
+    ids = {load_json(run / layout.SLURM_JOB)["job_id"] for run in runs}
+    assert len(ids) == 2, "one Slurm job per sweep job"
+    for run in runs:
+        wait_for(f"{run.name} to complete", lambda run=run: _json(run / "summary.json").get("status") == "completed")
+    sweep = load_json(runs[0].parent / "sweep.json")
+    assert len(sweep["jobs"]) == 2 and {j["status"] for j in sweep["jobs"]} <= {"queued", "running", "completed"}
+
+
+def test_scancel_mid_run_ends_every_rank_and_leaves_a_truthful_run_dir(slurm, out_root):
+    driver = subprocess.Popen([sys.executable, "-m", "runner", *SMOKE, "train.max_steps=1000000",
+                               "train.log_every=1000", f"output.root={out_root}"], cwd=tempfile.gettempdir(),
+                              env={**os.environ, **slurm}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for("both ranks to train", lambda: len(list(out_root.rglob("rank*.json"))) == 2)
+        [run] = run_dirs(out_root)
+        job_id = load_json(run / layout.SLURM_JOB)["job_id"]
+        assert len(_procs_of(run)) >= 4, "the job's driver, two agents and two workers"
+        subprocess.run(["scancel", job_id], env={**os.environ, **slurm}, check=True, timeout=60)
+        out, err = driver.communicate(timeout=120)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode != 0, out + err
+    assert f"Slurm job {job_id} CANCELLED" in out, out
+    manifest = load_json(run / "run.json")
+    assert manifest["status"] == "interrupted", manifest["status"]
+    assert load_json(run / "summary.json")["status"] == "interrupted"
+    wait_for("every rank to end", lambda: _procs_of(run) == [], timeout=30)
+
+
+def test_ctrl_c_while_waiting_cancels_the_job(slurm, out_root):
+    driver = subprocess.Popen([sys.executable, "-m", "runner", *SMOKE, "launcher.nodes=1", "train.max_steps=1000000",
+                               "train.log_every=1000", f"output.root={out_root}"], cwd=tempfile.gettempdir(),
+                              env={**os.environ, **slurm}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for("both ranks to train", lambda: len(list(out_root.rglob("rank*.json"))) == 2)
+        [run] = run_dirs(out_root)
+        driver.send_signal(signal.SIGINT)
+        out, err = driver.communicate(timeout=120)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode == 128 + signal.SIGINT, out + err
+    assert "cancelling Slurm job" in err
+    assert load_json(run / "run.json")["status"] == "interrupted"
+    wait_for("every rank to end", lambda: _procs_of(run) == [], timeout=30)
+
+
+def test_a_requeued_job_resumes_from_its_checkpoint(slurm, out_root):
+    # Rank 0 hangs after step 5 on the first attempt only: step_4 is committed, then the job is requeued.
+    args = [*SMOKE, "launcher.wait=false", "train.max_steps=8", "checkpoint.every_steps=2",
+            "checkpoint.async_save=false", "fault.kind=hang", "fault.rank=0", "fault.step=5"]
+    r = ddp_run(args, out_root, env=slurm)
+    assert r.returncode == 0, r.stdout + r.stderr
+    [run] = run_dirs(out_root)
+    job_id = load_json(run / layout.SLURM_JOB)["job_id"]
+    assert f"submitted Slurm job {job_id}" in r.stdout and "not waiting" in r.stdout
+    wait_for("checkpoint step_4", lambda: (run / "checkpoints" / "step_4" / "meta.json").exists())
+    env = {**os.environ, **slurm}
+    subprocess.run(["scontrol", "requeue", job_id], env=env, check=True, timeout=60)
+    # Slurm holds a requeued job for two minutes (EligibleTime); a test need not wait for that.
+    wait_for("the job to be requeued", lambda: "JobState=PENDING" in subprocess.run(
+        ["scontrol", "show", "job", job_id], env=env, capture_output=True, text=True, timeout=60).stdout)
+    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env, check=True, timeout=60)
+    summary = wait_for("the requeued job to complete",
+                       lambda: (s := _json(run / "summary.json")).get("status") == "completed" and s)
+    assert summary["steps"] == 8
+    manifest = load_json(run / "run.json")
+    assert manifest["slurm"]["restarts"] >= 1 and len(manifest["continued"]) >= 1
+    assert "resumed from" in (run / layout.rank_log(0)).read_text()
+    assert run_dirs(out_root) == [run], "the same run directory"

@@ -1,0 +1,187 @@
+"""ddp-doctor: parsing and busbw arithmetic as pure functions, the visible-device mapping and topology through a
+fake ``nvidia-smi`` first on PATH, the real command on this CPU host (gloo all-reduce in 2 real processes), and
+``cheap_report`` staying cheap (no torch import)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from runner.config.devices import visible_gpus
+from runner.config.plan import Gpu
+from runner.diagnostics import doctor
+from runner.diagnostics.doctor import FAIL, OK, SKIPPED, WARN, MiB
+
+UUID0 = "GPU-1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901"
+UUID1 = "GPU-9f8e7d6c-5b4a-3928-1706-f5e4d3c2b1a0"
+
+SMI_L = f"GPU 0: NVIDIA H200 (UUID: {UUID0})\nGPU 1: NVIDIA H200 (UUID: {UUID1})\n"
+SMI_QUERY = f"0, NVIDIA H200, {UUID0}\n1, NVIDIA H200, {UUID1}\n"
+# As nvidia-smi 580 prints it: tab-separated, underlined header, legend after the matrix.
+TOPO_NVLINK = ("\x1b[4m\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n"
+               "GPU0\t X \tNV18\t0-31\t0\t\tN/A\n"
+               "GPU1\tNV18\t X \t0-31\t0\t\tN/A\n\n"
+               "Legend:\n\n  X    = Self\n"
+               "  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes "
+               "(e.g., QPI/UPI)\n"
+               "  PIX  = Connection traversing at most a single PCIe bridge\n"
+               "  NV#  = Connection traversing a bonded set of # NVLinks\n")
+TOPO_PCIE_NIC = ("\tGPU0\tGPU1\tGPU2\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"
+                 "GPU0\t X \tPIX\tSYS\tNODE\t0-15\t0\t\tN/A\n"
+                 "GPU1\tPIX\t X \tSYS\tNODE\t0-15\t0\t\tN/A\n"
+                 "GPU2\tSYS\tSYS\t X \tSYS\t16-31\t1\t\tN/A\n"
+                 "NIC0\tNODE\tNODE\tSYS\t X \n\nNIC Legend:\n\n  NIC0: mlx5_0\n")
+
+
+def _escaped(text: str) -> str:
+    """``text`` as printf's %b argument on one line (tabs, newlines and the escape byte spelled out)."""
+    return text.replace("\t", "\\t").replace("\n", "\\n").replace("\x1b", "\\033")
+
+
+@pytest.fixture
+def fake_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fake ``nvidia-smi`` (two H200s on NVLink) first on PATH; FAKE_SMI_TOPO_RESTRICTED=1 makes ``topo -m``
+    fail as it does in some containers."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    restricted = 'echo "Failed to run topology: Insufficient Permissions" >&2; exit 4'  # as some containers answer
+    smi.write_text("\n".join([
+        "#!/bin/sh",
+        'case "$*" in',
+        f"  -L) printf '%b' '{_escaped(SMI_L)}' ;;",
+        f"  '--query-gpu=index,name,uuid --format=csv,noheader') printf '%b' '{_escaped(SMI_QUERY)}' ;;",
+        f"  'topo -m') if [ -n \"$FAKE_SMI_TOPO_RESTRICTED\" ]; then {restricted}; fi",
+        f"    printf '%b' '{_escaped(TOPO_NVLINK)}' ;;",
+        '  *) echo "fake nvidia-smi: unexpected arguments: $*" >&2; exit 2 ;;',
+        "esac", ""]))
+    smi.chmod(smi.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("FAKE_SMI_TOPO_RESTRICTED", raising=False)
+    return smi
+
+
+def _check(report: dict, name: str) -> dict:
+    return next(c for c in report["checks"] if c["name"] == name)
+
+
+# --- pure functions ---------------------------------------------------------------------------------------------
+
+def test_busbw_follows_nccl_tests() -> None:
+    # 512 MiB in 1 ms: algbw = 536.87 GB/s; busbw = algbw × 2(n−1)/n
+    algbw, busbw = doctor.allreduce_bandwidth(512 * MiB, 1e-3, 2)
+    assert algbw == pytest.approx(536.870912)
+    assert busbw == pytest.approx(algbw)  # n=2: factor 1
+    assert doctor.allreduce_bandwidth(1e9, 1.0, 8) == pytest.approx((1.0, 1.75))
+    assert doctor.allreduce_bandwidth(1e9, 1.0, 4)[1] == pytest.approx(1.5)
+    assert doctor.allreduce_bandwidth(1e9, 1.0, 1)[1] == 0.0  # one rank: nothing crosses a link
+    with pytest.raises(ValueError):
+        doctor.allreduce_bandwidth(1e9, 0.0, 2)
+
+
+def test_sizes_parse_in_binary_units() -> None:
+    assert [doctor.parse_size(s) for s in ("1M", "4MB", "512MiB", "1G", "64k", "4096")] == [
+        MiB, 4 * MiB, 512 * MiB, 1 << 30, 64 << 10, 4096]
+    assert doctor.human_bytes(512 * MiB) == "512 MiB" and doctor.human_bytes(6) == "6 B"
+    for bad in ("", "12T", "-1M", "2"):
+        with pytest.raises(ValueError):
+            doctor.parse_size(bad)
+
+
+def test_smi_list_and_topology_parse() -> None:
+    mig = SMI_L + "  MIG 1g.18gb     Device  0: (UUID: MIG-aaaa-bbbb)\n"
+    gpus = doctor.parse_smi_list(mig)
+    assert [(g["index"], g["name"], g["uuid"]) for g in gpus] == [(0, "NVIDIA H200", UUID0), (1, "NVIDIA H200", UUID1)]
+    assert gpus[1]["mig"] == [{"profile": "1g.18gb", "device": 0, "uuid": "MIG-aaaa-bbbb"}]
+
+    nv = doctor.parse_topology(TOPO_NVLINK)
+    assert nv == {"gpus": ["GPU0", "GPU1"], "links": {"GPU0-GPU1": "NV18"}, "nvlink_all_pairs": True}
+    pcie = doctor.parse_topology(TOPO_PCIE_NIC)  # NIC rows and columns are not GPU links
+    assert pcie["links"] == {"GPU0-GPU1": "PIX", "GPU0-GPU2": "SYS", "GPU1-GPU2": "SYS"}
+    assert pcie["nvlink_all_pairs"] is False
+    with pytest.raises(ValueError):
+        doctor.parse_topology("Topology is not supported in this environment\n")
+
+
+def test_reference_figure_only_for_matching_hardware() -> None:
+    nv = doctor.parse_topology(TOPO_NVLINK)
+    assert doctor.reference_for("NVIDIA H200", 2, 512 * MiB, nv).busbw_gbps == 315.0
+    assert doctor.reference_for("NVIDIA H200", 2, 512 * MiB, None) is not None  # topology not visible
+    assert doctor.reference_for("NVIDIA H200", 2, 512 * MiB, doctor.parse_topology(TOPO_PCIE_NIC)) is None
+    assert doctor.reference_for("NVIDIA H200", 4, 512 * MiB, nv) is None
+    assert doctor.reference_for("NVIDIA H200", 2, 64 * MiB, nv) is None
+    assert doctor.reference_for("NVIDIA A100-SXM4-80GB", 2, 512 * MiB, nv) is None
+
+
+def test_visible_mapping_follows_cuda_rules() -> None:
+    host = [Gpu(0, "NVIDIA H200", UUID0), Gpu(1, "NVIDIA H200", UUID1)]
+    status, text, mapping = doctor.visible_mapping(host, "1,0")
+    assert status == OK and [m["physical_index"] for m in mapping] == [1, 0], text
+    status, _, mapping = doctor.visible_mapping(host, UUID1[:12])  # a UUID prefix, as CUDA accepts
+    assert status == OK and [m["physical_index"] for m in mapping] == [1]
+    status, text, mapping = doctor.visible_mapping(host, "0,5")
+    assert status == FAIL and "'5'" in text and "names no GPU" in text and len(mapping) == 1, text
+    status, text, _ = doctor.visible_mapping(host, "1,1")
+    assert status == FAIL and "repeats" in text, text
+    assert doctor.visible_mapping(host, "")[0] == WARN
+    assert doctor.visible_mapping(host, "-1")[0] == WARN  # hides every GPU, on purpose
+    assert [m["physical_index"] for m in doctor.visible_mapping(host, "1,-1,0")[2]] == [1]
+    assert doctor.visible_mapping(host, None)[0] == OK
+    assert doctor.visible_mapping([], None)[0] == SKIPPED
+    assert doctor.visible_mapping([], "0")[0] == WARN  # a scheduler's value on a host with no driver
+
+
+def test_environment_and_shm_judgements(tmp_path: Path) -> None:
+    assert doctor.env_check({}).status == OK
+    assert doctor.env_check({"NCCL_P2P_DISABLE": "1"}).status == WARN
+    assert doctor.env_check({"NCCL_NVLS_ENABLE": "1"}).status == WARN
+    ok = doctor.env_check({"NCCL_NVLS_ENABLE": "0", "TORCH_DISTRIBUTED_DEBUG": "DETAIL", "HOME": "/x"})
+    assert ok.status == OK and set(ok.data["variables"]) == {"NCCL_NVLS_ENABLE", "TORCH_DISTRIBUTED_DEBUG"}
+    assert doctor.shm_check(str(tmp_path), minimum=1 << 62).status == WARN  # smaller than asked: warn
+    assert doctor.shm_check(str(tmp_path / "absent")).status == WARN
+    assert doctor.overall([doctor.Check("a", OK, ""), doctor.Check("b", SKIPPED, "")]) == OK
+    assert doctor.overall([doctor.Check("a", WARN, ""), doctor.Check("b", FAIL, "")]) == FAIL
+
+
+# --- a fake nvidia-smi ------------------------------------------------------------------------------------------
+
+def test_mapping_and_topology_through_fake_nvidia_smi(fake_smi: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    assert [g.physical_index for g in visible_gpus()] == [1, 0]  # what the driver records as the mapping
+    report = doctor.cheap_report(gpu=True)
+    devices, topo, vis = (_check(report, n) for n in ("devices", "topology", "visible devices"))
+    assert devices["status"] == OK and devices["summary"] == "2 × NVIDIA H200"
+    assert topo["status"] == OK and topo["data"]["links"] == {"GPU0-GPU1": "NV18"}
+    assert vis["status"] == OK and [(m["local_rank"], m["physical_index"], m["uuid"]) for m in vis["data"]["mapping"]
+                                    ] == [(0, 1, UUID1), (1, 0, UUID0)]
+    text = doctor.render(report)
+    assert "0 → GPU1" in text and "GPU0-GPU1: NV18" in text
+
+    monkeypatch.setenv("FAKE_SMI_TOPO_RESTRICTED", "1")
+    topo = doctor.topology_check()
+    assert topo.status == WARN and topo.summary.startswith("not visible") and "absent" not in topo.summary
+
+
+def test_doctor_fails_on_a_device_that_does_not_exist(fake_smi: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,7")
+    assert doctor.main(["--json", "--no-bandwidth"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    vis = _check(report, "visible devices")
+    assert report["status"] == FAIL and vis["status"] == FAIL and "'7'" in vis["summary"]
+    assert [m["physical_index"] for m in vis["data"]["mapping"]] == [0]
+    # CPU torch sees no CUDA device although nvidia-smi shows one: said, not hidden
+    assert _check(report, "torch")["status"] == WARN
+    assert _check(report, "bandwidth")["status"] == SKIPPED
+
+
+def test_usage_errors_exit_2() -> None:
+    with pytest.raises(SystemExit) as e:
+        doctor.main(["--sizes", "12T"])
+    assert e.value.code == 2
+    assert doctor.main(["--nproc", "1"]) == 2
