@@ -49,11 +49,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # -- xdist: tests that must share one worker (one resource per session) ------------------------------------------
 
 # Files whose tests run on one xdist worker, one after the other (and beside the other workers' tests): the local
-# Slurm of test_slurm.py is one cluster per session, started by its first test. (pytest-xdist's own
+# Slurm of test_slurm.py is one cluster per session, started by its first test; the multi-node scenarios of
+# test_multinode.py each run two drivers and wait on them with deadlines, which two such scenarios at once on a
+# 2-core machine have missed. (pytest-xdist's own
 # `xdist_group` marker, kept on that module too, does not group under pytest 9: its loadgroup scheduler reads a
 # suffix that xdist 3.8 can no longer add to the node ids. The scheduler below groups by file path instead, and
 # honours such a suffix where one is there.)
-SERIAL_FILES = {"tests/e2e/test_slurm.py": "slurm"}
+SERIAL_FILES = {"tests/e2e/test_slurm.py": "slurm", "tests/e2e/test_multinode.py": "multinode"}
 
 if importlib.util.find_spec("xdist") is not None:
     def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN201 - xdist's hook
