@@ -29,8 +29,6 @@ class Job:
     task_dir: str | None = None
     rd: RunDir | None = None
     new_run_dir: Callable[[], RunDir] | None = None
-    # Called once the run directory is open: writes config.yaml and run.json; returns the manifest.
-    record: Callable[[RunDir, list[str]], dict[str, Any]] | None = None
     staged: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
