@@ -7,6 +7,7 @@ Standard library only at import (the driver never imports torch at start-up).
 from __future__ import annotations
 
 import contextlib
+import glob
 import importlib.metadata
 import importlib.util
 import os
@@ -82,7 +83,11 @@ def prepare(local_dir: str, conf: Mapping[str, Any]) -> None:
 
 def tidy(local_dir: str) -> None:
     """After the run: drop empty stack files (every rank opens one in case the watchdog asks) and the folders
-    left empty, and the dump request."""
+    left empty, the dump request, and the temporary sibling of a rank file whose rank was killed in the middle of
+    its atomic write (every rank has ended: no writer is left)."""
+    for p in glob.glob(os.path.join(local_dir, layout.LOGS, ".rank*.tmp")):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(p)
     for rel in (layout.STACKS, layout.PROGRESS):
         folder = os.path.join(local_dir, rel)
         if not os.path.isdir(folder):

@@ -49,6 +49,8 @@ class Mirror:
                     st = p.stat()
                     if self.sent.get(rel) == (st.st_mtime_ns, st.st_size):
                         continue
+                    if st.st_size == 0 and rel.startswith(f"{layout.STACKS}/"):
+                        continue  # every rank opens one in case it is asked for; only written stacks are news
                     self.rd.fs.put_file(str(p), layout.join(self.rd.path, rel))
                     self.sent[rel] = (st.st_mtime_ns, st.st_size)
                 except Exception as exc:  # noqa: BLE001 - a failed mirror must not kill the run (botocore's

@@ -196,6 +196,18 @@ def test_tidy_drops_empty_stack_files(tmp_path):
     assert os.listdir(stacks) == ["rank1.txt"]
 
 
+def test_tidy_drops_what_a_rank_killed_mid_write_left_and_keeps_the_records(tmp_path):
+    """A rank killed in the middle of an atomic write leaves its temporary sibling; once every rank has ended it
+    goes (a resumed run's tree holds no temporary file), the records themselves stay."""
+    logs = tmp_path / layout.LOGS
+    logs.mkdir()
+    (logs / "rank1.error.json").write_text("{}")
+    (logs / ".rank1.error.json.x1y2.tmp").write_text('{"half')
+    (logs / ".rank0.json.abcd.tmp").write_text("")
+    diagnostics.tidy(str(tmp_path))
+    assert sorted(os.listdir(logs)) == ["rank1.error.json"]
+
+
 def _memory_run(tmp_path):
     """A remote run tree (fsspec's in-memory store) and a local staging folder, as a node's driver has them."""
     import uuid
@@ -226,6 +238,22 @@ def test_node_0_reads_the_other_nodes_progress_from_the_run_tree_and_drops_an_ea
     assert peers.stack(1) is None
     rd.fs.pipe_file(f"{rd.path}/{layout.rank_stack(1)}", b"Thread 0x1 (most recent call first):\n")
     assert peers.stack(1).startswith("Thread")
+
+
+def test_the_mirror_copies_no_empty_stack_placeholder_only_written_stacks(tmp_path):
+    """Every rank opens an empty stack file in case it is asked for its stacks: a mirror tick during the run must
+    not put those placeholders in a remote tree (tidy removes them locally after the run, not remotely)."""
+    from runner.rundir.mirror import Mirror
+
+    rd = _memory_run(tmp_path)
+    (tmp_path / layout.rank_stack(0)).write_text("")
+    (tmp_path / layout.rank_log(0)).write_text("step 1\n")
+    Mirror(rd, every_s=0).flush()
+    assert rd.fs.exists(f"{rd.path}/{layout.rank_log(0)}")
+    assert not rd.fs.exists(f"{rd.path}/{layout.rank_stack(0)}")
+    (tmp_path / layout.rank_stack(0)).write_text("Thread 0x1 (most recent call first):\n")
+    Mirror(rd, every_s=0).flush()
+    assert rd.fs.cat_file(f"{rd.path}/{layout.rank_stack(0)}").startswith(b"Thread")
 
 
 def test_another_node_relays_the_dump_request_only_once_this_launch_has_trained(tmp_path):
