@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -16,57 +15,9 @@ import pytest
 
 from runner.diagnostics import doctor
 from runner.diagnostics.doctor import FAIL, OK, SKIPPED, WARN, MiB
+from tests.support.fake_smi import check_named
 
 ROOT = Path(__file__).resolve().parents[2]
-UUID0 = "GPU-1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901"
-UUID1 = "GPU-9f8e7d6c-5b4a-3928-1706-f5e4d3c2b1a0"
-
-SMI_L = f"GPU 0: NVIDIA H200 (UUID: {UUID0})\nGPU 1: NVIDIA H200 (UUID: {UUID1})\n"
-SMI_QUERY = f"0, NVIDIA H200, {UUID0}\n1, NVIDIA H200, {UUID1}\n"
-# As nvidia-smi 580 prints it: tab-separated, underlined header, legend after the matrix.
-TOPO_NVLINK = ("\x1b[4m\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n"
-               "GPU0\t X \tNV18\t0-31\t0\t\tN/A\n"
-               "GPU1\tNV18\t X \t0-31\t0\t\tN/A\n\n"
-               "Legend:\n\n  X    = Self\n"
-               "  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes "
-               "(e.g., QPI/UPI)\n"
-               "  PIX  = Connection traversing at most a single PCIe bridge\n"
-               "  NV#  = Connection traversing a bonded set of # NVLinks\n")
-
-
-def _escaped(text: str) -> str:
-    """``text`` as printf's %b argument on one line (tabs, newlines and the escape byte spelled out)."""
-    return text.replace("\t", "\\t").replace("\n", "\\n").replace("\x1b", "\\033")
-
-
-@pytest.fixture
-def fake_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A fake ``nvidia-smi`` (two H200s on NVLink) first on PATH; FAKE_SMI_TOPO_RESTRICTED=1 makes ``topo -m``
-    fail as it does in some containers."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    smi = bin_dir / "nvidia-smi"
-    restricted = 'echo "Failed to run topology: Insufficient Permissions" >&2; exit 4'  # as some containers answer
-    smi.write_text("\n".join([
-        "#!/bin/sh",
-        'case "$*" in',
-        f"  -L) printf '%b' '{_escaped(SMI_L)}' ;;",
-        f"  '--query-gpu=index,name,uuid --format=csv,noheader') printf '%b' '{_escaped(SMI_QUERY)}' ;;",
-        f"  'topo -m') if [ -n \"$FAKE_SMI_TOPO_RESTRICTED\" ]; then {restricted}; fi",
-        f"    printf '%b' '{_escaped(TOPO_NVLINK)}' ;;",
-        '  *) echo "fake nvidia-smi: unexpected arguments: $*" >&2; exit 2 ;;',
-        "esac", ""]))
-    smi.chmod(smi.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.delenv("FAKE_SMI_TOPO_RESTRICTED", raising=False)
-    return smi
-
-
-def _check(report: dict, name: str) -> dict:
-    return next(c for c in report["checks"] if c["name"] == name)
-
-
 # --- the real command on this host --------------------------------------------------------------------------------
 
 def _doctor(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -86,14 +37,14 @@ def test_json_on_this_host_measures_gloo_in_two_processes() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     assert report["status"] in (OK, WARN)
-    devices, topo = _check(report, "devices"), _check(report, "topology")
+    devices, topo = check_named(report, "devices"), check_named(report, "topology")
     assert devices["status"] == SKIPPED and devices["summary"].startswith("no NVIDIA driver found")
     assert topo["summary"].startswith("not visible") and "absent" not in topo["summary"]
-    assert _check(report, "gloo")["status"] == OK
-    assert _check(report, "host")["data"]["cpus"] >= 1
-    shm = _check(report, "/dev/shm")
+    assert check_named(report, "gloo")["status"] == OK
+    assert check_named(report, "host")["data"]["cpus"] >= 1
+    shm = check_named(report, "/dev/shm")
     assert shm["data"]["size_bytes"] > 0
-    bw = _check(report, "bandwidth")
+    bw = check_named(report, "bandwidth")
     assert bw["status"] == OK, bw
     assert bw["data"]["backend"] == "gloo" and bw["data"]["nranks"] == 2
     assert [r["bytes"] for r in bw["data"]["rows"]] == [1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB]
@@ -155,10 +106,10 @@ def test_cheap_report_never_imports_torch(gpu: bool, fake_smi: Path) -> None:
     names = [c["name"] for c in report["checks"]]
     assert {"host", "/dev/shm", "environment", "visible devices"} <= set(names)
     assert "bandwidth" not in names and "torch" not in names
-    vis = _check(report, "visible devices")
+    vis = check_named(report, "visible devices")
     if gpu:
         assert vis["status"] == OK and vis["data"]["mapping"][0]["physical_index"] == 1
-        assert _check(report, "topology")["data"]["nvlink_all_pairs"] is True
+        assert check_named(report, "topology")["data"]["nvlink_all_pairs"] is True
     else:
         assert vis["status"] == SKIPPED and vis["data"]["CUDA_VISIBLE_DEVICES"] == "1"
         assert "devices" not in names

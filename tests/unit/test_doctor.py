@@ -5,8 +5,6 @@ fake ``nvidia-smi`` first on PATH, the real command on this CPU host (gloo all-r
 from __future__ import annotations
 
 import json
-import os
-import stat
 from pathlib import Path
 
 import pytest
@@ -15,59 +13,13 @@ from runner.config.devices import visible_gpus
 from runner.config.plan import Gpu
 from runner.diagnostics import doctor
 from runner.diagnostics.doctor import FAIL, OK, SKIPPED, WARN, MiB
+from tests.support.fake_smi import SMI_L, TOPO_NVLINK, UUID0, UUID1, check_named
 
-UUID0 = "GPU-1b2c3d4e-5f60-7182-93a4-b5c6d7e8f901"
-UUID1 = "GPU-9f8e7d6c-5b4a-3928-1706-f5e4d3c2b1a0"
-
-SMI_L = f"GPU 0: NVIDIA H200 (UUID: {UUID0})\nGPU 1: NVIDIA H200 (UUID: {UUID1})\n"
-SMI_QUERY = f"0, NVIDIA H200, {UUID0}\n1, NVIDIA H200, {UUID1}\n"
-# As nvidia-smi 580 prints it: tab-separated, underlined header, legend after the matrix.
-TOPO_NVLINK = ("\x1b[4m\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n"
-               "GPU0\t X \tNV18\t0-31\t0\t\tN/A\n"
-               "GPU1\tNV18\t X \t0-31\t0\t\tN/A\n\n"
-               "Legend:\n\n  X    = Self\n"
-               "  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes "
-               "(e.g., QPI/UPI)\n"
-               "  PIX  = Connection traversing at most a single PCIe bridge\n"
-               "  NV#  = Connection traversing a bonded set of # NVLinks\n")
 TOPO_PCIE_NIC = ("\tGPU0\tGPU1\tGPU2\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"
                  "GPU0\t X \tPIX\tSYS\tNODE\t0-15\t0\t\tN/A\n"
                  "GPU1\tPIX\t X \tSYS\tNODE\t0-15\t0\t\tN/A\n"
                  "GPU2\tSYS\tSYS\t X \tSYS\t16-31\t1\t\tN/A\n"
                  "NIC0\tNODE\tNODE\tSYS\t X \n\nNIC Legend:\n\n  NIC0: mlx5_0\n")
-
-
-def _escaped(text: str) -> str:
-    """``text`` as printf's %b argument on one line (tabs, newlines and the escape byte spelled out)."""
-    return text.replace("\t", "\\t").replace("\n", "\\n").replace("\x1b", "\\033")
-
-
-@pytest.fixture
-def fake_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A fake ``nvidia-smi`` (two H200s on NVLink) first on PATH; FAKE_SMI_TOPO_RESTRICTED=1 makes ``topo -m``
-    fail as it does in some containers."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    smi = bin_dir / "nvidia-smi"
-    restricted = 'echo "Failed to run topology: Insufficient Permissions" >&2; exit 4'  # as some containers answer
-    smi.write_text("\n".join([
-        "#!/bin/sh",
-        'case "$*" in',
-        f"  -L) printf '%b' '{_escaped(SMI_L)}' ;;",
-        f"  '--query-gpu=index,name,uuid --format=csv,noheader') printf '%b' '{_escaped(SMI_QUERY)}' ;;",
-        f"  'topo -m') if [ -n \"$FAKE_SMI_TOPO_RESTRICTED\" ]; then {restricted}; fi",
-        f"    printf '%b' '{_escaped(TOPO_NVLINK)}' ;;",
-        '  *) echo "fake nvidia-smi: unexpected arguments: $*" >&2; exit 2 ;;',
-        "esac", ""]))
-    smi.chmod(smi.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.delenv("FAKE_SMI_TOPO_RESTRICTED", raising=False)
-    return smi
-
-
-def _check(report: dict, name: str) -> dict:
-    return next(c for c in report["checks"] if c["name"] == name)
 
 
 # --- pure functions ---------------------------------------------------------------------------------------------
@@ -154,7 +106,7 @@ def test_mapping_and_topology_through_fake_nvidia_smi(fake_smi: Path, monkeypatc
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
     assert [g.physical_index for g in visible_gpus()] == [1, 0]  # what the driver records as the mapping
     report = doctor.cheap_report(gpu=True)
-    devices, topo, vis = (_check(report, n) for n in ("devices", "topology", "visible devices"))
+    devices, topo, vis = (check_named(report, n) for n in ("devices", "topology", "visible devices"))
     assert devices["status"] == OK and devices["summary"] == "2 × NVIDIA H200"
     assert topo["status"] == OK and topo["data"]["links"] == {"GPU0-GPU1": "NV18"}
     assert vis["status"] == OK and [(m["local_rank"], m["physical_index"], m["uuid"]) for m in vis["data"]["mapping"]
@@ -172,12 +124,12 @@ def test_doctor_fails_on_a_device_that_does_not_exist(fake_smi: Path, monkeypatc
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,7")
     assert doctor.main(["--json", "--no-bandwidth"]) == 1
     report = json.loads(capsys.readouterr().out)
-    vis = _check(report, "visible devices")
+    vis = check_named(report, "visible devices")
     assert report["status"] == FAIL and vis["status"] == FAIL and "'7'" in vis["summary"]
     assert [m["physical_index"] for m in vis["data"]["mapping"]] == [0]
     # CPU torch sees no CUDA device although nvidia-smi shows one: said, not hidden
-    assert _check(report, "torch")["status"] == WARN
-    assert _check(report, "bandwidth")["status"] == SKIPPED
+    assert check_named(report, "torch")["status"] == WARN
+    assert check_named(report, "bandwidth")["status"] == SKIPPED
 
 
 def test_usage_errors_exit_2() -> None:
