@@ -30,6 +30,7 @@ import pytest
 
 from tests.support.fake_smi import fake_smi  # noqa: F401 - fixtures for every tier
 from tests.support.s3_server import s3_server, s3_url  # noqa: F401 - fixtures for every tier
+from tests.support.tokenized import tokenized  # noqa: F401 - fixtures for every tier
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
