@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import fsspec
@@ -17,28 +16,9 @@ from conftest import ddp_run
 
 from runner.contract import layout
 from runner.rundir import lease
+from tests.support.lease_taker import TAKER
 
 ROOT = Path(__file__).resolve().parents[2]
-
-# A process that says "ready" once imported, takes the lease on argv[1] when the file argv[2] appears, prints
-# won/taken, then holds it for argv[3] seconds.
-TAKER = textwrap.dedent("""
-    import os, sys, time
-    import fsspec
-    from runner.rundir import lease
-    url, go = sys.argv[1], sys.argv[2]
-    fs, path = fsspec.core.url_to_fs(url)
-    print("ready", flush=True)
-    while not os.path.exists(go):
-        time.sleep(0.005)
-    try:
-        held = lease.take(fs, path)
-        print("won", flush=True)
-    except lease.Taken as t:
-        print("taken", t.holder.get("pid") if t.holder else None, flush=True)
-    time.sleep(float(sys.argv[3]))
-""")
-
 
 def test_a_second_driver_is_refused_naming_the_live_one(out_root, smoke_reference):
     run = smoke_reference  # a completed run (made once per session; the refusal must leave it as it is)

@@ -8,7 +8,6 @@ import os
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 from datetime import datetime
 from pathlib import Path
@@ -19,28 +18,9 @@ import pytest
 from runner.contract import layout
 from runner.rundir import lease
 from runner.rundir import run_dir as rundir
+from tests.support.lease_taker import TAKER
 
 ROOT = Path(__file__).resolve().parents[2]
-
-# A process that says "ready" once imported, takes the lease on argv[1] when the file argv[2] appears, prints
-# won/taken, then holds it for argv[3] seconds.
-TAKER = textwrap.dedent("""
-    import os, sys, time
-    import fsspec
-    from runner.rundir import lease
-    url, go = sys.argv[1], sys.argv[2]
-    fs, path = fsspec.core.url_to_fs(url)
-    print("ready", flush=True)
-    while not os.path.exists(go):
-        time.sleep(0.005)
-    try:
-        held = lease.take(fs, path)
-        print("won", flush=True)
-    except lease.Taken as t:
-        print("taken", t.holder.get("pid") if t.holder else None, flush=True)
-    time.sleep(float(sys.argv[3]))
-""")
-
 
 def _takers(url: str, tmp: Path, n: int = 2, hold_s: float = 3.0) -> list[str]:
     """Start ``n`` processes that take the lease on ``url`` at the same moment; their answers."""
