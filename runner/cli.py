@@ -166,6 +166,14 @@ def main() -> None:
     if "--version" in args:
         print(f"ddp-run {version()}")
         sys.exit(0)
+    if "-h" in args or "--help" in args:  # the runner's own help, from the validation table (Hydra's: --hydra-help)
+        from runner.config.cli_help import print_help
+
+        print_help(args, CONFIG_PATH)
+        sys.exit(0)
+    from runner.config.cli_help import info_args
+
+    args = info_args(args)
     try:
         cli, hydra_args, config_path = _hydra_args(args)
     except PlanError as err:
@@ -191,6 +199,10 @@ def main() -> None:
         _restore_stderr()
         if _run.sweep is not None:
             _run.sweep.write()
+    if cli.cfg == "job":  # Hydra printed the composed config; the plan changes some of it
+        from runner.config.cli_help import derived
+
+        print(derived(args, CONFIG_PATH))
     sys.exit(_run.exit)
 
 

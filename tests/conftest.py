@@ -85,18 +85,19 @@ def ddp_run(args: list[str], root: Path | str, timeout: float = 240, env: dict[s
 
 
 def cli_in_process(args: list[str], root: Path | str, monkeypatch: pytest.MonkeyPatch,
-                   env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+                   env: dict[str, str] | None = None, cwd: Path | str | None = None,
+                   ) -> subprocess.CompletedProcess[str]:
     """``ddp-run <args> output.root=<root>`` through ``runner.cli.main()`` in this process: for refusals and dry
     runs, which end before anything is launched (a fraction of a second instead of a new interpreter). The exit
     code is main()'s ``SystemExit``; stdout and stderr are what it printed. Any other exception propagates (a
-    traceback is a failure, as it would be on a user's console)."""
+    traceback is a failure, as it would be on a user's console). ``cwd``: where it runs (default: the temp dir)."""
     from runner import cli
 
     monkeypatch.setattr(cli, "_run", cli._Invocation())  # what one ddp-run process carries across its jobs
     for k, v in (env or {}).items():
         monkeypatch.setenv(k, v)
     monkeypatch.setattr(sys, "argv", ["ddp-run", *args, f"output.root={root}"])
-    monkeypatch.chdir(tempfile.gettempdir())
+    monkeypatch.chdir(cwd or tempfile.gettempdir())
     out, err = io.StringIO(), io.StringIO()
     code: int | str | None = 0
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

@@ -10,6 +10,7 @@ that names the key, the value and the fix (exit 2), with the nearest valid key f
 - :func:`check_composed` refuses what Hydra accepted but the runner must not (``+`` under owned sections, ``~`` on
   needed keys);
 - :func:`check_sweep_groups` checks every value of a swept group before the first job;
+- :func:`compose` composes a command line for the answers that run nothing (``--help``, ``--cfg``);
 - :func:`user_dir_first` puts a ``--config-dir`` folder holding a primary config ahead of the package's own.
 """
 
@@ -44,6 +45,7 @@ class Cli:
     config_name: str | None
     multirun: bool
     info: bool  # --help, --cfg, --info, … : Hydra answers and nothing runs
+    cfg: str | None = None  # --cfg's choice: job, hydra or all
 
 
 def parse(argv: Sequence[str]) -> Cli:
@@ -53,7 +55,7 @@ def parse(argv: Sequence[str]) -> Cli:
     args, _unknown = get_args_parser().parse_known_args(list(argv))
     info = bool(args.help or args.hydra_help or args.cfg or args.info or args.shell_completion
                 or args.resolve or args.package)
-    return Cli(list(args.overrides), args.config_dir, args.config_name, bool(args.multirun), info)
+    return Cli(list(args.overrides), args.config_dir, args.config_name, bool(args.multirun), info, args.cfg)
 
 
 def user_dir_first(argv: list[str], config_dir: str, config_name: str | None,
@@ -133,6 +135,17 @@ def diagnose(cli: Cli, config_path: str, primary: str = "config") -> PlanError:
         except PlanError as err:
             return err
     return PlanError("overrides", " ".join(cli.overrides), "Hydra could not compose the config", _GRAMMAR)
+
+
+def compose(cli: Cli, config_path: str) -> Any:
+    """The config ``cli`` composes (a sweep's first value per key), as Hydra would, for the answers that run
+    nothing (``--help``, ``--cfg``); a HydraException when it cannot be composed."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.types import RunMode
+
+    parsed = OverridesParser.create().parse_overrides(cli.overrides)
+    loader = _loader(config_path, cli.config_dir)
+    return loader.load_configuration(cli.config_name or "config", [_first(o) for o in parsed], run_mode=RunMode.RUN)
 
 
 def check_sweep_groups(cli: Cli, config_path: str) -> None:

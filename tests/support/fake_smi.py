@@ -43,6 +43,7 @@ def fake_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         'case "$*" in',
         f"  -L) printf '%b' '{_escaped(SMI_L)}' ;;",
         f"  '--query-gpu=index,name,uuid --format=csv,noheader') printf '%b' '{_escaped(SMI_QUERY)}' ;;",
+        "  '--query-gpu=memory.total --format=csv,noheader,nounits -i '*) echo 143771 ;;",
         f"  'topo -m') if [ -n \"$FAKE_SMI_TOPO_RESTRICTED\" ]; then {restricted}; fi",
         f"    printf '%b' '{_escaped(TOPO_NVLINK)}' ;;",
         '  *) echo "fake nvidia-smi: unexpected arguments: $*" >&2; exit 2 ;;',
