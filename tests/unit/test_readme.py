@@ -1,0 +1,22 @@
+"""The README leads a newcomer in five minutes: short, with the two make commands, completion and the docs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_readme_is_short_and_holds_the_main_path() -> None:
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 200
+    for must in ("make run", "make test", "pip install", "ddp-run -sc install=bash", "dry_run=true", "--help",
+                 "resume=", "tensorboard --logdir", "docs/config.md"):
+        assert must in text, must
+
+
+def test_every_docs_page_is_linked_from_the_readme() -> None:
+    linked = set(re.findall(r"\]\(docs/([\w-]+\.md)", (ROOT / "README.md").read_text()))
+    on_disk = {p.name for p in (ROOT / "docs").glob("*.md")} - {"index.md"}
+    assert on_disk - linked == set(), "a docs page the README does not link"
