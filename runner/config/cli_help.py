@@ -17,6 +17,9 @@ def print_help(args: list[str], config_path: str) -> None:
     cli = ov.parse(without_info(args))
     values = compose_values(args, config_path)
     print(reference.help_text(conf_dirs(cli.config_dir, config_path), values))
+    if not values:
+        print(f"\n(The config of {' '.join(without_info(args))} cannot be composed, so no values are shown: run it"
+              " without --help to see why.)")
 
 
 def info_args(args: list[str]) -> list[str]:

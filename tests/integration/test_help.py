@@ -36,6 +36,12 @@ def test_help_shows_the_values_of_the_config_the_overrides_compose(out_root, cli
     assert "\n  task.model.layers = 2" in r.stdout  # the task's own keys, under "Other keys"
 
 
+def test_help_with_overrides_that_do_not_compose_still_lists_every_key(out_root, cli) -> None:
+    r = cli(["batch.perrank=3", "--help"], out_root)
+    assert r.returncode == 0, r.stderr
+    assert "\n  batch.per_rank\n" in r.stdout and "cannot be composed, so no values are shown" in r.stdout
+
+
 def test_help_lists_a_users_own_presets(out_root, cli, tmp_path: Path) -> None:
     conf = tmp_path / "conf"
     (conf / "task").mkdir(parents=True)
