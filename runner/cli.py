@@ -104,7 +104,7 @@ def _app(cfg: DictConfig) -> None:
     if _run.sweep is not None and _run.sweep.root is None:
         _run.sweep.root = str(conf["output"]["root"])
     outcome = execute(conf, _how(hc), check=lambda c: overrides.check_composed(hc.overrides.task, c))
-    if multirun and _run.sweep is not None:
+    if multirun and _run.sweep is not None and not conf.get("dry_run"):  # a dry run leaves nothing behind
         _run.sweep.add(hc.job.num, hc.overrides.task, outcome.code, outcome.run_dir, outcome.reason, outcome.refused)
     if outcome.code == layout.EXIT_REFUSED and not multirun:
         sys.exit(outcome.code)

@@ -229,7 +229,7 @@ Run directories land under output.root (default ./outputs): config.yaml, run.jso
 summary.json. Open the curves with: tensorboard --logdir outputs
 Shell completion: eval "$(ddp-run -sc install=bash)" in ~/.bashrc (zsh: the same after
 `autoload -U bashcompinit && bashcompinit`; fish: ddp-run -sc install=fish | source)
-Full reference: docs/config.md"""
+Full reference: docs/config.md in the source repository (the same tables, as a page)"""
 
 
 def _main() -> None:

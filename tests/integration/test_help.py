@@ -85,6 +85,13 @@ def test_the_dry_run_prints_the_command_that_launches_its_plan(out_root, cli) ->
     assert not out_root.exists()
 
 
+def test_a_dry_run_sweep_prints_the_sweep_command_and_leaves_nothing(out_root, cli) -> None:
+    r = cli(["-m", "device=cpu", "world_size=1,2", "dry_run=true"], out_root)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("To launch this sweep, run:\n  ddp-run -m device=cpu world_size=1,2 output.root=") == 2
+    assert not out_root.exists(), "a dry run (a sweep's too) leaves no directory"
+
+
 def test_the_slurm_dry_run_leaves_only_the_run_directory_to_the_shell(out_root, cli) -> None:
     r = cli(["task=smoke", "device=cpu", "launcher=slurm", "launcher.nodes=2", "dry_run=true"], out_root)
     assert r.returncode == 0, r.stderr
