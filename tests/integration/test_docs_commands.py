@@ -1,7 +1,8 @@
 """Every command of README.md and docs/*.md does what the page says (tests/support/doc_commands.py finds them):
 
 - ``ddp-run …`` composes, validates and plans, as a dry run through ``main()`` in process (nothing is launched),
-  in the folder the page's ``cd`` lines lead to; a command marked ``# refused`` is refused (exit 2);
+  in the folder the page's ``cd`` lines lead to; a command marked ``# refused`` is refused (exit 2); after a
+  ``$ `` prompt, it prints the lines the page shows;
 - ``ddp-tokenize`` runs for real when its input exists there (the next ``ddp-run`` reads what it wrote);
 - every other tool of the product takes the options the page gives it (its ``--help`` names them);
 - ``make`` names a target of the Makefile.
@@ -59,6 +60,9 @@ def _check_ddp_run(cmd: Command, cwd: Path, root: Path, monkeypatch: pytest.Monk
     want = 2 if cmd.refused else 0
     if r.returncode != want:
         return f"{cmd}: exit {r.returncode}, expected {want}\n{r.stdout[-1500:]}{r.stderr[-1500:]}"
+    printed = {ln.strip() for ln in (r.stdout + r.stderr).splitlines()}
+    if missing := [ln for ln in cmd.output if ln not in printed]:
+        return f"{cmd}: the page shows lines it did not print: {missing}\n{r.stdout[-1500:]}{r.stderr[-1500:]}"
     if list(root.rglob("run.json")):
         return f"{cmd}: a dry run left a run directory under {root}"
     return None

@@ -1,7 +1,8 @@
 """The shell commands of README.md and docs/*.md, as the docs test checks them: every line of a fenced block that
 starts with one of the product's tools (``ddp-run``, ``python -m runner``, a console script of pyproject.toml) or
 ``make``, with its ``\\`` continuations joined, a leading ``$ `` prompt dropped, and the ``cd`` lines before it in
-the same block applied. A trailing ``# refused`` comment marks a command that must be refused (exit 2). A command
+the same block applied. A command after a ``$ `` prompt must print the lines shown after it. A trailing
+``# refused`` comment marks a command that must be refused (exit 2). A command
 with a placeholder (``<run dir>``, ``…``) is a template, not a command: it is listed, not run."""
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class Command:
     argv: tuple[str, ...]
     refused: bool
     template: bool
+    output: tuple[str, ...] = ()  # the lines a ``$ `` prompted command is shown printing, up to the next prompt
 
     def __str__(self) -> str:
         return f"{self.page}:{self.line} (in {self.cwd}): {shlex.join(self.argv)}"
@@ -70,6 +72,16 @@ def _split_comment(line: str) -> tuple[str, str]:
     return line, ""
 
 
+def _shown_output(rest: list[tuple[int, str]]) -> tuple[str, ...]:
+    out = []
+    for _, line in rest:
+        if line.startswith("$ "):
+            break
+        if line.strip():
+            out.append(line.strip())
+    return tuple(out)
+
+
 def commands(page: Path) -> list[Command]:
     """The commands of one page, in order."""
     text = page.read_text()
@@ -78,7 +90,9 @@ def commands(page: Path) -> list[Command]:
     for block in _FENCE.finditer(text):
         cwd = "."
         first = text.count("\n", 0, block.start(1)) + 1
-        for n, line in _logical_lines(block.group(1), first):
+        lines = _logical_lines(block.group(1), first)
+        for k, (n, line) in enumerate(lines):
+            shown = _shown_output(lines[k + 1:]) if line.startswith("$ ") else ()
             line = line.removeprefix("$ ")
             if m := re.fullmatch(r'eval "\$\((.*)\)"(\s+#.*)?', line):
                 line = m.group(1)
@@ -96,7 +110,7 @@ def commands(page: Path) -> list[Command]:
             template = bool(_PLACEHOLDER.search(code))
             argv = tuple(code.split()) if template else tuple(shlex.split(code))
             found.append(Command(page.relative_to(ROOT).as_posix(), n, cwd, argv,
-                                 refused="refused" in note, template=template))
+                                 refused="refused" in note, template=template, output=shown))
     return found
 
 
