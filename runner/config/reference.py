@@ -146,6 +146,7 @@ def markdown(conf_dirs: Iterable[Path], values: Mapping[str, Any]) -> str:
         default = f"`{show(values[rule.key])}`" if rule.key in values else ""
         out.append(f"| `{rule.key}` | {kind(rule)} | {_cell(allowed(rule))} | {default} | "
                    f"{_cell(KEY_DOCS.get(rule.key, ''))} |")
+    out += ["", _DERIVED]
     out += ["", "## Other keys", "", "Keys of the default config (`task=smoke`) that the task, the launcher or the",
             "diagnostics check themselves:", "", "| key | default |", "| --- | --- |"]
     out += [f"| `{k}` | `{show(v)}` |" for k, v in other_keys(values).items()]
@@ -223,6 +224,22 @@ Usage:
   ddp-run task=NAME --config-dir DIR           your own task: DIR/task/NAME.yaml (or task.module=your.module)
   ddp-run --hydra-help                         Hydra's own options
 """
+
+_DERIVED = """\
+## Values the runner derives
+
+Some values are decided after composition, when the plan is made: `batch.accumulation` when `batch.global` is
+set, `world_size=auto` (one rank per visible GPU), `device=auto` and `backend=auto`. The run directory's
+`config.yaml` holds the decided values. `--cfg job` prints the composed config as Hydra made it and then, as YAML
+comments, what the runner derives from it; `dry_run=true` prints the whole plan:
+
+```
+$ ddp-run --cfg job batch.global=32 device=cpu
+…
+# ddp-run derives these after composition (the run uses them, not the values above):
+#   batch.accumulation: 2   (batch.global 32 / (8 per rank × 2 ranks); global batch 32)
+#   backend: gloo
+```"""
 
 _FOOTER = """\
 Run directories land under output.root (default ./outputs): config.yaml, run.json, logs/, tb/, checkpoints/,

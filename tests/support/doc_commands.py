@@ -77,7 +77,7 @@ def _shown_output(rest: list[tuple[int, str]]) -> tuple[str, ...]:
     for _, line in rest:
         if line.startswith("$ "):
             break
-        if line.strip():
+        if line.strip() and line.strip() not in ("…", "..."):  # an elision: lines the page leaves out
             out.append(line.strip())
     return tuple(out)
 
