@@ -43,6 +43,34 @@ def figures(state: Mapping[str, Any]) -> str:
     return " · ".join(out)
 
 
+def clock(seconds: float | None) -> str:
+    """``1:02:03``, ``2:03``; ``-`` when unknown."""
+    if seconds is None:
+        return "-"
+    m, sec = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+
+
+def times_text(elapsed: float | None, remaining: float | None, finished: bool) -> str:
+    """``elapsed 0:14 · ETA 2:03`` (no ETA before it can be estimated, nor once finished)."""
+    out = f"elapsed {clock(elapsed)}"
+    return out if finished or remaining is None else f"{out} · ETA {clock(remaining)}"
+
+
+def _times_column() -> Any:
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class Times(ProgressColumn):
+        max_refresh = None  # the elapsed time moves at every redraw
+
+        def render(self, task: Any) -> Text:
+            return Text(times_text(task.elapsed, task.time_remaining, task.finished), style="progress.elapsed")
+
+    return Times()
+
+
 def steps_text(step: int, total: int | None) -> str:
     """``step 3/8`` (``step 3`` while the total is unknown)."""
     return f"step {step}/{total}" if total else (f"step {step}" if step else "")
@@ -53,7 +81,7 @@ class Live:
 
     def __init__(self, path: str, label: str, console: Any = None) -> None:
         from rich.console import Console
-        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
 
         self.path = path
         self.offset = os.path.getsize(path) if os.path.exists(path) else 0  # a continued run's earlier records
@@ -61,7 +89,7 @@ class Live:
         self.state: dict[str, Any] = {"step": 0, "total": None, "unit": None}
         self.progress = Progress(
             SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[steps]}"),
-            TextColumn("{task.fields[figures]}"), TextColumn("ETA"), TimeRemainingColumn(), TimeElapsedColumn(),
+            TextColumn("{task.fields[figures]}"), _times_column(),
             console=console or Console(file=sys.stdout), refresh_per_second=REFRESH_PER_S, transient=False,
             redirect_stdout=True, redirect_stderr=True)
         self.task = self.progress.add_task(label, total=None, steps="", figures="start-up: starting the workers")

@@ -47,13 +47,14 @@ class RecordConsole(io.TextIOBase):
         self._file.write(json.dumps({"t": round(time.time(), 3), "kind": kind, **fields}) + "\n")
 
     def flush(self) -> None:
-        self._file.flush()
+        if not self._file.closed:
+            self._file.flush()
 
     def close(self) -> None:
         if self._partial:
             self.write("\n")
-        self._file.close()
         super().close()
+        self._file.close()
 
 
 def open_console(local_dir: str) -> IO[str]:
