@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -58,7 +59,8 @@ def times_text(elapsed: float | None, remaining: float | None, finished: bool) -
     return out if finished or remaining is None else f"{out} · ETA {clock(remaining)}"
 
 
-def _times_column() -> Any:
+def _times_column(t0: float) -> Any:
+    """Elapsed since ``t0`` (the driver's launch, start-up included; monotonic seconds) and the task's ETA."""
     from rich.progress import ProgressColumn
     from rich.text import Text
 
@@ -66,7 +68,8 @@ def _times_column() -> Any:
         max_refresh = None  # the elapsed time moves at every redraw
 
         def render(self, task: Any) -> Text:
-            return Text(times_text(task.elapsed, task.time_remaining, task.finished), style="progress.elapsed")
+            return Text(times_text(time.monotonic() - t0, task.time_remaining, task.finished),
+                        style="progress.elapsed")
 
     return Times()
 
@@ -89,9 +92,10 @@ class Live:
         self.state: dict[str, Any] = {"step": 0, "total": None, "unit": None}
         self.progress = Progress(
             SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[steps]}"),
-            TextColumn("{task.fields[figures]}"), _times_column(),
+            TextColumn("{task.fields[figures]}"), _times_column(time.monotonic()),
             console=console or Console(file=sys.stdout), refresh_per_second=REFRESH_PER_S, transient=False,
-            redirect_stdout=True, redirect_stderr=True)
+            # the driver's own lines above the bar; its stderr only when that is the same terminal (2>file stays)
+            redirect_stdout=True, redirect_stderr=wanted(sys.stderr))
         self.task = self.progress.add_task(label, total=None, steps="", figures="start-up: starting the workers")
 
     @classmethod

@@ -55,7 +55,9 @@ def lease_tick(held: Any) -> Callable[[], None]:
 def _live(rd: RunDir, conf: Mapping[str, Any], plan: Plan, env: dict[str, str]) -> Live | None:
     """The live bar when the driver's stdout is a terminal (its path added to ``env`` for rank 0), else None."""
     env.pop(layout.ENV_CONSOLE_RECORDS, None)  # never inherited from the user's environment
-    if not live_wanted(sys.stdout):
+    # One host only: on several, rank 0 may be another node's (torchrun assigns group ranks as nodes join), and
+    # that node's rank 0 writes plain lines on its own console.
+    if plan.nnodes != 1 or not live_wanted(sys.stdout):
         return None
     ranks = f"{plan.world_size} rank{'s' if plan.world_size != 1 else ''}"
     bar = Live.for_run(rd.local, f"{conf['task']['name']} · {ranks}")
