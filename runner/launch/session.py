@@ -52,7 +52,7 @@ def lease_tick(held: Any) -> Callable[[], None]:
     return tick
 
 
-def _live(rd: RunDir, conf: Mapping[str, Any], plan: Plan, env: dict[str, str]) -> Live | None:
+def live_bar(rd: RunDir, conf: Mapping[str, Any], plan: Plan, env: dict[str, str]) -> Live | None:
     """The live bar when the driver's stdout is a terminal (its path added to ``env`` for rank 0), else None."""
     env.pop(layout.ENV_CONSOLE_RECORDS, None)  # never inherited from the user's environment
     # One host only: on several, rank 0 may be another node's (torchrun assigns group ranks as nodes join), and
@@ -83,7 +83,8 @@ class Session:
         if self.judging or rd.is_remote:
             setup.prepare(rd.local, conf)
         # The judge draws rank 0's progress on a terminal (its workers then record their console for it).
-        self.live = _live(rd, conf, plan, env) if manifest is not None else None
+        env.pop(layout.ENV_CONSOLE_RECORDS, None)
+        self.live = live_bar(rd, conf, plan, env) if manifest is not None else None
         self.supervisor = Supervisor(cmd, env, str(Path(rd.local, agent_log)))
         self.mirror = Mirror(rd, staged=staged) if rd.is_remote else None
         self.watch: Watchdog | None = None

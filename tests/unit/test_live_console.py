@@ -110,3 +110,25 @@ def test_a_bar_only_on_a_terminal_that_can_redraw(monkeypatch):
     assert live.wanted(Tty()) and not live.wanted(_Pipe())
     monkeypatch.setenv("TERM", "dumb")
     assert not live.wanted(Tty())
+
+
+def test_the_judging_session_asks_rank_0_for_records_only_under_a_terminal_on_one_host(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from runner.contract import layout
+    from runner.launch import session
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    rd, conf = SimpleNamespace(local=str(tmp_path)), {"task": {"name": "smoke"}}
+    one_host, two_hosts = SimpleNamespace(world_size=2, nnodes=1), SimpleNamespace(world_size=4, nnodes=2)
+    monkeypatch.setenv("TERM", "xterm")
+    env = {layout.ENV_CONSOLE_RECORDS: "/inherited/from/the/user"}
+    monkeypatch.setattr("sys.stdout", _Pipe())
+    assert session.live_bar(rd, conf, one_host, env) is None and layout.ENV_CONSOLE_RECORDS not in env
+    monkeypatch.setattr("sys.stdout", Tty())
+    assert session.live_bar(rd, conf, two_hosts, env) is None and layout.ENV_CONSOLE_RECORDS not in env
+    bar = session.live_bar(rd, conf, one_host, env)
+    assert env[layout.ENV_CONSOLE_RECORDS] == bar.path == str(tmp_path / layout.CONSOLE_RECORDS)
