@@ -585,6 +585,7 @@ def run(run_dir: str, local_dir: str, console: IO[str] | None) -> None:
         # TensorBoard's import overlaps the process-group and DDP set-up instead of delaying the first step.
         writer_future = ThreadPoolExecutor(1).submit(tb.open_writer, os.path.join(local_dir, layout.TB))
     t0 = time.perf_counter()
+    console_progress.stage(console, "joining the process group")
     ctx = setup(run_dir, local_dir, console, cfg)
     startup.mark("process_group")
     console_progress.stage(console, "building the model and data")

@@ -74,6 +74,8 @@ def test_a_bar_under_a_terminal_redrawn_every_second_while_a_step_takes_longer(t
     # From the first second on, start-up included: the bar is there before rank 0 has started.
     assert drawn and drawn[0][0] < 5.0 and "start-up: starting the workers" in drawn[0][1], drawn[:3]
     assert all("smoke · 2 ranks" in f for _, f in drawn)
+    # The start-up says what it is doing (torch's import alone takes seconds).
+    assert any("start-up: importing torch" in f for _, f in drawn), drawn[:20]
     # While step 3 (then 4) is under way, the bar keeps being redrawn, at least once a second: the elapsed time
     # moves although the step count does not.
     slow = [(t, f) for t, f in drawn if "step 2/4" in f or "step 3/4" in f]
