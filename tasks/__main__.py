@@ -16,7 +16,7 @@ import socket
 import sys
 
 from runner.contract import layout, netbind, osutil
-from tasks.engine import startup, worker_io
+from tasks.engine import progress, startup, worker_io
 from tasks.engine.diagnostics import termination
 
 
@@ -28,6 +28,7 @@ def main() -> int:
     rank = int(os.environ.get("RANK", "0"))
     osutil.die_with_parent(signal.SIGKILL)  # torchrun's agent gone: no rank may outlive it
     console = worker_io.redirect_output(local_dir, rank)
+    progress.stage(console, "importing torch")  # the driver's bar says what the start-up is doing
     if os.environ.get(layout.ENV_DEBUG):  # before torch is imported: its C++ logs go to the private debug log
         from tasks.engine.diagnostics import debug
 

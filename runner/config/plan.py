@@ -6,6 +6,7 @@ before any process starts.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -272,3 +273,22 @@ def _check_data_fits(cfg: Mapping[str, Any], train_samples: int | None, data_fil
                         f"an epoch gives each rank {micro} micro-batches of {per_rank} ({train_samples} samples over"
                         f" {world_size} ranks), fewer than the {accumulation} one optimizer step accumulates",
                         "lower it (or batch.per_rank), or give the task more data")
+
+
+def cpu_oversubscribed(plan: Plan, cores: int) -> str | None:
+    """A warning when CPU ranks outnumber the host's ``cores`` (the ones this process may run on): every rank is a
+    full process that needs a core; more ranks than cores share them and each step waits for the slowest."""
+    if plan.device != "cpu" or plan.nproc_per_node <= cores:
+        return None
+    per_host = "world_size" if plan.nnodes == 1 else "launcher.nproc_per_node"
+    return (f"{per_host}: {plan.nproc_per_node} CPU ranks on this host, which has {cores} CPU"
+            f" core{'s' if cores != 1 else ''} for them: the ranks share cores and every step waits for the slowest."
+            f" Fix: world_size={cores} or fewer on this host (or run more nodes); this runs, slowly")
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity), or the host's count where affinity is unknown."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1

@@ -84,6 +84,12 @@ MANIFEST_MEMORY_PLAN = "memory_plan"
 # Test-only: seconds between the driver's heartbeats in run.json (default runner/rundir/status.py HEARTBEAT_S).
 ENV_HEARTBEAT_S = "DDP_RUNNER_HEARTBEAT_S"
 
+# A live terminal (runner/launch/live.py): the driver draws rank 0's progress; rank 0 then writes its console as
+# JSON lines into this file (tasks/engine/progress.py) instead of onto the user's terminal. The env var holds the
+# file's path; unset, rank 0 writes plain lines to its stdout.
+CONSOLE_RECORDS = f"{LOGS}/console.jsonl"
+ENV_CONSOLE_RECORDS = "DDP_RUNNER_CONSOLE_RECORDS"
+
 # Every environment built for workers keeps NVLink multicast off (it can take shared GPUs out of service).
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 

@@ -12,31 +12,83 @@ SHARE_WORTH_SAYING = 0.01
 GAP_WORTH_SAYING = 1.0  # percent
 
 
-def lines(tb: Mapping[str, Any] | None, prefix: str = "ddp-run: ") -> list[str]:
-    """One line per rank (mean ms per optimizer step in each phase), then the slowest and fastest rank."""
-    if not tb or not tb.get("per_rank"):
+PHASE_COLUMNS = (("data_ms", "data"), ("compute_ms", "compute"), ("exposed_sync_ms", "exposed sync"),
+                 ("optimizer_ms", "optimizer"), ("step_ms", "step"))
+
+
+def work_ms(v: Mapping[str, float]) -> float:
+    """A rank's own work per step: its step time less the time it waited in the gradient sync. Every DDP step
+    lasts as long as the slowest rank's, so the fast ranks wait longest: the work, not the step, tells them apart."""
+    return v["step_ms"] - v["exposed_sync_ms"]
+
+
+def _gpu_cells(g: Mapping[str, float] | None) -> list[str]:
+    if not g:
         return []
-    out = []
-    for r, v in sorted(tb["per_rank"].items(), key=lambda kv: int(kv[0])):
-        out.append(f"{prefix}rank {r} per step (mean ms): data {v['data_ms']:.1f} · compute {v['compute_ms']:.1f}"
-                   f" · exposed gradient sync {v['exposed_sync_ms']:.1f} · optimizer {v['optimizer_ms']:.1f}"
-                   f" = {v['step_ms']:.1f}")
+    return [f"{g['sm_clock_mhz']:.0f} MHz", f"{g['power_w']:.0f} W", f"{g['temperature_c']:.0f} °C"]
+
+
+def _gpu_notes(g: Mapping[str, float] | None) -> list[str]:
+    notes = []
+    if g and g.get("power_capped_pct", 0) >= 50:
+        notes.append("at its power limit")
+    if g and g.get("thermal_slowdown_pct", 0) > 0:
+        notes.append(f"thermal slowdown {g['thermal_slowdown_pct']:.0f}% of the time")
+    return notes
+
+
+def table(tb: Mapping[str, Any] | None, devices: Mapping[str, str] | None = None,
+          gpus: Mapping[str, Mapping[str, float]] | None = None, indent: str = "  ") -> list[str]:
+    """ONE table of the ranks: device, mean ms per optimizer step in each phase, the step, the rank's own work
+    (step less exposed sync) and, with telemetry, its GPU's clock, power and temperature; the rank with the most
+    work is marked (the same rank :func:`slowest_line` names)."""
+    ranks = sorted({*((tb or {}).get("per_rank") or {}), *(gpus or {})}, key=int)
+    if not ranks:
+        return []
+    per_rank, devices, gpus = (tb or {}).get("per_rank") or {}, devices or {}, gpus or {}
+    head = ["rank", "device"]
+    if per_rank:
+        head += [name for _, name in PHASE_COLUMNS] + ["work"]
+    if gpus:
+        head += ["GPU clock", "power", "temp"]
+    rows = [head]
+    for r in ranks:
+        row = [r, devices.get(r, "?")]
+        v = per_rank.get(r)
+        if per_rank:
+            row += [f"{v[k]:.1f} ms" for k, _ in PHASE_COLUMNS] + [f"{work_ms(v):.1f} ms"] if v else ["-"] * 6
+        if gpus:
+            row += _gpu_cells(gpus.get(r)) or ["-"] * 3
+        notes = _gpu_notes(gpus.get(r))
+        if len(per_rank) > 1 and r == str(tb.get("slowest_rank")):
+            notes.insert(0, "most work")
+        rows.append(row + ([", ".join(notes)] if notes else []))
+    widths = [max(len(row[i]) for row in rows if i < len(row)) for i in range(len(head))]
+    return [indent + "  ".join(c.ljust(widths[i]) if i < len(widths) else c for i, c in enumerate(row)).rstrip()
+            for row in rows]
+
+
+def slowest_line(tb: Mapping[str, Any] | None) -> str | None:
+    """The sentence under the table: the rank with the most work, by how much, and where its step goes."""
+    if not tb or not tb.get("per_rank"):
+        return None
     shares = tb.get("shares") or {}
     tail = ", ".join(f"{name} {100 * shares[k]:.0f}%" for k, name in
                      (("data", "data"), ("compute", "compute"), ("exposed_sync", "exposed sync"),
                       ("optimizer", "optimizer")) if shares.get(k) is not None)
-    if len(tb["per_rank"]) > 1 and tb.get("gap_pct") is not None:
-        # The work in ms beside the percentage: on tiny steps a small difference is a large percentage.
-        work = {r: v["step_ms"] - v["exposed_sync_ms"] for r, v in tb["per_rank"].items()}
-        slow, fast = work.get(str(tb["slowest_rank"])), work.get(str(tb["fastest_rank"]))
-        ms = f" ({slow:.2f} against {fast:.2f} ms)" if slow is not None and fast is not None else ""
-        out.append(f"{prefix}slowest rank {tb['slowest_rank']}, fastest rank {tb['fastest_rank']}:"
-                   f" {tb['gap_pct']:.1f}% more work per step{ms}; the slowest rank's step: {tail}")
+    per_rank = tb["per_rank"]
+    slow, fast = str(tb.get("slowest_rank")), str(tb.get("fastest_rank"))
+    if len(per_rank) > 1 and slow in per_rank and fast in per_rank and tb.get("gap_pct") is not None:
+        out = (f"rank {slow} has the most work per step ({work_ms(per_rank[slow]):.2f} ms against"
+               f" {work_ms(per_rank[fast]):.2f} ms on rank {fast}, {tb['gap_pct']:+.1f}%); the other ranks wait for"
+               " it in the gradient sync" + (f". Rank {slow}'s step: {tail}" if tail else ""))
     elif tail:
-        out.append(f"{prefix}each step: {tail}")
+        out = f"each step: {tail}"
+    else:
+        return None
     if tb.get("warmup_included"):
-        out.append(f"{prefix}(one logging window only, warm-up included: run more steps than train.log_every for"
-                   " the steady state)")
+        out += (" (one logging window only, warm-up included: run more steps than train.log_every for the steady"
+                " state)")
     return out
 
 

@@ -11,7 +11,7 @@ from runner.config import inductor_settings, memory_plan, task_module, validate
 from runner.config.devices import visible_gpus
 from runner.config.diagnostic_keys import check as check_diagnostics
 from runner.config.diagnostic_keys import resolve as resolve_diagnostics
-from runner.config.plan import Plan, make_plan
+from runner.config.plan import Plan, cpu_oversubscribed, make_plan, usable_cores
 from runner.config.probe import Probe, ProbeError
 from runner.contract import layout
 from runner.contract.errors import PlanError
@@ -58,6 +58,8 @@ def plan_job(cfg: dict[str, Any], task_dirs: list[str]) -> tuple[Plan, str | Non
         plan = make_plan(cfg, gpus, train_samples=train_samples, data_file=data_file,
                          inductor_settings=_inductor_defaults(probe))
         launcher_check(cfg["launcher"], str(cfg["output"]["root"]))
+        if cfg["launcher"].get("name") != "slurm":  # a Slurm job's ranks run on other hosts
+            _warn(cpu_oversubscribed(plan, usable_cores()))
         resolve_diagnostics(cfg)
         check_diagnostics(cfg, plan.world_size)
     except BaseException:  # refused (or interrupted): the probe must not outlive the driver
@@ -67,6 +69,11 @@ def plan_job(cfg: dict[str, Any], task_dirs: list[str]) -> tuple[Plan, str | Non
     cfg["batch"]["accumulation"] = plan.accumulation
     cfg["device"], cfg["backend"], cfg["world_size"] = plan.device, plan.backend, plan.world_size
     return plan, task_dir, probe
+
+
+def _warn(line: str | None) -> None:
+    if line:
+        print(f"ddp-run: warning: {line}", file=sys.stderr, flush=True)
 
 
 def _inductor_defaults(probe: Probe | None) -> dict[str, Any] | None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from runner.config.plan import Plan
 from runner.contract import layout
-from runner.diagnostics import breakdown
+from runner.diagnostics import closing
 from runner.rundir.manifest import completion_check, read_rank_files
 from runner.rundir.run_dir import RunDir
 
@@ -29,34 +29,6 @@ def _exit_codes(facts: dict[int, dict], errors: dict[int, dict], agent_log: str,
         if f.get("completed"):
             codes[str(r)] = 0
     return codes
-
-
-# A clock gap between ranks' GPUs worth a note: every DDP step waits for the slowest GPU.
-CLOCK_GAP = 0.03
-
-
-def gpu_lines(gpus: dict[str, dict[str, float]]) -> list[str]:
-    """The console's account of each rank's GPU while training, from ``summary.json``'s ``gpus`` (medians per
-    rank); no lines without telemetry. Notes a GPU clocked ``CLOCK_GAP`` or more below the fastest one."""
-    if not gpus:
-        return []
-    cells = []
-    for r, g in sorted(gpus.items(), key=lambda kv: int(kv[0])):
-        cell = f"rank {r} {g['sm_clock_mhz']:.0f} MHz {g['power_w']:.0f} W {g['temperature_c']:.0f} °C"
-        if g.get("power_capped_pct", 0) >= 50:
-            cell += " at its power limit"
-        if g.get("thermal_slowdown_pct", 0) > 0:
-            cell += f", thermal slowdown {g['thermal_slowdown_pct']:.0f}% of the time"
-        cells.append(cell)
-    lines = [f"ddp-run: GPUs while training (medians): {' · '.join(cells)}"]
-    clocks = {r: g["sm_clock_mhz"] for r, g in gpus.items()}
-    fast = max(clocks, key=lambda r: clocks[r])
-    slow = min(clocks, key=lambda r: clocks[r])
-    if len(clocks) > 1 and clocks[slow] < (1 - CLOCK_GAP) * clocks[fast]:
-        lines.append(f"ddp-run: note: rank {slow}'s GPU ran {100 * (1 - clocks[slow] / clocks[fast]):.0f}% below"
-                     f" rank {fast}'s ({clocks[slow]:.0f} against {clocks[fast]:.0f} MHz); every step waits for"
-                     " the slowest GPU (TensorBoard: gpu<R>/sm_clock_mhz)")
-    return lines
 
 
 def finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupted: int | None,
@@ -139,18 +111,7 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
     rd.write_json(layout.SUMMARY, summary)
     step[0] = "reporting"
     if ok:
-        fin = train.get("final", {})
-        loss = fin.get("train/loss")
-        n = len(check["completed_ranks"])
-        print(f"ddp-run: completed: {n} rank{'s' if n != 1 else ''} on"
-              f" {'distinct' if check['distinct_devices'] else 'SHARED'} devices"
-              f" ({', '.join(check['devices'].values())}), {train.get('steps')} steps"
-              + (f", final loss {loss:.4f}" if loss is not None else ""), flush=True)
-        for line in gpu_lines(train.get("gpus") or {}):
-            print(line, flush=True)
-        for line in breakdown.lines(train.get("time_breakdown")):
-            print(line, flush=True)
-        for line in breakdown.goodput_lines(train.get("goodput")):
+        for line in closing.completed_lines(train, check, layout.join(rd.url, layout.SUMMARY)):
             print(line, flush=True)
         return 0
     label = "INTERRUPTED" if interrupted is not None else "FAILED"

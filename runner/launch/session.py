@@ -20,6 +20,8 @@ from runner.contract import layout
 from runner.diagnostics import setup
 from runner.diagnostics.peers import PeerRanks, Relay
 from runner.diagnostics.watchdog import Watchdog
+from runner.launch.live import Live
+from runner.launch.live import wanted as live_wanted
 from runner.launch.supervisor import Supervisor, worker_env
 from runner.rundir.heartbeat import Heartbeat
 from runner.rundir.mirror import Mirror
@@ -50,6 +52,19 @@ def lease_tick(held: Any) -> Callable[[], None]:
     return tick
 
 
+def live_bar(rd: RunDir, conf: Mapping[str, Any], plan: Plan, env: dict[str, str]) -> Live | None:
+    """The live bar when the driver's stdout is a terminal (its path added to ``env`` for rank 0), else None."""
+    env.pop(layout.ENV_CONSOLE_RECORDS, None)  # never inherited from the user's environment
+    # One host only: on several, rank 0 may be another node's (torchrun assigns group ranks as nodes join), and
+    # that node's rank 0 writes plain lines on its own console.
+    if plan.nnodes != 1 or not live_wanted(sys.stdout):
+        return None
+    ranks = f"{plan.world_size} rank{'s' if plan.world_size != 1 else ''}"
+    bar = Live.for_run(rd.local, f"{conf['task']['name']} · {ranks}")
+    env[layout.ENV_CONSOLE_RECORDS] = bar.path
+    return bar
+
+
 class Session:
     """torchrun under supervision for one run directory, with everything that watches it.
 
@@ -67,6 +82,9 @@ class Session:
         # staging folder) makes them.
         if self.judging or rd.is_remote:
             setup.prepare(rd.local, conf)
+        # The judge draws rank 0's progress on a terminal (its workers then record their console for it).
+        env.pop(layout.ENV_CONSOLE_RECORDS, None)
+        self.live = live_bar(rd, conf, plan, env) if manifest is not None else None
         self.supervisor = Supervisor(cmd, env, str(Path(rd.local, agent_log)))
         self.mirror = Mirror(rd, staged=staged) if rd.is_remote else None
         self.watch: Watchdog | None = None
@@ -85,6 +103,8 @@ class Session:
             if relay:
                 self.ticks.append(Relay(rd, self.mirror).tick)
         self.ticks.append(lease_tick(rd.lease))
+        if self.live is not None:
+            self.ticks.append(self.live.tick)
 
     @property
     def interrupted(self) -> int | None:
@@ -99,7 +119,13 @@ class Session:
     def run(self) -> int:
         """Run torchrun to its end and return its exit code (negative for a signal). On a lost lease nothing
         more is touched: the directory is the new holder's."""
-        rc = self.supervisor.run(on_tick=lambda: [tick() for tick in self.ticks])
+        if self.live is not None:
+            self.live.start()
+        try:
+            rc = self.supervisor.run(on_tick=lambda: [tick() for tick in self.ticks])
+        finally:
+            if self.live is not None:  # the terminal is the driver's again before anything else is printed
+                self.live.stop()
         if self.lease_lost:
             print(f"ddp-run: FAILED: lost the lease on {self.rd.url} to another driver; run.json left to it",
                   file=sys.stderr, flush=True)

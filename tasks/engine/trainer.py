@@ -25,6 +25,7 @@ from tasks import registry
 from tasks.api import TaskParts
 from tasks.engine import compile_cache, metrics, startup, timing, worker_io
 from tasks.engine import logging as tb
+from tasks.engine import progress as console_progress
 from tasks.engine.checkpoint.manager import CheckpointManager
 from tasks.engine.config import Config, batch_plan, load_config
 from tasks.engine.diagnostics import faults, heartbeat, profiling, termination
@@ -356,7 +357,7 @@ class Trainer:
                 self._finish_log(loop)  # the checkpoint holds the losses
             if val_due:
                 with loop.meter.paused("validation"):
-                    loop.val_loss = self.validate(loop.writer, step)
+                    loop.val_loss = self.validate(loop.writer, step, loop.progress)
             if ckpt_due:
                 with loop.meter.paused("checkpoint"):  # the save's blocking time is not a training step
                     self.checkpoint()
@@ -374,7 +375,8 @@ class Trainer:
             int(prof_cfg.get("steps", 0)), ctx.device, say=self._say if ctx.is_main else None,
         )
         writer = self._writer() if self.writer_future is not None else None
-        progress = Progress(ctx.console, self.total_steps, self.state.step) if ctx.is_main else None
+        progress = (Progress(ctx.console, self.total_steps, self.state.step, unit=self._rate_unit)
+                    if ctx.is_main else None)
         timer = timing.PhaseTimer(ctx.device, int(t.get("timing_every", 1) or 0), first_step=self.state.step + 1)
         self.strategy.on_grads_ready(timer.grads_ready)  # when its gradient sync starts, if the strategy can tell
         startup.mark("loop_start")
@@ -471,11 +473,16 @@ class Trainer:
             for k, v in timing.scalars(times).items():
                 loop.writer.add_scalar(k, v, pending.step)
         if loop.progress is not None:
-            loop.progress.update(pending.step, train_loss,
-                                 last.get("perf/tokens_per_s") or last["perf/samples_per_s"])
+            rate_key = "perf/tokens_per_s" if self._rate_unit == "tokens/s" else "perf/samples_per_s"
+            loop.progress.update(pending.step, train_loss, last.get(rate_key) or last["perf/samples_per_s"])
         loop.last = last
 
-    def validate(self, writer: Any, step: int) -> float:
+    @property
+    def _rate_unit(self) -> str:
+        """What the console's throughput counts: tokens for a task with tokens, else samples."""
+        return "tokens/s" if self.parts.tokens_per_sample else "samples/s"
+
+    def validate(self, writer: Any, step: int, progress: Progress | None = None) -> float:
         """Exact validation loss (every sample once across ranks), logged at ``step``."""
         heartbeat.phase("validate")
         data = self.parts.val_set
@@ -487,6 +494,8 @@ class Trainer:
         if writer is not None:
             writer.add_scalar("val/loss", loss, step)
         self._say(f"step {step} val/loss {loss:.4f}")
+        if progress is not None:  # and on the user's console
+            progress.validated(step, loss)
         return loss
 
     def _finish(self, loop: _Loop) -> dict[str, Any]:
@@ -495,7 +504,7 @@ class Trainer:
         loop.profiler.finish(self.state.step)  # when training ended inside the traced steps
         if self.parts.val_set is not None:
             with loop.meter.paused("validation"):
-                loop.val_loss = self.validate(loop.writer, self.state.step)
+                loop.val_loss = self.validate(loop.writer, self.state.step, loop.progress)
         with loop.meter.paused("checkpoint"):
             self.checkpoints.save_final(self.state)
         if loop.progress is not None:
@@ -576,8 +585,10 @@ def run(run_dir: str, local_dir: str, console: IO[str] | None) -> None:
         # TensorBoard's import overlaps the process-group and DDP set-up instead of delaying the first step.
         writer_future = ThreadPoolExecutor(1).submit(tb.open_writer, os.path.join(local_dir, layout.TB))
     t0 = time.perf_counter()
+    console_progress.stage(console, "joining the process group")
     ctx = setup(run_dir, local_dir, console, cfg)
     startup.mark("process_group")
+    console_progress.stage(console, "building the model and data")
     print(f"startup: process group ready in {time.perf_counter() - t0:.1f} s", flush=True)
     worker_io.write_json(local_dir, layout.rank_facts(ctx.rank), _facts(ctx, completed=False))
     failed = False
@@ -587,6 +598,7 @@ def run(run_dir: str, local_dir: str, console: IO[str] | None) -> None:
         heartbeat.start(local_dir, ctx.rank, trainer.state.step, enabled=bool((cfg.get("watchdog") or {}).get(
             "timeout_s")), nccl=cfg.backend == "nccl")
         startup.mark("ready")
+        console_progress.stage(console, "first step")
         print(f"startup: task, model, DDP and data ready in {time.perf_counter() - t0:.1f} s", flush=True)
         summary = trainer.train()
         trainer.close()

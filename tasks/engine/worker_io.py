@@ -16,10 +16,12 @@ from runner.contract.osutil import atomic_write
 def redirect_output(local_dir: str, rank: int) -> IO[str] | None:
     """Send this process's stdout/stderr (C-level too, e.g. NCCL's) to ``logs/rank<R>.log``.
 
-    Returns a stream to the original stdout for rank 0 (its progress goes to the console), else None.
+    Returns rank 0's console (its progress and messages for the user: see tasks/engine/progress.py), else None.
     """
+    from tasks.engine.progress import open_console
+
     path = os.path.join(local_dir, layout.rank_log(rank))
-    console = os.fdopen(os.dup(1), "w", buffering=1) if rank == 0 else None
+    console = open_console(local_dir) if rank == 0 else None
     sys.stdout.flush()
     sys.stderr.flush()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)

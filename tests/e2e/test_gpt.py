@@ -7,6 +7,7 @@ Runs are short (the tiny preset is ~0.1M parameters) and validate on a sliver of
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +39,10 @@ def _steps(points: list[tuple[int, float]]) -> list[int]:
 
 def test_gpt_two_ranks_trains_and_logs_every_scalar_per_optimizer_step(tmp_path):
     steps, val_every = 30, 10
-    run = _run(tmp_path, f"train.max_steps={steps}", f"train.val_every={val_every}", "data.val_fraction=0.01")
+    r = ddp_run([*BASE, f"train.max_steps={steps}", f"train.val_every={val_every}", "data.val_fraction=0.01"],
+                tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    [run] = run_dirs(tmp_path)
     summary, tb = load_json(run / "summary.json"), _tb(run)
 
     assert summary["status"] == "completed" and summary["steps"] == steps
@@ -63,6 +67,17 @@ def test_gpt_two_ranks_trains_and_logs_every_scalar_per_optimizer_step(tmp_path)
     val = tb["val/loss"]
     assert _steps(val) == [10, 20, 30]
     assert val[-1][1] < val[0][1] and summary["val_loss"] == pytest.approx(val[-1][1])
+
+    # The console (piped): every validation loss when it is computed, step lines in tokens/s, and, for a run of
+    # 30 steps, one table of the ranks whose marked rank is the one the sentence under it names.
+    assert [line for line in r.stdout.splitlines() if "val loss" in line and line.startswith("  step")] == [
+        f"  step {s}/{steps}  val loss {v:.4f}" for s, v in val]
+    assert re.search(r"^  step 30/30  loss \d+\.\d{4}  [\d,]+ tokens/s$", r.stdout, re.MULTILINE), r.stdout
+    slowest = summary["time_breakdown"]["slowest_rank"]
+    marked = [line.split()[0] for line in r.stdout.splitlines() if line.endswith("  most work")]
+    assert marked == [str(slowest)], r.stdout
+    assert f"ddp-run: rank {slowest} has the most work per step" in r.stdout
+    assert f"val loss {summary['val_loss']:.4f}" in r.stdout.split("ddp-run: completed:")[1].splitlines()[0]
 
     # Throughput arithmetic holds at every step: tokens = samples × context; per device = total / world size.
     for (_, tps), (_, per_dev), (_, sps) in zip(tb["perf/tokens_per_s"], tb["perf/tokens_per_s_per_device"],

@@ -74,7 +74,7 @@ def test_version_and_help_from_anywhere(venv: Path, workdir: Path) -> None:
 
 def test_smoke_run_from_a_directory_with_stray_modules(venv: Path, workdir: Path) -> None:
     r = _run([str(venv / "bin/ddp-run"), "task=smoke", "device=cpu", "world_size=2", "output.root=out"], cwd=workdir)
-    assert "completed: 2 ranks on distinct devices" in r.stdout
+    assert "completed: 8 steps, 2 ranks on distinct devices" in r.stdout
     run = Path(r.stdout.strip().splitlines()[-1])
     manifest = json.loads((workdir / run / "run.json").read_text())
     assert manifest["status"] == "completed"

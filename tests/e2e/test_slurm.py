@@ -69,7 +69,7 @@ def test_a_two_node_job_runs_the_smoke_task_to_completion(slurm, out_root):
     [run] = run_dirs(out_root)
     assert r.stdout.strip().splitlines()[-1] == str(run)
     job = load_json(run / layout.SLURM_JOB)
-    assert f"submitted Slurm job {job['job_id']}" in r.stdout and "completed: 2 ranks" in r.stdout
+    assert f"submitted Slurm job {job['job_id']}" in r.stdout and "completed: 4 steps, 2 ranks" in r.stdout
     script = (run / layout.SLURM_SCRIPT).read_text()
     assert "#SBATCH --nodes=2" in script and "-m runner.launch.slurm" in script
     manifest, summary = load_json(run / "run.json"), load_json(run / "summary.json")

@@ -171,3 +171,15 @@ def test_gpt_vocab_smaller_than_the_data_needs_is_refused():
     with pytest.raises(PlanError) as e:
         check(_gpt(vocab=200))
     assert e.value.key == "task.model.vocab" and "256" in e.value.problem
+
+
+def test_more_cpu_ranks_than_cores_is_said_not_refused():
+    from runner.config.plan import cpu_oversubscribed, usable_cores
+
+    four = make_plan(cfg(world_size=4), [])
+    assert cpu_oversubscribed(four, 2) == (
+        "world_size: 4 CPU ranks on this host, which has 2 CPU cores for them: the ranks share cores and every step"
+        " waits for the slowest. Fix: world_size=2 or fewer on this host (or run more nodes); this runs, slowly")
+    assert cpu_oversubscribed(four, 4) is None and "1 CPU core for" in cpu_oversubscribed(four, 1)
+    assert cpu_oversubscribed(make_plan(cfg(world_size=2, device="cuda"), GPUS), 1) is None  # GPU ranks: no
+    assert usable_cores() >= 1

@@ -83,10 +83,15 @@ def test_console_lines_and_bottleneck_sentence_from_the_breakdown():
     warm = _w(0, 500, 0, 0)  # the first logging window (warm-up): left out
     tb = timing.summarize({0: [warm, _w(0.5, 90, 10, 4)], 1: [warm, _w(0.5, 96, 4, 4)]}, every=1)
     assert not tb["warmup_included"]
-    lines = breakdown.lines(tb)
-    assert lines[0].startswith("ddp-run: rank 0 per step (mean ms): data 0.5 · compute 90.0 · exposed gradient"
-                               " sync 10.0 · optimizer 4.0 = 104.5")
-    assert "slowest rank 1, fastest rank 0: 6.3% more work per step" in lines[2]
+    # One table: rank 0 has the longest step (it waits 10 ms for rank 1 in the sync), rank 1 the most work; the
+    # table marks the rank the sentence names.
+    head, row0, row1 = breakdown.table(tb, {"0": "cuda:0", "1": "cuda:1"})
+    assert head.split() == ["rank", "device", "data", "compute", "exposed", "sync", "optimizer", "step", "work"]
+    assert row0.split() == ["0", "cuda:0", "0.5", "ms", "90.0", "ms", "10.0", "ms", "4.0", "ms", "104.5", "ms",
+                            "94.5", "ms"]
+    assert row1.split()[-4:] == ["100.5", "ms", "most", "work"]
+    assert breakdown.slowest_line(tb).startswith(
+        "rank 1 has the most work per step (100.50 ms against 94.50 ms on rank 0, +6.3%)")
     run = compare.Run(path=Path("x"), name="x", status="completed", world=2, device="cuda", global_batch=64,
                       task="gpt", step_time_s=0.1, data_wait_s=0.0, time_breakdown=tb)
     text = compare.bottleneck(run, 0.95)
@@ -95,8 +100,8 @@ def test_console_lines_and_bottleneck_sentence_from_the_breakdown():
     row = compare.rows([run], None, 1.0)[0]
     assert row["exposed_sync_share"] == pytest.approx(4 / 104.5)
     assert row["rank_gap_pct"] == pytest.approx(100 * 6 / 94.5)
-    assert breakdown.lines(None) == [] and breakdown.phrases(None) == []
+    assert breakdown.table(None) == [] and breakdown.slowest_line(None) is None and breakdown.phrases(None) == []
     # One window only: the figures include the warm-up, and every reader is told.
     short = timing.summarize({0: [_w(0.5, 90, 10, 4)], 1: [_w(0.5, 96, 4, 4)]}, every=1)
     assert short["warmup_included"]
-    assert "warm-up included" in breakdown.lines(short)[-1] and "warm-up included" in breakdown.phrases(short)[-1]
+    assert "warm-up included" in breakdown.slowest_line(short) and "warm-up included" in breakdown.phrases(short)[-1]

@@ -1,0 +1,93 @@
+"""What the console says when a run completes, from its summary: one line for a short run (the detail stays in
+summary.json), else the outcome, one table of the ranks, the sentence about the rank with the most work, a note on
+a slow GPU and where the wall-clock went. Pure functions over the recorded figures."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from runner.diagnostics import breakdown
+
+# A run this short gets one closing line: its timing figures are mostly start-up and warm-up.
+SHORT_STEPS = 20
+SHORT_WALL_S = 10.0
+
+# A clock gap between ranks' GPUs worth a note: every DDP step waits for the slowest GPU.
+CLOCK_GAP = 0.03
+
+
+def plural(n: int, word: str) -> str:
+    """``1 rank``, ``2 ranks``."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def where(check: Mapping[str, Any]) -> str:
+    """``1 rank on cpu:0``, ``2 ranks on distinct devices (cuda:0, cuda:1)``, ``2 ranks on SHARED devices (…)``."""
+    n, devices = len(check.get("completed_ranks") or []), list((check.get("devices") or {}).values())
+    if n == 1:
+        return f"1 rank on {devices[0]}" if devices else "1 rank"
+    kind = "distinct" if check.get("distinct_devices") else "SHARED"
+    return f"{plural(n, 'rank')} on {kind} devices ({', '.join(devices)})"
+
+
+def losses(train: Mapping[str, Any]) -> str:
+    """``final loss 0.7276, val loss 0.7012`` (what is known of them)."""
+    loss, val = (train.get("final") or {}).get("train/loss"), train.get("val_loss")
+    return ", ".join(([f"final loss {loss:.4f}"] if loss is not None else [])
+                     + ([f"val loss {val:.4f}"] if val is not None else []))
+
+
+def is_short(train: Mapping[str, Any]) -> bool:
+    """Fewer than ``SHORT_STEPS`` steps, or under ``SHORT_WALL_S`` of wall-clock."""
+    wall = (train.get("goodput") or {}).get("wall_s")
+    return (train.get("steps") or 0) < SHORT_STEPS or (wall is not None and wall < SHORT_WALL_S)
+
+
+def one_line(train: Mapping[str, Any], check: Mapping[str, Any], summary: str) -> str:
+    """A short run's closing line: outcome, steps, losses, wall-clock and its start-up, throughput."""
+    g = train.get("goodput") or {}
+    parts = [plural(train.get('steps') or 0, 'step'), where(check)]
+    if (text := losses(train)):
+        parts.append(text)
+    if g.get("wall_s") is not None:
+        startup = (g.get("seconds") or {}).get("startup")
+        parts.append(f"{g['wall_s']:.1f} s wall-clock" + (f" ({startup:.1f} s start-up)" if startup is not None
+                                                          else ""))
+    rate, unit = (g.get("tokens_per_s"), "tokens/s") if g.get("tokens_per_s") is not None \
+        else (g.get("samples_per_s"), "samples/s")
+    if rate is not None:
+        parts.append(f"goodput {rate:,.0f} {unit}")
+    return f"ddp-run: completed: {', '.join(parts)}; details: {summary}"
+
+
+def gpu_note(gpus: Mapping[str, Mapping[str, float]]) -> str | None:
+    """A note on a GPU clocked ``CLOCK_GAP`` or more below the fastest one, else None."""
+    clocks = {r: g["sm_clock_mhz"] for r, g in gpus.items()}
+    if len(clocks) < 2:
+        return None
+    fast = max(clocks, key=lambda r: clocks[r])
+    slow = min(clocks, key=lambda r: clocks[r])
+    if clocks[slow] >= (1 - CLOCK_GAP) * clocks[fast]:
+        return None
+    return (f"note: rank {slow}'s GPU ran {100 * (1 - clocks[slow] / clocks[fast]):.0f}% below rank {fast}'s"
+            f" ({clocks[slow]:.0f} against {clocks[fast]:.0f} MHz); every step waits for the slowest GPU"
+            " (TensorBoard: gpu<R>/sm_clock_mhz)")
+
+
+def completed_lines(train: Mapping[str, Any], check: Mapping[str, Any], summary: str) -> list[str]:
+    """The console's closing lines for a completed run (``summary``: where summary.json is)."""
+    if is_short(train):
+        return [one_line(train, check, summary)]
+    head = ", ".join(x for x in (plural(train.get("steps") or 0, "step"), where(check), losses(train)) if x)
+    out = [f"ddp-run: completed: {head}"]
+    tb, gpus = train.get("time_breakdown"), train.get("gpus") or {}
+    rows = breakdown.table(tb, check.get("devices"), gpus)
+    if rows:
+        out.append("ddp-run: each rank" + (", mean per optimizer step (work: the step less its wait in the"
+                                           " gradient sync)" if tb else "") + ":")
+        out += rows
+    for line in (breakdown.slowest_line(tb), gpu_note(gpus)):
+        if line:
+            out.append(f"ddp-run: {line}")
+    return out + breakdown.goodput_lines(train.get("goodput"))
