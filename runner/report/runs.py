@@ -54,10 +54,18 @@ def cells(row: listing.Row, now: float, indent: str = "") -> list[str]:
     step = "—" if row.step is None else f"{row.step}/{row.max_steps if row.max_steps is not None else '?'}"
     status = row.status + (f" ({row.note})" if row.kind == "sweep" and row.note else "")
     name = row.name.rsplit("/", 1)[-1] if indent else row.name  # a sweep's job: its own name under the sweep
-    return [indent + name, status, row.task or "—", "—" if row.world_size is None else str(row.world_size),
-            "—" if row.global_batch is None else str(row.global_batch), step,
+    return [indent + name, status, row.task or "—", _values(row, "world_size"), _values(row, "global_batch"), step,
             "—" if row.last_loss is None else f"{row.last_loss:.4f}", rate(row.throughput, row.unit),
             age(row.started, now) if row.kind != "job" else (row.note or "")[:60]]
+
+
+def _values(row: listing.Row, key: str) -> str:
+    """A run's value of ``key``; a sweep's: its jobs' distinct values (``1,2,4``)."""
+    if row.kind == "sweep":
+        values = sorted({v for j in row.jobs if (v := getattr(j, key)) is not None})
+        return ",".join(map(str, values)) or "—"
+    value = getattr(row, key)
+    return "—" if value is None else str(value)
 
 
 def table(rows: Sequence[listing.Row], now: float) -> list[list[str]]:
