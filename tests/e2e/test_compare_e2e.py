@@ -66,7 +66,7 @@ def test_report_over_a_fixed_global_batch_sweep_and_a_failed_run(tmp_path):
     # The failed run used another learning rate (and a rehearsal fault): both are listed as differing settings.
     assert "other settings differ:" in report and "train.lr (" in report and "fault.kind (" in report
     assert "| failed ⚠ |" in report
-    assert "GPU-hours" not in report and "$" not in report and "CPU runs only: no GPU-hours or cost" in report
+    assert "| GPU-hours |" not in report and "$" not in report and "CPU runs only: no GPU-hours or cost" in report
     assert all(line.startswith(f"- {name} (") for line, name in zip(
         report.split("## Where the time goes")[1].strip().splitlines(), sorted(table, key=lambda n: (
             int(table[n]["world"]), n)), strict=True)), "every bottleneck sentence names its run"
