@@ -257,6 +257,9 @@ def _show(url: str, as_json: bool, now: float) -> int:
         else:
             print(describe(url, now))
     except listing.Damaged as why:
+        if listing.is_sweep(url):
+            return _error(f"{url} is a sweep, not one run", f"ddp-runs {shlex.quote(url)} lists its jobs; show one "
+                          "of them")
         return _error(f"{url}: not a run directory ({why})", "pass a run directory (one holding run.json); "
                       "ddp-runs lists them")
     except FileNotFoundError:

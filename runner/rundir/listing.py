@@ -315,6 +315,15 @@ def _kind(fs: Any, path: str) -> str:
     return "folder"
 
 
+def is_sweep(url: str) -> bool:
+    """Is ``url`` a sweep directory (for a message that points at ``ddp-runs <sweep>``)?"""
+    try:
+        fs, path = fsspec.core.url_to_fs(url)
+        return _kind(fs, path.rstrip("/")) == "sweep"
+    except (OSError, ValueError, ImportError):
+        return False
+
+
 def _visit(fs: Any, path: str, name: str, depth: int, listing: Listing, now: float | None) -> None:
     kind = _kind(fs, path)
     if kind == "run":

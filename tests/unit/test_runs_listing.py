@@ -219,6 +219,8 @@ def test_bad_roots_and_directories_are_refused_in_one_line(tree: Path, tmp_path:
     assert runs.main(["show", str(tree / "2026-12-01/17-00-00_other")]) == 2
     assert "not a run directory (run.json is not a ddp-run manifest)" in capsys.readouterr().err
     assert runs.main(["show", str(tmp_path / "nowhere")]) == 2
+    assert runs.main(["show", str(tree / "2026-12-01/09-00-00_sweep")]) == 2
+    assert "is a sweep, not one run. Fix: ddp-runs" in capsys.readouterr().err
     assert runs.main(["show"]) == 2 and runs.main(["a", "b"]) == 2
     (tmp_path / "empty").mkdir()
     assert runs.main([str(tmp_path / "empty")]) == 0
