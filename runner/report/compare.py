@@ -204,8 +204,10 @@ def load_run(path: Path) -> Run:
     cause = summary.get("root_cause") or {}
     failure = (f"rank {cause.get('rank')}: {cause.get('type')}: {str(cause.get('message'))[:120]}"
                if cause else None)
+    # run.json is the record of a run's status (a continued run's summary.json is the earlier attempt's)
+    status = summary["status"] if summary.get("status") and not manifest.get("status") else status_of(manifest)
     return Run(
-        path=path, name=path.name, status=summary.get("status") or status_of(manifest),
+        path=path, name=path.name, status=status,
         world=int(plan.get("world_size") or 0), device=str(plan.get("device", "cpu")),
         global_batch=gb, task=manifest.get("task"), config=config,
         losses=[v for v in (summary.get("losses") or []) if v is not None and math.isfinite(v)],

@@ -227,7 +227,9 @@ def read_run(fs: Any, path: str, name: str, url: str | None = None, now: float |
     except (ValueError, OSError):
         summary = {}
     figures = final_figures(summary) if isinstance(summary, dict) else {}
-    if "last_loss" not in figures or row.status != layout.STATUS_COMPLETED:
+    if row.status != layout.STATUS_COMPLETED:  # TensorBoard is fresher (a continued run's summary.json is stale)
+        figures = {**figures, **live_figures(_tb_last(fs, path))}
+    elif "last_loss" not in figures:
         figures = {**live_figures(_tb_last(fs, path)), **figures}
     if "step" not in figures or row.status != layout.STATUS_COMPLETED:
         try:  # rank 0's progress record: the step it reached, however it ended

@@ -228,3 +228,18 @@ def test_bad_roots_and_directories_are_refused_in_one_line(tree: Path, tmp_path:
     # a run directory or a sweep directory given as the root lists just that
     assert [r.name for r in listing.scan(str(tree / "2026-12-01/10-00-00_smoke_w2")).rows] == ["10-00-00_smoke_w2"]
     assert [r.kind for r in listing.scan(str(tree / "2026-12-01/09-00-00_sweep")).rows] == ["sweep"]
+
+
+def test_a_continued_run_reads_as_running_with_its_live_figures(tmp_path: Path) -> None:
+    """A run continued in place: run.json says running (its new driver, alive), summary.json is still the earlier
+    attempt's (interrupted, with figures): the listing and ddp-compare believe run.json, and the step is the live
+    one."""
+    from runner.report import compare
+
+    earlier = {"status": "interrupted", "global_batch": 16, "steps": 3, "losses": [2.0, 1.0],
+               "median": {"step_time_s": 0.01}}
+    run = _run(tmp_path / "outputs" / "2026-12-01", "10-00-00_smoke_w2",
+               _manifest("running", driver=this_driver()), earlier, step=6)
+    [row] = listing.scan(str(tmp_path / "outputs"), NOW).rows
+    assert (row.status, row.step) == ("running", 6)
+    assert compare.load_run(run).status == "running"
