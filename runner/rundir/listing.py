@@ -264,7 +264,7 @@ def read_sweep(fs: Any, path: str, name: str, listing: Listing, now: float | Non
     except (ValueError, OSError) as exc:
         listing.skipped.append((layout.join(name, SWEEP_JSON), f"cannot be read ({type(exc).__name__})"))
     jobs: list[Row] = []
-    for child in _subdirs(fs, path):
+    for child in _subdirs(fs, path, listing, name):
         child_name = layout.join(name, child.rsplit("/", 1)[-1])
         try:
             jobs.append(read_run(fs, child, child_name, _url(fs, child), now))
@@ -293,9 +293,16 @@ def _one_or_none(values: set[str]) -> str | None:
     return next(iter(values)) if len(values) == 1 else (", ".join(sorted(values)) if values else None)
 
 
-def _subdirs(fs: Any, path: str) -> list[str]:
-    """The folders in ``path``, hidden ones (``.compile_cache``) left out."""
-    entries = fs.ls(path, detail=True)
+def _subdirs(fs: Any, path: str, listing: Listing | None = None, name: str = "") -> list[str]:
+    """The folders in ``path``, hidden ones (``.compile_cache``) left out; none, with a note in ``listing``, when
+    ``path`` cannot be listed (no permission, a store error)."""
+    try:
+        entries = fs.ls(path, detail=True)
+    except OSError as exc:
+        if listing is None:
+            raise
+        listing.skipped.append((name or path, f"cannot be listed ({type(exc).__name__}: {str(exc)[:120]})"))
+        return []
     return sorted(e["name"].rstrip("/") for e in entries if e.get("type") == "directory"
                   and not e["name"].rstrip("/").rsplit("/", 1)[-1].startswith("."))
 
@@ -336,7 +343,7 @@ def _visit(fs: Any, path: str, name: str, depth: int, listing: Listing, now: flo
     elif kind == "sweep":
         listing.rows.append(read_sweep(fs, path, name, listing, now))
     elif depth < 2:
-        for child in _subdirs(fs, path):
+        for child in _subdirs(fs, path, listing, name):
             leaf = child.rsplit("/", 1)[-1]
             _visit(fs, child, layout.join(name, leaf) if name else leaf, depth + 1, listing, now)
     elif re.match(r"^\d\d-\d\d-\d\d_", name.rsplit("/", 1)[-1]):  # named like a run, holds none of its files
