@@ -92,6 +92,7 @@ def rich_table(rows: Sequence[listing.Row], now: float, file: IO[str], width: in
     """The table with rich, for a terminal."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     t = Table(show_edge=False, header_style="bold")
     for h in HEAD:
@@ -99,8 +100,8 @@ def rich_table(rows: Sequence[listing.Row], now: float, file: IO[str], width: in
     for r in rows:
         for i, line in enumerate([cells(r, now)] + [cells(j, now, "└ ") for j in r.jobs]):
             status = (r if i == 0 else r.jobs[i - 1]).status
-            line[1] = f"[{_STYLE.get(status, 'white')}]{line[1]}[/]"
-            t.add_row(*line)
+            # Text, not markup: a directory named "a[1]" is shown as it is
+            t.add_row(*(Text(c, style=_STYLE.get(status, "") if k == 1 else "") for k, c in enumerate(line)))
     Console(file=file, width=width, force_terminal=True).print(t)
 
 

@@ -183,6 +183,10 @@ def test_a_terminal_gets_a_rich_table(tree: Path) -> None:
     text = buf.getvalue()
     assert "\x1b[" in text and "━" in text  # colours and rules: a rich table, not the plain one
     assert "10-00-00_smoke_w2" in text and "1,600 samples/s" in text
+    odd = listing.Row(name="2026-12-01/[bold]x[/bold]", url="", kind="run", status="failed")
+    buf = io.StringIO()
+    runs.rich_table([odd], NOW, buf, width=200)
+    assert "[bold]x[/bold]" in buf.getvalue()  # a name is shown as it is, never read as markup
 
 
 def test_show_gives_the_cause_and_the_command_that_continues_the_run(tree: Path,
