@@ -202,8 +202,8 @@ def load_run(path: Path) -> Run:
     tokens = (round(median["tokens_per_s"] * median["step_time_s"] / gb)
               if median.get("tokens_per_s") and median.get("step_time_s") and gb else None)
     cause = summary.get("root_cause") or {}
-    failure = (f"rank {cause.get('rank')}: {cause.get('type')}: {str(cause.get('message'))[:120]}"
-               if cause else None)
+    who = f"rank {cause.get('rank')}" if cause.get("rank") is not None else cause.get("where") or "the launcher"
+    failure = f"{who}: {cause.get('type')}: {str(cause.get('message'))[:120]}" if cause else None
     # run.json is the record of a run's status (a continued run's summary.json is the earlier attempt's)
     status = summary["status"] if summary.get("status") and not manifest.get("status") else status_of(manifest)
     return Run(
@@ -246,7 +246,7 @@ def groups(runs: Sequence[Run]) -> dict[str, list[Run]]:
     out: dict[str, list[Run]] = {}
     for task, members in by_task.items():
         units = sorted({r.unit for r in members if r.rate})
-        for unit in units or ["no throughput"]:
+        for unit in units or ["no throughput measured"]:
             out[f"{task} ({unit})"] = [r for r in members if (r.unit if r.rate else (units or [unit])[0]) == unit]
     return out
 
@@ -301,15 +301,15 @@ def warnings(runs: Sequence[Run]) -> list[str]:
                    "tasks or throughput units, so scaling efficiency, time to target and cost are computed within "
                    "each group only")
     for group, members in parts.items():
-        where = f" ({group})" if len(parts) > 1 else ""
+        where = f"{group}: " if len(parts) > 1 else ""
         batches = {r.global_batch for r in members if r.global_batch}
         if len(batches) > 1:
-            out.append(f"the global batches differ{where} (" + ", ".join(f"{r.name}: {r.global_batch}"
-                                                                        for r in members)
+            out.append(f"{where}the global batches differ (" + ", ".join(f"{r.name}: {r.global_batch}"
+                                                                       for r in members)
                        + "): the runs solve different optimisation problems, so their losses per step do not compare")
         diff = config_differences({r.name: r.config for r in members if r.config})
         if diff:
-            out.append(f"other settings differ{where}: " + "; ".join(
+            out.append(f"{where}other settings differ: " + "; ".join(
                 f"{k} ({', '.join(f'{n}={v}' for n, v in vals.items())})" for k, vals in list(diff.items())[:12])
                 + (f"; and {len(diff) - 12} more" if len(diff) > 12 else ""))
     return out
@@ -388,7 +388,8 @@ def plots(runs: Sequence[Run], table: Sequence[Mapping[str, Any]], out: Path) ->
             ax.set_ylabel(done[0]["unit"])
         ax.set_xlabel("ranks (world size)")
         ax.set_title(f"Throughput against world size: {group}" if len(names) > 1 else "Throughput against world size")
-        ax.legend()
+        if ax.get_lines():
+            ax.legend()
     fig.tight_layout()
     written.append(out / "throughput.png")
     fig.savefig(written[-1], dpi=100)

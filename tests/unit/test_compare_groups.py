@@ -82,3 +82,19 @@ def test_gpu_hours_and_cost_only_for_gpu_runs(tmp_path: Path) -> None:
     assert cpu["gpu_hours"] is None and cpu["cost"] is None
     text = compare.markdown(compare.rows(runs, 1.0, 3.0), [], 3.0)
     assert "| GPU-hours | cost |" in text and "| — (CPU) | — |" in text and "for GPU runs only" in text
+
+
+def test_a_run_with_no_measured_rate_joins_its_task_and_a_cause_without_rank_is_named(tmp_path: Path) -> None:
+    _write(tmp_path / "runs", "a_w1", "smoke", 1, 0.1)
+    stopped = _write(tmp_path / "runs", "b_w2", "smoke", 2, 0.1, status=layout.STATUS_INTERRUPTED)
+    cause = {"rank": None, "class": "interrupted", "type": "Interrupted", "message": "interrupted by signal 2",
+             "where": "the driver"}
+    (stopped / layout.SUMMARY).write_text(json.dumps({"status": "interrupted", "root_cause": cause}))
+    _write(tmp_path / "runs", "c_w2", "gpt", 2, 0.1, status=layout.STATUS_FAILED)
+    (tmp_path / "runs" / "c_w2" / layout.SUMMARY).write_text(json.dumps({"status": "failed"}))
+    runs = [compare.load_run(p) for p in compare.find_runs([str(tmp_path / "runs")])]
+    assert {g: [r.name for r in m] for g, m in compare.groups(runs).items()} == {
+        "smoke (samples/s)": ["a_w1", "b_w2"], "gpt (no throughput measured)": ["c_w2"]}
+    table = {r["run"]: r for r in compare.rows(runs, None, 1.0)}
+    assert table["b_w2"]["bottleneck"] == ("b_w2 (2 ranks): interrupted: the driver: Interrupted: interrupted by"
+                                           " signal 2.")
