@@ -34,6 +34,9 @@ STATUS_REFUSED = "refused"
 STATUS_NOT_RUN = "not run"
 # A sweep whose record is there but some job did not complete.
 STATUS_PARTIAL = "partial"
+# Written by a run the scheduler stopped (issue 28: a checkpoint on every stop); runner/contract/layout.py has no
+# name for it yet.
+STATUS_PREEMPTED = "preempted"
 _LIVE = (layout.STATUS_RUNNING, layout.STATUS_QUEUED)
 
 
@@ -125,13 +128,14 @@ def live_figures(scalars: dict[str, tuple[int, float]]) -> dict[str, Any]:
 
 def sweep_status(jobs: list[Row], recorded: bool) -> str:
     """A sweep's status from its jobs: ``running`` while a job runs; without its record (sweep.json, written at the
-    end), ``interrupted`` when a job was or else ``lost`` (its driver ended before the sweep did); with it,
-    ``completed`` when every job completed, else ``partial``."""
+    end), ``interrupted`` (or ``preempted``) when a job was, else ``lost`` (its driver ended before the sweep did);
+    with it, ``completed`` when every job completed, else ``partial``."""
     statuses = {j.status for j in jobs}
     if statuses & set(_LIVE):
         return layout.STATUS_RUNNING
     if not recorded:
-        return layout.STATUS_INTERRUPTED if layout.STATUS_INTERRUPTED in statuses else layout.STATUS_LOST
+        stopped = statuses & {layout.STATUS_INTERRUPTED, STATUS_PREEMPTED}
+        return min(stopped) if stopped else layout.STATUS_LOST
     return layout.STATUS_COMPLETED if statuses == {layout.STATUS_COMPLETED} else STATUS_PARTIAL
 
 

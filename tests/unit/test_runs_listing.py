@@ -83,6 +83,7 @@ def test_sweep_status_and_cells() -> None:
     assert listing.sweep_status([done, refused], recorded=True) == "partial"
     assert listing.sweep_status([done, live], recorded=False) == "running"
     assert listing.sweep_status([done, failed], recorded=False) == "lost"  # its driver ended before the sweep did
+    assert listing.sweep_status([done, listing.Row("e", "e", "run", "preempted")], recorded=False) == "preempted"
     assert listing.job_counts([done, done, refused]) == "3 jobs: 2 completed, 1 refused"
     assert [runs.age(NOW - s, NOW) for s in (5, 600, 7200, 3 * 86400)] == ["5 s", "10 min", "2 h", "3 d"]
     assert runs.age(None, NOW) == "—"
