@@ -34,6 +34,8 @@ OPEN = ("train.inductor",)
 TASK_REQUIRED = ("task.name", "task.module", "data.name")
 GROUPS = ("task", "data", "launcher", "experiment")
 _GRAMMAR = "see `ddp-run --help`; values with spaces or commas need quotes, e.g. key='a,b'"
+# Words a user types to look at runs; ddp-run takes overrides only: the refusal points at ddp-runs.
+RUNS_WORDS = ("status", "list", "ls", "runs", "show", "ps")
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,9 @@ def diagnose(cli: Cli, config_path: str, primary: str = "config") -> PlanError:
     from hydra.errors import HydraException, MissingConfigException
     from hydra.types import RunMode
 
+    if word := next((o for o in cli.overrides if o in RUNS_WORDS), None):
+        return PlanError("overrides", word, "is a command, not an override (ddp-run takes key=value overrides)",
+                         "to list your runs: ddp-runs [ROOT]; to see one run: ddp-runs show DIR")
     try:
         parsed = OverridesParser.create().parse_overrides(cli.overrides)
     except HydraException as exc:

@@ -221,25 +221,31 @@ def shm_check(path: str = "/dev/shm", minimum: int = SHM_MIN_BYTES) -> Check:
     return Check("/dev/shm", OK, text, data)
 
 
-def env_check(environ: dict[str, str] | os._Environ[str]) -> Check:
-    """The NCCL_*, TORCH_*, CUDA_*, NVSHMEM_* variables in effect, and those ddp-run adds for its workers."""
-    found = {k: v for k, v in sorted(environ.items()) if k.startswith(ENV_PREFIXES)}
-    added = {k: v for k, v in SAFE_ENV.items() if k not in environ}
+def env_check(environ: dict[str, str] | os._Environ[str], gpu: bool = True) -> Check:
+    """The NCCL_*, TORCH_*, CUDA_*, NVSHMEM_* variables in effect, and those ddp-run adds for its workers.
+
+    ``gpu``: the host has GPUs (or a GPU run is planned). Without, nothing uses NCCL: its variables, the ones
+    ddp-run adds for it and any advice about them are left out (TORCH_* and CUDA_* are still listed).
+    """
+    found = {k: v for k, v in sorted(environ.items()) if k.startswith(ENV_PREFIXES if gpu else ("TORCH_", "CUDA_"))}
+    added = {k: v for k, v in SAFE_ENV.items() if k not in environ} if gpu else {}
     data = {"variables": found, "added_for_workers": added}
     problems = []
     off = [f"{k}={found[k]}" for k in TRANSPORT_OFF if k in found and k != "NCCL_NVLS_ENABLE" and found[k] != "0"]
     if off:
         problems.append(f"{', '.join(off)} switches an NCCL transport off (slower; hides the real cause of a hang)")
     for k, safe in SAFE_ENV.items():
-        if k in found and found[k] != safe:
+        if gpu and k in found and found[k] != safe:
             problems.append(f"{k}={found[k]} turns NVLink multicast on (can take shared GPUs out of service)")
     if found.get("NCCL_DEBUG", "").upper() in ("INFO", "TRACE"):
         problems.append("NCCL_DEBUG is on: logs show topology and network details, keep them private")
     names = ", ".join(found) if found else "none set"
     if problems:
         return Check("environment", WARN, "; ".join(problems), data)
-    return Check("environment", OK, f"{len(found)} set ({names})" if found else "none set; ddp-run adds "
-                 + ", ".join(f"{k}={v}" for k, v in added.items()), data)
+    if found or not added:
+        return Check("environment", OK, f"{len(found)} set ({names})" if found else "none set", data)
+    return Check("environment", OK, "none set; ddp-run adds " + ", ".join(f"{k}={v}" for k, v in added.items()),
+                 data)
 
 
 def overall(checks: Sequence[Check]) -> str:
@@ -360,7 +366,7 @@ def torch_checks(visible_count: int | None) -> list[Check]:
     if nccl_ok and cuda:
         checks.append(Check("nccl", OK, f"NCCL {nccl_version or '(version unknown)'}", ndata))
     elif nccl_ok:
-        checks.append(Check("nccl", SKIPPED, "built in, but no CUDA device: GPU runs impossible here", ndata))
+        checks.append(Check("nccl", SKIPPED, "not used: no CUDA device on this host (CPU runs use gloo)", ndata))
     elif cuda:
         checks.append(Check("nccl", FAIL, "CUDA devices but this torch has no NCCL: multi-GPU DDP will not run", ndata))
     else:
@@ -541,7 +547,7 @@ def cheap_report(gpu: bool = False, host_gpus: Sequence[Gpu] | None = None) -> d
     returns it, when the caller has it already (saves one nvidia-smi call). Returns
     ``{"status": ok|warn|fail, "checks": [{"name", "status", "summary", "data"}, ...]}``, JSON-ready.
     """
-    checks = [host_check(), shm_check(), env_check(os.environ)]
+    checks = [host_check(), shm_check(), env_check(os.environ, gpu=gpu)]
     if gpu:
         checks += [devices_check(), topology_check(), visible_check(host_gpus)]
     else:
@@ -563,11 +569,12 @@ def full_report(bandwidth: bool = True, device: str = "auto", nproc: int | None 
     checks = [devices, topology, visible]
     say("torch, NCCL, gloo")
     checks += torch_checks(nvisible if devices.data.get("driver") else None)
-    checks += [shm_check(), env_check(os.environ), host_check()]
+    cuda_count = next((c.data.get("device_count", 0) for c in checks if c.name == "torch"), 0)
+    has_gpu = bool(devices.data.get("gpus")) or cuda_count > 0  # no GPU: no NCCL variables, no NCCL advice
+    checks += [shm_check(), env_check(os.environ, gpu=has_gpu), host_check()]
     if not bandwidth:
         checks.append(Check("bandwidth", SKIPPED, "--no-bandwidth"))
         return _report(checks)
-    cuda_count = next((c.data.get("device_count", 0) for c in checks if c.name == "torch"), 0)
     use = device if device != "auto" else ("cuda" if cuda_count >= 2 else "cpu")
     if use == "cuda" and cuda_count < 2:
         checks.append(Check("bandwidth", SKIPPED if cuda_count == 1 else FAIL,

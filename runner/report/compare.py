@@ -1,6 +1,10 @@
 """``ddp-compare``: a set of run directories (or sweep directories) → a table, a CSV, plots and one sentence per
 run that answers "is N GPUs worth it for this job, what does it cost, and if not, why".
 
+Only what holds is said: runs are compared within groups of one task and one throughput unit (never an efficiency
+across samples/s and tokens/s, or across tasks); GPU-hours and cost only for runs on GPUs; every sentence on where
+the time goes names its run.
+
 Reads only what the runs wrote (run.json, summary.json, config.yaml). The arithmetic is in pure functions
 (efficiency, time to a target loss, cost, the bottleneck sentence, the config difference), tested on their own.
 """
@@ -94,8 +98,8 @@ def config_differences(configs: Mapping[str, Mapping[str, Any]],
 
 
 def bottleneck(run: Run, efficiency: float | None) -> str:
-    """One sentence on where the run's time goes, from its measured figures."""
-    who = f"{run.world} {'GPU' if run.device == 'cuda' else 'rank'}{'s' if run.world != 1 else ''}"
+    """One sentence on where the run's time goes, from its measured figures; it starts with the run's name."""
+    who = f"{run.name} ({run.world} {'GPU' if run.device == 'cuda' else 'rank'}{'s' if run.world != 1 else ''})"
     if run.status != layout.STATUS_COMPLETED:
         why = run.failure or "no summary"
         return f"{who}: {run.status}: {why}."
@@ -162,6 +166,11 @@ class Run:
         sps = self.samples_per_s
         return sps * self.tokens_per_sample if sps and self.tokens_per_sample else sps
 
+    @property
+    def unit(self) -> str:
+        """The unit of :attr:`rate`."""
+        return "tokens/s" if self.tokens_per_sample else "samples/s"
+
 
 def find_runs(paths: Sequence[str]) -> list[Path]:
     """Run directories among ``paths``: each one itself, or every run directory under a sweep directory."""
@@ -193,10 +202,12 @@ def load_run(path: Path) -> Run:
     tokens = (round(median["tokens_per_s"] * median["step_time_s"] / gb)
               if median.get("tokens_per_s") and median.get("step_time_s") and gb else None)
     cause = summary.get("root_cause") or {}
-    failure = (f"rank {cause.get('rank')}: {cause.get('type')}: {str(cause.get('message'))[:120]}"
-               if cause else None)
+    who = f"rank {cause.get('rank')}" if cause.get("rank") is not None else cause.get("where") or "the launcher"
+    failure = f"{who}: {cause.get('type')}: {str(cause.get('message'))[:120]}" if cause else None
+    # run.json is the record of a run's status (a continued run's summary.json is the earlier attempt's)
+    status = summary["status"] if summary.get("status") and not manifest.get("status") else status_of(manifest)
     return Run(
-        path=path, name=path.name, status=summary.get("status") or status_of(manifest),
+        path=path, name=path.name, status=status,
         world=int(plan.get("world_size") or 0), device=str(plan.get("device", "cpu")),
         global_batch=gb, task=manifest.get("task"), config=config,
         losses=[v for v in (summary.get("losses") or []) if v is not None and math.isfinite(v)],
@@ -218,12 +229,42 @@ def _first_step_seconds(summary: Mapping[str, Any]) -> float | None:
 
 # -- the report -----------------------------------------------------------------------------------------------
 
-COLUMNS = ("run", "status", "world", "global_batch", "rate", "unit", "efficiency", "final_loss", "val_loss",
-           "time_to_target_s", "gpu_hours", "cost", "data_share", "exposed_sync_share", "rank_gap_pct")
+COLUMNS = ("run", "group", "device", "status", "world", "global_batch", "rate", "unit", "efficiency", "final_loss",
+           "val_loss", "target", "time_to_target_s", "gpu_hours", "cost", "data_share", "exposed_sync_share",
+           "rank_gap_pct")
 
 
-def rows(runs: Sequence[Run], target: float | None, price: float) -> list[dict[str, Any]]:
-    """One row per run, the baseline being the completed run with the smallest world size."""
+def groups(runs: Sequence[Run]) -> dict[str, list[Run]]:
+    """The runs that compare with each other, by task and throughput unit: ``{"smoke (samples/s)": [...]}``.
+
+    Efficiency, time to target and the loss curves mean nothing across tasks, and samples/s against tokens/s is no
+    ratio at all. A run with no measured rate (failed early) joins its task's group.
+    """
+    by_task: dict[str, list[Run]] = {}
+    for r in runs:
+        by_task.setdefault(r.task or "unknown task", []).append(r)
+    out: dict[str, list[Run]] = {}
+    for task, members in by_task.items():
+        units = sorted({r.unit for r in members if r.rate})
+        for unit in units or ["no throughput measured"]:
+            out[f"{task} ({unit})"] = [r for r in members if (r.unit if r.rate else (units or [unit])[0]) == unit]
+    return out
+
+
+def _target_for(target: float | Mapping[str, float | None] | None, group: str) -> float | None:
+    return target.get(group) if isinstance(target, Mapping) else target
+
+
+def rows(runs: Sequence[Run], target: float | Mapping[str, float | None] | None, price: float) -> list[dict[str, Any]]:
+    """One row per run, grouped (:func:`groups`); in each group the baseline is the completed run with the smallest
+    world size. ``target``: one loss for every group, or one per group. GPU-hours and cost only for GPU runs."""
+    out = []
+    for group, members in groups(runs).items():
+        out += _group_rows(group, members, _target_for(target, group), price)
+    return out
+
+
+def _group_rows(group: str, runs: Sequence[Run], target: float | None, price: float) -> list[dict[str, Any]]:
     done = [r for r in runs if r.status == layout.STATUS_COMPLETED and r.rate]
     base = min(done, key=lambda r: r.world) if done else None
     out = []
@@ -231,13 +272,13 @@ def rows(runs: Sequence[Run], target: float | None, price: float) -> list[dict[s
         eff = scaling_efficiency(r.rate, r.world, base.rate, base.world) if base and r is not base else None
         t = time_to_target(loss_at_steps(r.losses, r.log_every, r.steps), target, r.step_time_s, r.first_step_s) \
             if target is not None and r.status == layout.STATUS_COMPLETED else None
-        hours = gpu_hours(t, r.world)
+        hours = gpu_hours(t, r.world) if r.device == "cuda" else None  # a CPU run has no GPU-hours to price
         out.append({
-            "run": r.name, "status": r.status, "world": r.world, "global_batch": r.global_batch,
-            "rate": r.rate, "unit": "tokens/s" if r.tokens_per_sample else "samples/s",
+            "run": r.name, "group": group, "task": r.task, "device": r.device, "status": r.status, "world": r.world,
+            "global_batch": r.global_batch, "rate": r.rate, "unit": r.unit,
             "efficiency": 1.0 if r is base else eff, "final_loss": r.losses[-1] if r.losses else None,
-            "val_loss": r.val_loss, "time_to_target_s": t, "gpu_hours": hours, "cost": cost(hours, price),
-            "bottleneck": bottleneck(r, None if r is base else eff),
+            "val_loss": r.val_loss, "target": target, "time_to_target_s": t, "gpu_hours": hours,
+            "cost": cost(hours, price), "bottleneck": bottleneck(r, None if r is base else eff),
             **_breakdown_columns(r.time_breakdown),
         })
     return out
@@ -251,20 +292,26 @@ def _breakdown_columns(tb: Mapping[str, Any] | None) -> dict[str, float | None]:
 
 
 def warnings(runs: Sequence[Run]) -> list[str]:
-    """What makes the runs not directly comparable, in words."""
+    """What makes the runs not directly comparable, in words: within each group (:func:`groups`), differing global
+    batches and settings; across groups, that nothing is compared across them."""
     out = []
-    batches = {r.global_batch for r in runs if r.global_batch}
-    if len(batches) > 1:
-        out.append("the global batches differ (" + ", ".join(f"{r.name}: {r.global_batch}" for r in runs)
-                   + "): the runs solve different optimisation problems, so their losses per step do not compare")
-    diff = config_differences({r.name: r.config for r in runs if r.config})
-    if diff:
-        out.append("other settings differ: " + "; ".join(
-            f"{k} ({', '.join(f'{n}={v}' for n, v in vals.items())})" for k, vals in list(diff.items())[:12])
-            + (f"; and {len(diff) - 12} more" if len(diff) > 12 else ""))
-    tasks = {r.task for r in runs}
-    if len(tasks) > 1:
-        out.append(f"the runs train different tasks: {', '.join(sorted(map(str, tasks)))}")
+    parts = groups(runs)
+    if len(parts) > 1:
+        out.append(f"the runs fall into {len(parts)} groups that do not compare ({'; '.join(parts)}): different "
+                   "tasks or throughput units, so scaling efficiency, time to target and cost are computed within "
+                   "each group only")
+    for group, members in parts.items():
+        where = f"{group}: " if len(parts) > 1 else ""
+        batches = {r.global_batch for r in members if r.global_batch}
+        if len(batches) > 1:
+            out.append(f"{where}the global batches differ (" + ", ".join(f"{r.name}: {r.global_batch}"
+                                                                       for r in members)
+                       + "): the runs solve different optimisation problems, so their losses per step do not compare")
+        diff = config_differences({r.name: r.config for r in members if r.config})
+        if diff:
+            out.append(f"{where}other settings differ: " + "; ".join(
+                f"{k} ({', '.join(f'{n}={v}' for n, v in vals.items())})" for k, vals in list(diff.items())[:12])
+                + (f"; and {len(diff) - 12} more" if len(diff) > 12 else ""))
     return out
 
 
@@ -278,75 +325,99 @@ def _fmt(v: Any, kind: str = "") -> str:
     return str(v)
 
 
-def markdown(table: Sequence[Mapping[str, Any]], warns: Sequence[str], target: float | None, price: float) -> str:
-    """The report as Markdown: the table, the bottleneck sentences, the warnings."""
+def _table_lines(table: Sequence[Mapping[str, Any]], gpu: bool) -> list[str]:
+    target = next((r["target"] for r in table if r.get("target") is not None), None)
     head = ["run", "status", "ranks", "global batch", "throughput", "scaling eff.", "final loss", "val loss",
-            f"time to loss {target:.4g}" if target is not None else "time to target", "GPU-hours", "cost"]
+            f"time to loss {target:.4g}" if target is not None else "time to target"]
+    head += ["GPU-hours", "cost"] if gpu else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in table:
         warn = " ⚠" if r["status"] != layout.STATUS_COMPLETED else ""
-        lines.append("| " + " | ".join([
-            r["run"], r["status"] + warn, str(r["world"]), _fmt(r["global_batch"]),
-            f"{_fmt(r['rate'])} {r['unit']}" if r["rate"] else "—", _fmt(r["efficiency"], "pct"),
-            _fmt(r["final_loss"]), _fmt(r["val_loss"]),
-            f"{r['time_to_target_s']:.1f} s" if r["time_to_target_s"] is not None else "not reached",
-            f"{r['gpu_hours']:.4f}" if r["gpu_hours"] is not None else "—",
-            f"${r['cost']:.4f}" if r["cost"] is not None else "—"]) + " |")
+        cells = [r["run"], r["status"] + warn, str(r["world"]), _fmt(r["global_batch"]),
+                 f"{_fmt(r['rate'])} {r['unit']}" if r["rate"] else "—", _fmt(r["efficiency"], "pct"),
+                 _fmt(r["final_loss"]), _fmt(r["val_loss"]),
+                 f"{r['time_to_target_s']:.1f} s" if r["time_to_target_s"] is not None else "not reached"]
+        if gpu:
+            cells += [f"{r['gpu_hours']:.4f}" if r["gpu_hours"] is not None else "— (CPU)" if r["device"] != "cuda"
+                      else "—", f"${r['cost']:.4f}" if r["cost"] is not None else "—"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def markdown(table: Sequence[Mapping[str, Any]], warns: Sequence[str], price: float) -> str:
+    """The report as Markdown: one table per group (task and unit), the bottleneck sentences, the warnings.
+    GPU-hours and cost appear only when some run ran on GPUs."""
+    gpu = any(r["device"] == "cuda" for r in table)
+    by: dict[str, list[Mapping[str, Any]]] = {}
+    for r in table:
+        by.setdefault(r["group"], []).append(r)
     out = ["# Comparison", ""]
     if warns:
         out += ["**Warning:** " + w + "." for w in warns] + [""]
-    out += lines + ["", f"Cost at ${price:.2f} per GPU-hour (--price). Scaling efficiency: throughput per rank "
-                    "against the completed run with the fewest ranks. Time to target: the first step (start-up, "
-                    "compilation) plus the later steps at the median step time.", "", "## Where the time goes", ""]
+    for group, members in by.items():
+        out += ([f"## {group}", ""] if len(by) > 1 else []) + _table_lines(members, gpu) + [""]
+    out += [(f"Cost at ${price:.2f} per GPU-hour (--price), for GPU runs only; CPU runs have none. " if gpu else
+             "CPU runs only: no GPU-hours or cost. ")
+            + "Scaling efficiency: throughput per rank against the completed run with the fewest ranks"
+            + (" of the same group" if len(by) > 1 else "") + ". Time to target: the first step (start-up, "
+            "compilation) plus the later steps at the median step time.", "", "## Where the time goes", ""]
     out += [f"- {r['bottleneck']}" for r in table]
     return "\n".join(out) + "\n"
 
 
 def plots(runs: Sequence[Run], table: Sequence[Mapping[str, Any]], out: Path) -> list[Path]:
-    """throughput.png (against world size, with the ideal line), loss_vs_step.png, loss_vs_time.png."""
+    """throughput.png (against world size, with the ideal line; one panel per group), loss_vs_step.png and
+    loss_vs_time.png (one panel per group: losses of different tasks share no axis)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    parts = groups(runs)
+    names = list(parts)
     written = []
-    done = [r for r in table if r["status"] == layout.STATUS_COMPLETED and r["rate"]]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    if done:
-        base = min(done, key=lambda r: r["world"])
-        worlds = sorted({r["world"] for r in done})
-        ax.plot(worlds, [base["rate"] / base["world"] * w for w in worlds], "--", color="grey", label="ideal")
-        ax.plot([r["world"] for r in done], [r["rate"] for r in done], "o-", label="measured")
-        ax.set_xticks(worlds)
-        ax.set_ylabel(done[0]["unit"])
-    ax.set_xlabel("ranks (world size)")
-    ax.set_title("Throughput against world size")
-    ax.legend()
+    fig, axes = plt.subplots(len(names), 1, figsize=(6, 4 * len(names)), squeeze=False)
+    for ax, group in zip(axes[:, 0], names, strict=True):
+        done = [r for r in table if r["group"] == group and r["status"] == layout.STATUS_COMPLETED and r["rate"]]
+        if done:
+            base = min(done, key=lambda r: r["world"])
+            worlds = sorted({r["world"] for r in done})
+            ax.plot(worlds, [base["rate"] / base["world"] * w for w in worlds], "--", color="grey", label="ideal")
+            ax.plot([r["world"] for r in done], [r["rate"] for r in done], "o-", label="measured")
+            ax.set_xticks(worlds)
+            ax.set_ylabel(done[0]["unit"])
+        ax.set_xlabel("ranks (world size)")
+        ax.set_title(f"Throughput against world size: {group}" if len(names) > 1 else "Throughput against world size")
+        if ax.get_lines():
+            ax.legend()
     fig.tight_layout()
     written.append(out / "throughput.png")
     fig.savefig(written[-1], dpi=100)
     plt.close(fig)
     for name, xlabel in (("loss_vs_step.png", "optimizer step"), ("loss_vs_time.png", "training time (s)")):
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for r in runs:
-            pts = loss_at_steps(r.losses, r.log_every, r.steps)
-            if not pts:
-                continue
-            if name == "loss_vs_time.png":
-                if not r.step_time_s:
-                    continue
-                xs = [(r.first_step_s or 0.0) + (s - 1) * r.step_time_s for s, _ in pts]
-            else:
-                xs = [s for s, _ in pts]
-            ax.plot(xs, [v for _, v in pts], label=f"{r.name} ({r.status})")
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("train loss")
-        ax.legend(fontsize="small")
+        fig, axes = plt.subplots(len(names), 1, figsize=(6, 4 * len(names)), squeeze=False)
+        for ax, group in zip(axes[:, 0], names, strict=True):
+            _loss_panel(ax, parts[group], timed=name == "loss_vs_time.png")
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel("train loss")
+            if len(names) > 1:
+                ax.set_title(group)
         fig.tight_layout()
         written.append(out / name)
         fig.savefig(written[-1], dpi=100)
         plt.close(fig)
     return written
+
+
+def _loss_panel(ax: Any, runs: Sequence[Run], timed: bool) -> None:
+    for r in runs:
+        pts = loss_at_steps(r.losses, r.log_every, r.steps)
+        if not pts or (timed and not r.step_time_s):
+            continue
+        xs = [(r.first_step_s or 0.0) + (s - 1) * r.step_time_s for s, _ in pts] if timed else [s for s, _ in pts]
+        ax.plot(xs, [v for _, v in pts], label=f"{r.name} ({r.status})")
+    if ax.get_lines():
+        ax.legend(fontsize="small")
 
 
 def write_csv(table: Sequence[Mapping[str, Any]], path: Path) -> None:
@@ -367,9 +438,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("paths", nargs="+", help="run directories, or folders (sweeps) holding run directories")
     ap.add_argument("--out", default="compare", help="folder for report.md, report.csv and the plots")
     ap.add_argument("--target-loss", type=float, default=None,
-                    help="loss to time the runs to (default: the loss every completed run reached)")
+                    help="loss to time the runs to (default: in each group of runs of one task, the loss every "
+                    "completed run of it reached)")
     ap.add_argument("--price", type=float, default=DEFAULT_PRICE,
-                    help=f"price per GPU-hour for the cost column (default {DEFAULT_PRICE:.2f})")
+                    help=f"price per GPU-hour for the cost column of GPU runs (default {DEFAULT_PRICE:.2f})")
     args = ap.parse_args(argv)
     try:
         paths = find_runs(args.paths)
@@ -384,12 +456,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ddp-compare: error: --price={args.price}: must be >= 0", file=sys.stderr)
         return 2
     runs = [load_run(p) for p in paths]
-    target = args.target_loss if args.target_loss is not None else common_target(runs)
+    # The loss to time the runs to: the user's, or in each group the loss every completed run of it reached.
+    target = args.target_loss if args.target_loss is not None else {
+        group: common_target(members) for group, members in groups(runs).items()}
     table = rows(runs, target, args.price)
     warns = warnings(runs)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    report = markdown(table, warns, target, args.price)
+    report = markdown(table, warns, args.price)
     (out / "report.md").write_text(report)
     write_csv(table, out / "report.csv")
     files = plots(runs, table, out)

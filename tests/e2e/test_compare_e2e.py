@@ -42,8 +42,7 @@ def test_report_over_a_fixed_global_batch_sweep_and_a_failed_run(tmp_path):
         assert int(row["world"]) == manifest["plan"]["world_size"] and int(row["global_batch"]) == 16
         assert float(row["rate"]) == pytest.approx(summary["median"]["tokens_per_s"], rel=1e-6)
         assert float(row["final_loss"]) == pytest.approx(summary["losses"][-1])
-        if row["gpu_hours"]:
-            assert float(row["cost"]) == pytest.approx(3 * float(row["gpu_hours"]))
+        assert row["device"] == "cpu" and row["gpu_hours"] == row["cost"] == ""  # no GPU-hours on a CPU
     w1 = next(r for r in table.values() if r["world"] == "1")
     w2 = next(r for r in table.values() if r["world"] == "2" and r["status"] == "completed")
     assert float(w2["efficiency"]) == pytest.approx(float(w2["rate"]) / 2 / float(w1["rate"]))
@@ -69,6 +68,10 @@ def test_report_over_a_fixed_global_batch_sweep_and_a_failed_run(tmp_path):
     # The failed run used another learning rate (and a rehearsal fault): both are listed as differing settings.
     assert "other settings differ:" in report and "train.lr (" in report and "fault.kind (" in report
     assert "| failed ⚠ |" in report
+    assert "| GPU-hours |" not in report and "$" not in report and "CPU runs only: no GPU-hours or cost" in report
+    assert all(line.startswith(f"- {name} (") for line, name in zip(
+        report.split("## Where the time goes")[1].strip().splitlines(), sorted(table, key=lambda n: (
+            int(table[n]["world"]), n)), strict=True)), "every bottleneck sentence names its run"
     assert json.dumps(table)  # parses as plain data
 
 

@@ -41,6 +41,18 @@ def _last_lines(stderr: str) -> str:
     return "\n".join(stderr.strip().splitlines()[-2:])
 
 
+def _listed_as_failed(run: Path, root: Path) -> None:
+    """ddp-runs lists a real failed run as failed, at the step it reached, and ``show`` names its cause."""
+    from runner.report import runs
+    from runner.rundir import listing
+
+    [row] = listing.scan(str(root)).rows
+    assert (row.status, row.step, row.max_steps) == ("failed", 3, 6), row
+    text = runs.describe(str(run))
+    assert "root cause  earliest error on rank 1 [exception]: RuntimeError: injected fault on rank 1" in text
+    assert f"continue    ddp-run resume={run}" in text
+
+
 @pytest.mark.parametrize(("kind", "rank", "cls"), [
     ("exception", 1, "exception"),
     ("oom", 1, "oom"),
@@ -72,6 +84,7 @@ def test_fault_is_attributed_to_its_rank_and_class(tmp_path, kind, rank, cls):
         manifest = load_json(run / layout.MANIFEST)
         assert manifest["status"] == "failed" and manifest["exit_codes"]["1"] == 1
         assert cause["type"] == "RuntimeError" and any("injected fault" in line for line in cause["traceback"])
+        _listed_as_failed(run, tmp_path)
     assert _procs_of(run) == []
     assert elapsed < 200  # generous: a loaded CI machine starts two ranks slowly
 

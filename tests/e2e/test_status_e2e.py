@@ -73,6 +73,14 @@ def test_sigkilled_driver_reads_as_lost_and_its_run_resumes(tmp_path):
     recorded = load_json(run / layout.MANIFEST)
     assert recorded["status"] == "running" and recorded["driver"]["pid"] == driver.pid
     assert status_of(recorded) == "lost"
+    # ddp-runs says so, and gives the command that continues it: the one run next
+    from runner.report import runs
+    from runner.rundir import listing
+
+    assert [row.status for row in listing.scan(str(root)).rows] == ["lost"]
+    shown = runs.describe(str(run))
+    assert "lost: run.json says running, but its driver is gone" in shown
+    assert f"continue    ddp-run resume={run}    # in place, from step_" in shown
 
     r = ddp_run([f"resume={run}"], root)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -105,6 +113,9 @@ def test_second_driver_is_refused_heartbeat_refreshes_and_sigint_reads_interrupt
     manifest_, summary = load_json(run / layout.MANIFEST), load_json(run / layout.SUMMARY)
     assert manifest_["status"] == summary["status"] == "interrupted"
     assert status_of(manifest_) == "interrupted"
+    from runner.rundir import listing
+
+    assert [row.status for row in listing.scan(str(root)).rows] == ["interrupted"]  # as ddp-runs lists it
 
 
 def test_unwritable_summary_is_recorded_in_run_json(tmp_path):

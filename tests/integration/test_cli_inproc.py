@@ -80,6 +80,7 @@ def test_help_lists_config_groups(out_root, cli):
     (["+experiment=nope"], "experiment", "fixed_global_batch"),
     (["data=mine"], "data", "synthetic"),
     (["train.lr=[1"], "overrides", "ddp-run --help"),
+    (["status"], "overrides", "to list your runs: ddp-runs [ROOT]; to see one run: ddp-runs show DIR"),
 ])
 def test_command_line_mistakes_are_refused_with_the_fix(out_root, args, key, hint, cli):
     r = cli(["device=cpu", *args], out_root)

@@ -43,11 +43,11 @@ def test_bottleneck_names_data_wait_and_the_slow_gpu():
                       task="gpt", step_time_s=0.1, data_wait_s=0.02,
                       gpus={"0": {"sm_clock_mhz": 1800.0}, "1": {"sm_clock_mhz": 1700.0}})
     text = compare.bottleneck(run, 0.9)
-    assert text.startswith("2 GPUs: 90% scaling efficiency")
+    assert text.startswith("x (2 GPUs): 90% scaling efficiency")
     assert "20% of each step waits for data" in text and "rank 1's GPU clocks 6% below rank 0's" in text
     failed = compare.Run(path=Path("y"), name="y", status="failed", world=2, device="cpu", global_batch=16,
                          task="gpt", failure="rank 1: RuntimeError: boom")
-    assert compare.bottleneck(failed, None) == "2 ranks: failed: rank 1: RuntimeError: boom."
+    assert compare.bottleneck(failed, None) == "y (2 ranks): failed: rank 1: RuntimeError: boom."
 
 
 def test_sweep_job_names_carry_the_swept_values():
@@ -67,4 +67,4 @@ def test_a_run_whose_driver_is_gone_reads_as_lost(tmp_path):
         "driver": {"host": "another-host", "pid": 1, "started": 0.0, "heartbeat": 0.0}}))
     loaded = compare.load_run(run)
     assert loaded.status == "lost"
-    assert compare.bottleneck(loaded, None).startswith("2 ranks: lost")
+    assert compare.bottleneck(loaded, None).startswith("r (2 ranks): lost")

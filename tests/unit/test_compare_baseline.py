@@ -31,7 +31,7 @@ def test_a_run_that_did_not_complete_is_never_the_baseline(status: str) -> None:
     assert table["w4"]["efficiency"] == pytest.approx((16 / 0.04 / 4) / (16 / 0.064 / 2))  # 0.8
     assert table["w1"]["efficiency"] != 1.0
     assert "the baseline of the scaling efficiency" in table["w2"]["bottleneck"]
-    assert table["w1"]["bottleneck"].startswith(f"1 rank: {status}")
+    assert table["w1"]["bottleneck"].startswith(f"w1 (1 rank): {status}")
 
 
 def _write_run(root: Path, name: str, status: str, world: int, step_time_s: float) -> Path:
@@ -60,4 +60,4 @@ def test_the_report_measures_scaling_against_the_smallest_completed_run(tmp_path
     assert " | 100.0% | " in lines["b_w2"]
     assert " | 80.0% | " in lines["c_w4"]
     assert " | 100.0% | " not in lines["a_w1_failed"]
-    assert "- 2 ranks: the baseline of the scaling efficiency." in (out / "report.md").read_text()
+    assert "- b_w2 (2 ranks): the baseline of the scaling efficiency." in (out / "report.md").read_text()

@@ -5,6 +5,7 @@ fake ``nvidia-smi`` first on PATH, the real command on this CPU host (gloo all-r
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,42 @@ def test_usage_errors_exit_2() -> None:
         doctor.main(["--sizes", "12T"])
     assert e.value.code == 2
     assert doctor.main(["--nproc", "1"]) == 2
+
+
+# --- no GPU, no NCCL --------------------------------------------------------------------------------------------
+
+NCCL_SET = {"NCCL_P2P_DISABLE": "1", "NCCL_DEBUG": "INFO", "NCCL_NVLS_ENABLE": "1", "TORCH_DISTRIBUTED_DEBUG": "INFO"}
+
+
+def test_no_nccl_variables_or_advice_without_a_gpu() -> None:
+    cpu = doctor.env_check(NCCL_SET, gpu=False)
+    assert cpu.status == OK and cpu.summary == "1 set (TORCH_DISTRIBUTED_DEBUG)", cpu
+    assert cpu.data == {"variables": {"TORCH_DISTRIBUTED_DEBUG": "INFO"}, "added_for_workers": {}}
+    assert doctor.env_check({}, gpu=False).summary == "none set"
+    gpu = doctor.env_check(NCCL_SET, gpu=True)  # the same variables where GPUs are: each one judged
+    assert gpu.status == WARN and "NCCL_P2P_DISABLE=1 switches an NCCL transport off" in gpu.summary
+    assert "NCCL_DEBUG is on" in gpu.summary and "NCCL_NVLS_ENABLE=1 turns NVLink multicast on" in gpu.summary
+    assert doctor.env_check({}, gpu=True).data["added_for_workers"] == doctor.SAFE_ENV
+
+
+@pytest.mark.skipif(__import__("shutil").which("nvidia-smi") is not None, reason="this host has an NVIDIA driver")
+def test_doctor_on_a_host_without_gpus_says_nothing_of_nccl(monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    for k, v in NCCL_SET.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert doctor.main(["--no-bandwidth"]) == 0
+    text = capsys.readouterr().out
+    assert "NCCL_" not in text and "NVSHMEM" not in text and "NVLink multicast" not in text, text
+    assert re.search(r"^nccl +skipped +(not used: no CUDA device|not in this torch build).*CPU runs use gloo\)$",
+                     text, re.M), text
+    assert check_named(doctor.cheap_report(gpu=False), "environment")["data"]["added_for_workers"] == {}
+
+
+def test_doctor_on_a_gpu_host_keeps_its_nccl_advice(fake_smi: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("NCCL_P2P_DISABLE", "1")
+    assert doctor.main(["--no-bandwidth"]) == 0  # CPU torch on a fake GPU host: a warning, not a failure
+    text = capsys.readouterr().out
+    assert "NCCL_P2P_DISABLE=1 switches an NCCL transport off" in text
+    assert "(added by ddp-run for workers)" in text

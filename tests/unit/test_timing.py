@@ -95,7 +95,7 @@ def test_console_lines_and_bottleneck_sentence_from_the_breakdown():
     run = compare.Run(path=Path("x"), name="x", status="completed", world=2, device="cuda", global_batch=64,
                       task="gpt", step_time_s=0.1, data_wait_s=0.0, time_breakdown=tb)
     text = compare.bottleneck(run, 0.95)
-    assert text == ("2 GPUs: 95% scaling efficiency; data loading is hidden (under 1% of a step);"
+    assert text == ("x (2 GPUs): 95% scaling efficiency; data loading is hidden (under 1% of a step);"
                     " 4% of each step waits for gradient sync; rank 1 is 6% slower than rank 0.")
     row = compare.rows([run], None, 1.0)[0]
     assert row["exposed_sync_share"] == pytest.approx(4 / 104.5)

@@ -1,0 +1,272 @@
+"""``ddp-runs``: the runs and sweeps under an output root, newest first, and ``ddp-runs show DIR`` for one run.
+
+The reading is runner/rundir/listing.py; this module renders it: a rich table on a terminal, plain aligned text
+when piped, JSON with ``--json``. ``show`` prints one run's plan, status, root cause and the command that
+continues it (``ddp-run resume=<dir>``) or reproduces it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from typing import IO, Any
+
+from runner.contract import layout
+from runner.diagnostics import rootcause
+from runner.rundir import listing
+from runner.rundir import status as run_status
+
+HEAD = ("RUN", "STATUS", "TASK", "WORLD", "GLOBAL BATCH", "STEP", "LAST LOSS", "THROUGHPUT", "AGE")
+# Options of ddp-run (Hydra's) that take the next word as their value.
+_VALUE_OPTIONS = ("-cd", "--config-dir", "-cp", "--config-path", "-cn", "--config-name")
+# Statuses after which `ddp-run resume=<dir>` continues the run in place.
+CONTINUABLE = (layout.STATUS_FAILED, layout.STATUS_INTERRUPTED, layout.STATUS_LOST, listing.STATUS_PREEMPTED)
+
+
+# -- cells -----------------------------------------------------------------------------------------------------
+
+def age(started: float | None, now: float) -> str:
+    """``45 s``, ``12 min``, ``3 h``, ``2 d`` since ``started`` (``—`` when not known)."""
+    if started is None:
+        return "—"
+    s = max(0.0, now - started)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if s >= size:
+            return f"{s // size:.0f} {unit}"
+    return f"{s:.0f} s"
+
+
+def rate(value: float | None, unit: str | None) -> str:
+    """``1,624 samples/s``, ``12.3k tokens/s``."""
+    if value is None or unit is None:
+        return "—"
+    if value >= 10_000:
+        return f"{value / 1000:,.1f}k {unit}"
+    return f"{value:,.0f} {unit}" if value >= 100 else f"{value:.3g} {unit}"
+
+
+def cells(row: listing.Row, now: float, indent: str = "") -> list[str]:
+    """The row's cells, in HEAD's order."""
+    step = "—" if row.step is None else f"{row.step}/{row.max_steps if row.max_steps is not None else '?'}"
+    status = row.status + (f" ({row.note})" if row.kind == "sweep" and row.note else "")
+    name = row.name.rsplit("/", 1)[-1] if indent else row.name  # a sweep's job: its own name under the sweep
+    return [indent + name, status, row.task or "—", _values(row, "world_size"), _values(row, "global_batch"), step,
+            "—" if row.last_loss is None else f"{row.last_loss:.4f}", rate(row.throughput, row.unit),
+            age(row.started, now) if row.kind != "job" else (row.note or "")[:60]]
+
+
+def _values(row: listing.Row, key: str) -> str:
+    """A run's value of ``key``; a sweep's: its jobs' distinct values (``1,2,4``)."""
+    if row.kind == "sweep":
+        values = sorted({v for j in row.jobs if (v := getattr(j, key)) is not None})
+        return ",".join(map(str, values)) or "—"
+    value = getattr(row, key)
+    return "—" if value is None else str(value)
+
+
+def table(rows: Sequence[listing.Row], now: float) -> list[list[str]]:
+    """Every row's cells, a sweep's jobs indented under it."""
+    out = []
+    for r in rows:
+        out.append(cells(r, now))
+        out += [cells(j, now, "  └ ") for j in r.jobs]
+    return out
+
+
+def plain(rows: Sequence[listing.Row], now: float) -> str:
+    """The table as aligned plain text (piped output)."""
+    body = [list(HEAD), *table(rows, now)]
+    widths = [max(len(line[i]) for line in body) for i in range(len(HEAD))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in body)
+
+
+_STYLE = {layout.STATUS_COMPLETED: "green", layout.STATUS_FAILED: "red", layout.STATUS_LOST: "red",
+          layout.STATUS_RUNNING: "cyan", layout.STATUS_INTERRUPTED: "yellow", listing.STATUS_PREEMPTED: "yellow"}
+
+
+def rich_table(rows: Sequence[listing.Row], now: float, file: IO[str], width: int | None = None) -> None:
+    """The table with rich, for a terminal."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    t = Table(show_edge=False, header_style="bold")
+    for h in HEAD:
+        t.add_column(h, no_wrap=h != "RUN", justify="right" if h in ("WORLD", "GLOBAL BATCH", "STEP") else "left")
+    for r in rows:
+        for i, line in enumerate([cells(r, now)] + [cells(j, now, "└ ") for j in r.jobs]):
+            status = (r if i == 0 else r.jobs[i - 1]).status
+            # Text, not markup: a directory named "a[1]" is shown as it is
+            t.add_row(*(Text(c, style=_STYLE.get(status, "") if k == 1 else "") for k, c in enumerate(line)))
+    Console(file=file, width=width, force_terminal=True).print(t)
+
+
+# -- show --------------------------------------------------------------------------------------------------------
+
+def reproduce_command(invocation: dict[str, Any]) -> str | None:
+    """The command that reruns a run from scratch: ddp-run's options from its command line (``--config-dir``…,
+    not ``-m``) and this job's own overrides, run from the directory it was started in."""
+    overrides, argv = invocation.get("overrides"), list(invocation.get("argv") or [])
+    if not isinstance(overrides, list):
+        return None
+    options, it = [], iter(argv[1:])
+    for word in it:
+        if word in ("-m", "--multirun") or not word.startswith("-"):
+            continue
+        options.append(word)
+        if word in _VALUE_OPTIONS:
+            options.append(next(it, ""))
+    cmd = shlex.join(["ddp-run", *options, *map(str, overrides)])
+    cwd = invocation.get("cwd")
+    return f"cd {shlex.quote(cwd)} && {cmd}" if cwd else cmd
+
+
+def newest_checkpoint(fs: Any, path: str) -> str | None:
+    """The newest committed checkpoint's name (``step_<N>``), or None."""
+    markers = fs.glob(layout.join(path, layout.CHECKPOINTS, "step_*", layout.CKPT_MARKER))
+    steps = []
+    for m in markers:
+        name = m.rstrip("/").rsplit("/", 2)[-2]
+        if name[5:].isdigit():
+            steps.append((int(name[5:]), name))
+    return max(steps)[1] if steps else None
+
+
+def describe(url: str, now: float | None = None) -> str:
+    """``ddp-runs show``: one run's plan, status, root cause, and the commands that continue or reproduce it.
+    Raises :class:`listing.Damaged` when ``url`` is not a readable run directory."""
+    import fsspec
+
+    now = time.time() if now is None else now
+    fs, path = fsspec.core.url_to_fs(url)
+    path = path.rstrip("/")
+    row = listing.read_run(fs, path, url, url, now)
+    manifest = json.loads(fs.cat_file(layout.join(path, layout.MANIFEST)))
+    try:
+        summary = json.loads(fs.cat_file(layout.join(path, layout.SUMMARY)))
+    except (OSError, ValueError):
+        summary = {}
+    plan = manifest.get("plan") or {}
+    lines = [("run", url), ("status", _status_line(row, manifest, now)), ("task", row.task or "—"),
+             ("plan", f"{plan.get('explanation', '—')}; device {plan.get('device')}, backend {plan.get('backend')}"
+                      f", {plan.get('nnodes', 1)} node{'s' if plan.get('nnodes', 1) != 1 else ''}"),
+             ("progress", _progress(row, now))]
+    ckpt = newest_checkpoint(fs, path)
+    lines.append(("checkpoint", f"{ckpt} (newest complete)" if ckpt else "none complete"))
+    cause = summary.get("root_cause") if isinstance(summary, dict) else None
+    if cause:
+        lines.append(("root cause", f"{rootcause.headline(cause)} (where: {cause.get('where')})"))
+    elif manifest.get("finalize_error"):
+        fe = manifest["finalize_error"]
+        lines.append(("root cause", f"the driver failed while finalising ({fe.get('while')}): {fe.get('error')}"))
+    if row.status in CONTINUABLE:
+        how = f"from {ckpt}" if ckpt else "from the start: no complete checkpoint"
+        lines.append(("continue", f"ddp-run resume={shlex.quote(row.url)}    # in place, {how}"))
+    command = reproduce_command(manifest.get("invocation") or {})
+    lines.append(("reproduce", command or "— (run.json records no invocation)"))
+    lines.append(("logs", layout.join(row.url, layout.LOGS)))
+    w = max(len(k) for k, _ in lines)
+    return "\n".join(f"{k:<{w}}  {v}" for k, v in lines)
+
+
+def _progress(row: listing.Row, now: float) -> str:
+    if row.step is None and row.last_loss is None:
+        return "no optimizer step recorded"
+    step, loss, speed = cells(row, now)[5:8]
+    return f"step {step}, last loss {loss}, {speed}"
+
+
+def _status_line(row: listing.Row, manifest: dict[str, Any], now: float) -> str:
+    recorded = manifest.get("status")
+    if row.status == layout.STATUS_LOST and recorded == layout.STATUS_RUNNING:
+        return (f"lost: run.json says running, but its driver is gone ({run_status.describe_driver(manifest, now)})"
+                "; it ended without a final status (killed, or its host died)")
+    if row.status == layout.STATUS_RUNNING:
+        return f"running: driver {run_status.describe_driver(manifest, now)}"
+    ended = manifest.get("ended")
+    return f"{row.status}" + (f" (ended {ended})" if ended else "")
+
+
+# -- the command ---------------------------------------------------------------------------------------------------
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ddp-runs", description="List the runs and sweeps under an output root, newest first "
+        "(status, task, world size, global batch, step reached, last loss, throughput, age); "
+        "'ddp-runs show DIR' prints one run's plan, status, root cause and the command that continues or "
+        "reproduces it.",
+        epilog="Examples: ddp-runs · ddp-runs s3://bucket/outputs · ddp-runs --json · "
+        "ddp-runs show outputs/2026-12-01/12-00-00_smoke_w2")
+    p.add_argument("words", nargs="*", metavar="ROOT | show DIR",
+                   help="the output root to list (default: outputs), or 'show' and one run directory")
+    p.add_argument("--json", action="store_true", help="print JSON (for scripts)")
+    return p
+
+
+def _error(msg: str, fix: str) -> int:
+    print(f"ddp-runs: error: {msg}. Fix: {fix}", file=sys.stderr)
+    return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point of ``ddp-runs``: 0 on success, 2 on a bad root or run directory."""
+    args = _parser().parse_args(argv)
+    words, now = list(args.words), time.time()
+    if words[:1] == ["show"]:
+        if len(words) != 2:
+            return _error("'show' takes one run directory", "ddp-runs show outputs/<date>/<time>_<task>_w<N>")
+        return _show(words[1], args.json, now)
+    if len(words) > 1:
+        return _error(f"one root at a time, got {len(words)}", "ddp-runs ROOT, or ddp-runs show DIR")
+    root = words[0] if words else "outputs"
+    try:
+        found = listing.scan(root, now)
+    except FileNotFoundError:
+        return _error(f"{root}: no such directory", "pass the output root your runs went to (output.root), "
+                      "e.g. ddp-runs outputs")
+    except (OSError, ValueError, ImportError) as exc:
+        return _error(f"{root} cannot be read ({type(exc).__name__}: {str(exc)[:200]})",
+                      "check the path or URL and its credentials")
+    for name, why in found.skipped:
+        print(f"ddp-runs: skipped {name}: {why}", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"root": root, "runs": [r.to_json() for r in found.rows],
+                          "skipped": [{"name": n, "reason": w} for n, w in found.skipped]}, indent=2))
+    elif not found.rows:
+        print(f"ddp-runs: no runs under {root}")
+    elif sys.stdout.isatty():
+        try:
+            rich_table(found.rows, now, sys.stdout)
+        except ImportError:
+            print(plain(found.rows, now))
+    else:
+        print(plain(found.rows, now))
+    return 0
+
+
+def _show(url: str, as_json: bool, now: float) -> int:
+    try:
+        if as_json:
+            import fsspec
+
+            fs, path = fsspec.core.url_to_fs(url)
+            print(json.dumps(listing.read_run(fs, path.rstrip("/"), url, url, now).to_json(), indent=2))
+        else:
+            print(describe(url, now))
+    except listing.Damaged as why:
+        if listing.is_sweep(url):
+            return _error(f"{url} is a sweep, not one run", f"ddp-runs {shlex.quote(url)} lists its jobs; show one "
+                          "of them")
+        return _error(f"{url}: not a run directory ({why})", "pass a run directory (one holding run.json); "
+                      "ddp-runs lists them")
+    except FileNotFoundError:
+        return _error(f"{url}: no such run directory", "ddp-runs lists the run directories under outputs")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
