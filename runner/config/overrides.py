@@ -247,12 +247,30 @@ def _check_sweep_groups(o: Any, loader: Any) -> None:
             raise PlanError(key, v, f"no such {key}", f"pick one of: {', '.join(sorted(options))}")
 
 
+def task_fix(option: str, presets: Sequence[str]) -> str:
+    """How to run a task that has no preset: its module named directly, or its YAML in a config folder."""
+    from runner.config.task_module import CUSTOM_PRESET, findable
+
+    found = findable(option) if option.isidentifier() else False
+    ways = [f"task.module={option if found else '<your module>'} (a module with build(cfg, device)"
+            + (f"; {option} is importable here" if found else "") + ")",
+            f"your YAML as <folder>/task/{option}.yaml, then --config-dir <folder> task={option}"]
+    if found:  # the likelier way first
+        ways.reverse()
+    shown = [p for p in presets if p != CUSTOM_PRESET]
+    return (f"name your own task either way: {ways[1]}, or {ways[0]}"
+            + (f"; built-in presets: {', '.join(shown)}" if shown else ""))
+
+
 def _missing(exc: Any, parsed: list[Any], name: str) -> PlanError:
     """A config option or primary config that is not in the search path."""
     missing = (exc.missing_cfg_file or "").strip("/")
     options = sorted(exc.options or [])
     group, _, option = missing.rpartition("/")
     for o in parsed:
+        if o.key_or_group == group == "task":
+            return PlanError(group, option, "no such task: no task/" f"{option}.yaml in the config search path",
+                             task_fix(option, options))
         if o.key_or_group == group:
             return PlanError(group, option, f"no such {group} in the config search path",
                              f"pick one of: {', '.join(options)}" if options else

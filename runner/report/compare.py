@@ -150,6 +150,7 @@ class Run:
     gpus: dict[str, dict[str, float]] | None = None
     time_breakdown: dict[str, Any] | None = None
     failure: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)  # the task's own: train/<name>, val/<name>
 
     @property
     def samples_per_s(self) -> float | None:
@@ -205,6 +206,7 @@ def load_run(path: Path) -> Run:
         first_step_s=_first_step_seconds(summary), val_loss=summary.get("val_loss"),
         goodput=summary.get("goodput"), gpus=summary.get("gpus"), time_breakdown=summary.get("time_breakdown"),
         failure=failure,
+        metrics={k: v for k, v in (summary.get("metrics") or {}).items() if isinstance(v, (int, float))},
     )
 
 
@@ -239,8 +241,15 @@ def rows(runs: Sequence[Run], target: float | None, price: float) -> list[dict[s
             "val_loss": r.val_loss, "time_to_target_s": t, "gpu_hours": hours, "cost": cost(hours, price),
             "bottleneck": bottleneck(r, None if r is base else eff),
             **_breakdown_columns(r.time_breakdown),
+            **r.metrics,
         })
     return out
+
+
+def metric_columns(table: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The tasks' extra metrics (``train/accuracy``, ``val/accuracy``, …) any row has, validation first."""
+    keys = {k for r in table for k in r if k.startswith(("train/", "val/"))}
+    return sorted(keys, key=lambda k: (not k.startswith("val/"), k))
 
 
 def _breakdown_columns(tb: Mapping[str, Any] | None) -> dict[str, float | None]:
@@ -280,7 +289,8 @@ def _fmt(v: Any, kind: str = "") -> str:
 
 def markdown(table: Sequence[Mapping[str, Any]], warns: Sequence[str], target: float | None, price: float) -> str:
     """The report as Markdown: the table, the bottleneck sentences, the warnings."""
-    head = ["run", "status", "ranks", "global batch", "throughput", "scaling eff.", "final loss", "val loss",
+    extra = metric_columns(table)
+    head = ["run", "status", "ranks", "global batch", "throughput", "scaling eff.", "final loss", "val loss", *extra,
             f"time to loss {target:.4g}" if target is not None else "time to target", "GPU-hours", "cost"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in table:
@@ -288,7 +298,7 @@ def markdown(table: Sequence[Mapping[str, Any]], warns: Sequence[str], target: f
         lines.append("| " + " | ".join([
             r["run"], r["status"] + warn, str(r["world"]), _fmt(r["global_batch"]),
             f"{_fmt(r['rate'])} {r['unit']}" if r["rate"] else "—", _fmt(r["efficiency"], "pct"),
-            _fmt(r["final_loss"]), _fmt(r["val_loss"]),
+            _fmt(r["final_loss"]), _fmt(r["val_loss"]), *(_fmt(r.get(k)) for k in extra),
             f"{r['time_to_target_s']:.1f} s" if r["time_to_target_s"] is not None else "not reached",
             f"{r['gpu_hours']:.4f}" if r["gpu_hours"] is not None else "—",
             f"${r['cost']:.4f}" if r["cost"] is not None else "—"]) + " |")
@@ -352,10 +362,11 @@ def plots(runs: Sequence[Run], table: Sequence[Mapping[str, Any]], out: Path) ->
 def write_csv(table: Sequence[Mapping[str, Any]], path: Path) -> None:
     """The table as CSV (raw numbers, one row per run)."""
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=[*COLUMNS, "bottleneck"])
+    names = [*COLUMNS, *metric_columns(table), "bottleneck"]
+    w = csv.DictWriter(buf, fieldnames=names)
     w.writeheader()
     for r in table:
-        w.writerow({k: r.get(k) for k in [*COLUMNS, "bottleneck"]})
+        w.writerow({k: r.get(k) for k in names})
     path.write_text(buf.getvalue())
 
 
