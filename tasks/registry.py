@@ -8,6 +8,7 @@ can never shadow this package.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 import sysconfig
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from tasks.api import TaskParts
     from tasks.engine.config import Config
 
-_loaded: dict[str, ModuleType] = {}  # the task module this process imported (one per worker)
+_task: dict[str, str] = {}  # the task module this process imports (one per worker): its name and file
 # This package's folders (the engine's frames are never the task's) and the interpreter's library folders.
 _PRODUCT = (os.path.dirname(os.path.realpath(__file__)) + os.sep,
             os.path.dirname(os.path.dirname(os.path.realpath(layout.__file__))) + os.sep)
@@ -36,8 +37,14 @@ def import_task(module: str) -> ModuleType:
     for extra in filter(None, os.environ.get(layout.ENV_TASK_PATH, "").split(os.pathsep)):
         if extra not in sys.path:
             sys.path.append(extra)
-    _loaded["task"] = importlib.import_module(module)
-    return _loaded["task"]
+    _task.clear()
+    try:  # known before the import runs, so that an error in the module's own top level is placed too
+        spec = importlib.util.find_spec(module)
+        if spec is not None and spec.origin:
+            _task.update(name=module, origin=spec.origin)
+    except (ImportError, ValueError):
+        pass  # the import below says what is wrong
+    return importlib.import_module(module)
 
 
 def build(cfg: Config, device: torch.device) -> TaskParts:
@@ -45,13 +52,12 @@ def build(cfg: Config, device: torch.device) -> TaskParts:
     return import_task(cfg.task.module).build(cfg, device)
 
 
-def task_home(module: ModuleType) -> tuple[str, ...]:
-    """Path prefixes of the task's own code: the folder a user's task module is imported from (its other files are
-    the user's too), an installed package's own folder, or a built-in task's own file or sub-package."""
-    origin = os.path.realpath(getattr(module, "__file__", None) or "")
-    if not origin:
-        return ()
-    name, package = module.__name__, origin.endswith("__init__.py")
+def task_home(name: str, origin: str) -> tuple[str, ...]:
+    """Path prefixes of the code of task module ``name`` (found at ``origin``): the folder a user's module is
+    imported from (its other files are the user's too), an installed package's own folder, or a built-in task's
+    own file or sub-package."""
+    origin = os.path.realpath(origin)
+    package = origin.endswith("__init__.py")
     if origin.startswith(_PRODUCT[0]):  # a task shipped in this package (tasks.smoke, tasks.gpt.task)
         return (os.path.dirname(origin) + os.sep,) if name.count(".") > 1 else (origin,)
     root = os.path.dirname(origin)
@@ -67,8 +73,7 @@ def where_in_task(exc: BaseException) -> str | None:
     library's); when the task's code is not on the stack because the call into it failed (a ``forward`` whose
     signature does not take ``(x, y)``), the definition of the module's ``forward`` the engine was calling. None
     when no task is loaded or neither is found."""
-    module = _loaded.get("task")
-    home = task_home(module) if module is not None else ()
+    home = task_home(_task["name"], _task["origin"]) if _task else ()
     if not home:
         return None
     inside_product, inside_library = home[0].startswith(_PRODUCT), home[0].startswith(_LIBRARIES)

@@ -31,8 +31,12 @@ NAME_RESOLVER = "ddp_task_name"
 
 def task_name(module: Any) -> str:
     """A task's name from its module: ``mytask`` → ``mytask``, ``mypkg.image.task`` → ``image`` (a module called
-    ``task`` is named after its package), reduced to the characters a run directory's name may hold."""
-    parts = [p for p in str(module or "").split(".") if p]
+    ``task`` is named after its package), ``path/to/mytask.py`` → ``mytask``, reduced to the characters a run
+    directory's name may hold."""
+    module = str(module or "")
+    if module.endswith(".py"):  # a file: path/to/mytask.py
+        module = os.path.basename(module)[: -len(".py")]
+    parts = [p for p in module.split(".") if p]
     if len(parts) > 1 and parts[-1] == "task":
         parts = parts[:-1]
     name = "".join(c if c.isalnum() or c in "-_" else "_" for c in (parts[-1] if parts else ""))
@@ -52,6 +56,22 @@ def module_only(overrides: list[str]) -> bool:
     such a task composes :data:`CUSTOM_PRESET`, not the default preset's keys and checks."""
     keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o or o.startswith("~")}
     return "task.module" in keys and "task" not in keys
+
+
+def from_file(value: Any, cwd: str | None = None) -> tuple[Any, str | None]:
+    """``task.module`` given as a file (``path/to/mytask.py``): its module name and its folder, searched first;
+    anything else as it is, with no folder."""
+    if not isinstance(value, str) or not value.endswith(".py"):
+        return value, None
+    path = os.path.join(cwd or os.getcwd(), os.path.expanduser(value))
+    name = os.path.basename(path)[: -len(".py")]
+    if not os.path.isfile(path):
+        raise PlanError("task.module", value, "no such file", "give the path of your task's .py file (relative to"
+                        " the folder you run ddp-run from), or its module name: task.module=mytask")
+    if not name.isidentifier():
+        raise PlanError("task.module", value, f"{name!r} is not a Python module name",
+                        "rename the file to a valid module name (letters, digits, _), e.g. my_task.py")
+    return name, os.path.dirname(os.path.abspath(path))
 
 
 def findable(module: str, cwd: str | None = None) -> bool:

@@ -23,6 +23,14 @@ def test_a_module_alone_is_its_own_task(out_root, tmp_path, monkeypatch, cli):
     assert not out_root.exists()
 
 
+def test_a_task_file_alone_is_its_own_task(out_root, tmp_path, cli):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "mytask.py").write_text(USER_TASK)
+    r = cli([f"task.module={tmp_path / 'elsewhere' / 'mytask.py'}", "device=cpu", "dry_run=true"], out_root)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("ddp-run: mytask: global batch 16"), r.stdout
+
+
 def test_the_neutral_preset_holds_no_other_tasks_keys():
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from runner.config import overrides
-from runner.config.task_module import module_only, task_name
+from runner.config.task_module import from_file, module_only, task_name
+from runner.contract.errors import PlanError
 from runner.diagnostics.rootcause import root_cause
 from tasks import registry
 from tasks.engine import worker_io
@@ -19,7 +20,7 @@ from tasks.engine import worker_io
 
 @pytest.mark.parametrize("module, name", [
     ("mytask", "mytask"), ("mypkg.image_cls", "image_cls"), ("tasks.gpt.task", "gpt"), ("task", "task"),
-    (None, "task"), ("my-odd.name", "name"),
+    (None, "task"), ("my-odd.name", "name"), ("sub/dir/my_task.py", "my_task"), ("mytask.py", "mytask"),
 ])
 def test_a_module_names_its_task(module, name):
     assert task_name(module) == name
@@ -34,6 +35,18 @@ def test_a_module_names_its_task(module, name):
 ])
 def test_only_a_module_without_a_preset_composes_the_neutral_preset(args, only):
     assert module_only(args) is only
+
+
+def test_a_task_file_runs_as_its_module_from_its_folder(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "my_task.py").write_text("def build(cfg, device):\n    pass\n")
+    assert from_file("sub/my_task.py", cwd=str(tmp_path)) == ("my_task", str(tmp_path / "sub"))
+    assert from_file("mypkg.my_task", cwd=str(tmp_path)) == ("mypkg.my_task", None)
+    with pytest.raises(PlanError, match="no such file"):
+        from_file("sub/nope.py", cwd=str(tmp_path))
+    (tmp_path / "my-task.py").write_text("")
+    with pytest.raises(PlanError, match="not a Python module name"):
+        from_file("my-task.py", cwd=str(tmp_path))
 
 
 def test_an_unknown_task_is_refused_with_both_ways_and_the_presets(tmp_path, monkeypatch):
@@ -99,6 +112,14 @@ def test_the_error_record_carries_the_users_line_and_the_root_cause_names_it(use
     assert err["where"].endswith("usertask_where.py:14 in build")
     cause = root_cause({"world_size": 2, "errors": {1: err}, "rc": 1})
     assert cause["rank"] == 1 and cause["where"] == err["where"]
+
+
+def test_an_error_at_the_top_of_the_users_module_points_at_its_line(tmp_path, monkeypatch):
+    (tmp_path / "usertask_top.py").write_text("import torch\n\nSIZE = undefined_name\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(NameError) as info:
+        registry.import_task("usertask_top")
+    assert registry.where_in_task(info.value) == f"{tmp_path / 'usertask_top.py'}:3 in <module>"
 
 
 def test_an_error_in_the_engine_is_not_blamed_on_the_task(user_task):
