@@ -252,13 +252,16 @@ def task_fix(option: str, presets: Sequence[str]) -> str:
     from runner.config.task_module import CUSTOM_PRESET, findable
 
     found = findable(option) if option.isidentifier() else False
-    ways = [f"task.module={option if found else '<your module>'} (a module with build(cfg, device)"
-            + (f"; {option} is importable here" if found else "") + ")",
-            f"your YAML as <folder>/task/{option}.yaml, then --config-dir <folder> task={option}"]
-    if found:  # the likelier way first
-        ways.reverse()
+    # A folder here that holds the YAML: the user forgot --config-dir.
+    here = next((d for d in ("conf", "config", "configs", ".") if os.path.isfile(os.path.join(d, "task",
+                                                                                              f"{option}.yaml"))), None)
+    module = (f"task.module={option if found else '<your module>'} (a module with build(cfg, device)"
+              + (f"; {option} is importable here" if found else "") + ")")
+    yaml = (f"--config-dir {here} task={option} ({os.path.join(here, 'task', option)}.yaml is here)" if here else
+            f"your YAML as <folder>/task/{option}.yaml, then --config-dir <folder> task={option}")
+    first, second = (module, yaml) if found and not here else (yaml, module)  # the likelier way first
     shown = [p for p in presets if p != CUSTOM_PRESET]
-    return (f"name your own task either way: {ways[1]}, or {ways[0]}"
+    return (f"name your own task either way: {first}, or {second}"
             + (f"; built-in presets: {', '.join(shown)}" if shown else ""))
 
 

@@ -58,6 +58,11 @@ def test_an_unknown_task_is_refused_with_both_ways_and_the_presets(tmp_path, mon
     fix = overrides.task_fix("mytask", ["gpt", "smoke"])
     assert fix.startswith("name your own task either way: task.module=mytask (")
     assert "mytask is importable here" in fix
+    (tmp_path / "conf" / "task").mkdir(parents=True)
+    (tmp_path / "conf" / "task" / "mytask.yaml").write_text("task: {}\n")
+    fix = overrides.task_fix("mytask", ["gpt", "smoke"])
+    assert fix.startswith("name your own task either way: --config-dir conf task=mytask (conf/task/mytask.yaml is"
+                          " here), or task.module=mytask"), fix
 
 
 USER_TASK = '''\
