@@ -133,12 +133,15 @@ def version() -> str:
 def _hydra_args(args: list[str]) -> tuple[Any, list[str], str]:
     """The parsed command line, the arguments Hydra gets, and the primary config's path (PlanError on a bad
     ``--config-dir`` or a sweep over a group that does not exist)."""
-    from runner.config import overrides
+    from runner.config import overrides, task_module
 
     cli = overrides.parse(args)
     config_path = CONFIG_PATH
     if cli.config_dir is not None:
         args, config_path = overrides.user_dir_first(args, cli.config_dir, cli.config_name, CONFIG_PATH)
+        cli = overrides.parse(args)
+    if config_path == CONFIG_PATH and task_module.module_only(cli.overrides):
+        args = [*args, f"task={task_module.CUSTOM_PRESET}"]  # the user's module, none of the default task's keys
         cli = overrides.parse(args)
     if cli.multirun:
         overrides.check_sweep_groups(cli, config_path)
@@ -159,8 +162,9 @@ def _hydra_args(args: list[str]) -> tuple[Any, list[str], str]:
 
 def main() -> None:
     """Console entry point of ``ddp-run``."""
-    from runner.config import overrides
+    from runner.config import overrides, task_module
 
+    task_module.register_resolver()
     args = sys.argv[1:]
     _run.argv = ["ddp-run", *args]
     if "--version" in args:

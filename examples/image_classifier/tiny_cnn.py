@@ -16,7 +16,7 @@ from tasks.api import Config, TaskParts
 
 
 class TinyCNN(torch.nn.Module):
-    """Two conv layers and a linear head; ``forward(x, y)`` returns the mean cross-entropy."""
+    """Two conv layers and a linear head; ``forward(x, y)`` returns the mean cross-entropy and the accuracy."""
 
     def __init__(self, classes: int, width: int, dropout: float) -> None:
         super().__init__()
@@ -27,8 +27,10 @@ class TinyCNN(torch.nn.Module):
         )
         self.head = torch.nn.Linear(4 * width, classes)  # one feature map per quadrant
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.cross_entropy(self.head(self.features(x)), y)
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        logits = self.head(self.features(x))
+        accuracy = (logits.argmax(dim=1) == y).float().mean()  # an extra metric: logged beside the loss
+        return torch.nn.functional.cross_entropy(logits, y), {"accuracy": accuracy}
 
 
 def synthetic_images(n: int, classes: int, size: int, seed: int) -> TensorDataset:

@@ -265,12 +265,33 @@ def _check_sweep_groups(o: Any, loader: Any) -> None:
             raise PlanError(key, v, f"no such {key}", f"pick one of: {', '.join(sorted(options))}")
 
 
+def task_fix(option: str, presets: Sequence[str]) -> str:
+    """How to run a task that has no preset: its module named directly, or its YAML in a config folder."""
+    from runner.config.task_module import CUSTOM_PRESET, findable
+
+    found = findable(option) if option.isidentifier() else False
+    # A folder here that holds the YAML: the user forgot --config-dir.
+    here = next((d for d in ("conf", "config", "configs", ".") if os.path.isfile(os.path.join(d, "task",
+                                                                                              f"{option}.yaml"))), None)
+    module = (f"task.module={option if found else '<your module>'} (a module with build(cfg, device)"
+              + (f"; {option} is importable here" if found else "") + ")")
+    yaml = (f"--config-dir {here} task={option} ({os.path.join(here, 'task', option)}.yaml is here)" if here else
+            f"your YAML as <folder>/task/{option}.yaml, then --config-dir <folder> task={option}")
+    first, second = (module, yaml) if found and not here else (yaml, module)  # the likelier way first
+    shown = [p for p in presets if p != CUSTOM_PRESET]
+    return (f"name your own task either way: {first}, or {second}"
+            + (f"; built-in presets: {', '.join(shown)}" if shown else ""))
+
+
 def _missing(exc: Any, parsed: list[Any], name: str) -> PlanError:
     """A config option or primary config that is not in the search path."""
     missing = (exc.missing_cfg_file or "").strip("/")
     options = sorted(exc.options or [])
     group, _, option = missing.rpartition("/")
     for o in parsed:
+        if o.key_or_group == group == "task":
+            return PlanError(group, option, "no such task: no task/" f"{option}.yaml in the config search path",
+                             task_fix(option, options))
         if o.key_or_group == group:
             return PlanError(group, option, f"no such {group} in the config search path",
                              f"pick one of: {', '.join(options)}" if options else

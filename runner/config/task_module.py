@@ -23,6 +23,67 @@ _FIX = ("set task.module to an importable module that defines build(cfg, device)
         " (installed, on PYTHONPATH, or in the directory you run ddp-run from)")
 
 
+# The preset a task given only by ``task.module=`` composes (conf/task/custom.yaml): none of another task's keys.
+CUSTOM_PRESET = "custom"
+# The resolver conf/task/custom.yaml names the run with: ``${ddp_task_name:${task.module}}``.
+NAME_RESOLVER = "ddp_task_name"
+
+
+def task_name(module: Any) -> str:
+    """A task's name from its module: ``mytask`` → ``mytask``, ``mypkg.image.task`` → ``image`` (a module called
+    ``task`` is named after its package), ``path/to/mytask.py`` → ``mytask``, reduced to the characters a run
+    directory's name may hold."""
+    module = str(module or "")
+    if module.endswith(".py"):  # a file: path/to/mytask.py
+        module = os.path.basename(module)[: -len(".py")]
+    parts = [p for p in module.split(".") if p]
+    if len(parts) > 1 and parts[-1] == "task":
+        parts = parts[:-1]
+    name = "".join(c if c.isalnum() or c in "-_" else "_" for c in (parts[-1] if parts else ""))
+    return name or "task"
+
+
+def register_resolver() -> None:
+    """Let Hydra's composed config name a ``task.module``-only task after its module (idempotent)."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver(NAME_RESOLVER):
+        OmegaConf.register_new_resolver(NAME_RESOLVER, task_name)
+
+
+def module_only(overrides: list[str]) -> bool:
+    """Whether the command line names a task's module but no task preset (``task.module=x`` without ``task=``):
+    such a task composes :data:`CUSTOM_PRESET`, not the default preset's keys and checks."""
+    keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o or o.startswith("~")}
+    return "task.module" in keys and "task" not in keys
+
+
+def from_file(value: Any, cwd: str | None = None) -> tuple[Any, str | None]:
+    """``task.module`` given as a file (``path/to/mytask.py``): its module name and its folder, searched first;
+    anything else as it is, with no folder."""
+    if not isinstance(value, str) or not value.endswith(".py"):
+        return value, None
+    path = os.path.join(cwd or os.getcwd(), os.path.expanduser(value))
+    name = os.path.basename(path)[: -len(".py")]
+    if not os.path.isfile(path):
+        raise PlanError("task.module", value, "no such file", "give the path of your task's .py file (relative to"
+                        " the folder you run ddp-run from), or its module name: task.module=mytask")
+    if not name.isidentifier():
+        raise PlanError("task.module", value, f"{name!r} is not a Python module name",
+                        "rename the file to a valid module name (letters, digits, _), e.g. my_task.py")
+    return name, os.path.dirname(os.path.abspath(path))
+
+
+def findable(module: str, cwd: str | None = None) -> bool:
+    """Whether ``module`` can be found as installed or in ``cwd`` (default: the working directory)."""
+    if not all(p.isidentifier() for p in module.split(".")):
+        return False
+    try:
+        return (_find_spec(module, []) or _find_spec(module, [cwd or os.getcwd()])) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def _find_spec(module: str, extra: list[str]) -> Any:
     added = [p for p in extra if p not in sys.path]
     sys.path.extend(added)
@@ -55,6 +116,8 @@ def locate(module: Any, cwd: str | None = None, extra: list[str] | None = None) 
     if spec is None:
         raise PlanError("task.module", module, "no such module (ModuleNotFoundError)", _FIX)
     origin = spec.origin
+    if where is None and origin and _root_of(origin, module) == os.path.realpath(cwd):
+        where = cwd  # found through `python -m`'s working directory on sys.path, which the workers (-P) lack
     if not origin or not origin.endswith(".py") or not os.path.isfile(origin):
         return where  # a compiled or namespace module: the workers find out what it holds
     try:
@@ -73,6 +136,15 @@ def locate(module: Any, cwd: str | None = None, extra: list[str] | None = None) 
                         f" (ModuleNotFoundError, from {origin})",
                         f"install {missing[0]} into this environment, or remove the import")
     return where
+
+
+def _root_of(origin: str, module: str) -> str:
+    """The directory ``module`` is imported from, given the file it was found in."""
+    up = module.count(".") + (os.path.basename(origin) == "__init__.py")
+    path = os.path.dirname(os.path.realpath(origin))
+    for _ in range(up):
+        path = os.path.dirname(path)
+    return path
 
 
 def _top_level_names(tree: ast.Module) -> set[str]:

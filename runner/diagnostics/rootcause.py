@@ -89,7 +89,8 @@ def _events(evidence: Mapping[str, Any]) -> list[dict[str, Any]]:
             cls = classify_error(err)
             events.append({"rank": r, "class": cls, "time": err.get("time", float("inf")),
                            "primary": cls in PRIMARY, "type": err.get("type"), "message": err.get("message"),
-                           "where": _where_in_traceback(err.get("traceback") or []) or _at(prog),
+                           "where": (err.get("where") or _where_in_traceback(err.get("traceback") or [])
+                                     or _at(prog)),
                            "traceback": err.get("traceback") or []})
             continue
         if (facts.get(r) or {}).get("completed") or (prog or {}).get("phase") == "done":

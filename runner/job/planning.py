@@ -48,7 +48,9 @@ def plan_job(cfg: dict[str, Any], task_dirs: list[str]) -> tuple[Plan, str | Non
     validate.check(cfg)  # every engine and data key from the config alone, before files, tasks or devices
     for line in validate.warnings(cfg):
         print(f"ddp-run: warning: {line}", file=sys.stderr, flush=True)
-    task_dir = task_module.locate(cfg["task"].get("module"), extra=task_dirs)
+    # A task given as a file (task.module=path/to/mytask.py) runs as its module, found in the file's folder first.
+    cfg["task"]["module"], file_dir = task_module.from_file(cfg["task"].get("module"))
+    task_dir = task_module.locate(cfg["task"]["module"], cwd=file_dir, extra=task_dirs)
     probe = start_probe(cfg, task_dir)  # torch's answers come in while the checks below run
     try:
         gpus = visible_gpus() if cfg["device"] != "cpu" else []

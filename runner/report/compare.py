@@ -154,6 +154,7 @@ class Run:
     gpus: dict[str, dict[str, float]] | None = None
     time_breakdown: dict[str, Any] | None = None
     failure: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)  # the task's own: train/<name>, val/<name>
 
     @property
     def samples_per_s(self) -> float | None:
@@ -216,6 +217,7 @@ def load_run(path: Path) -> Run:
         first_step_s=_first_step_seconds(summary), val_loss=summary.get("val_loss"),
         goodput=summary.get("goodput"), gpus=summary.get("gpus"), time_breakdown=summary.get("time_breakdown"),
         failure=failure,
+        metrics={k: v for k, v in (summary.get("metrics") or {}).items() if isinstance(v, (int, float))},
     )
 
 
@@ -280,8 +282,15 @@ def _group_rows(group: str, runs: Sequence[Run], target: float | None, price: fl
             "val_loss": r.val_loss, "target": target, "time_to_target_s": t, "gpu_hours": hours,
             "cost": cost(hours, price), "bottleneck": bottleneck(r, None if r is base else eff),
             **_breakdown_columns(r.time_breakdown),
+            **r.metrics,
         })
     return out
+
+
+def metric_columns(table: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The tasks' extra metrics (``train/accuracy``, ``val/accuracy``, …) any row has, validation first."""
+    keys = {k for r in table for k in r if k.startswith(("train/", "val/"))}
+    return sorted(keys, key=lambda k: (not k.startswith("val/"), k))
 
 
 def _breakdown_columns(tb: Mapping[str, Any] | None) -> dict[str, float | None]:
@@ -327,7 +336,8 @@ def _fmt(v: Any, kind: str = "") -> str:
 
 def _table_lines(table: Sequence[Mapping[str, Any]], gpu: bool) -> list[str]:
     target = next((r["target"] for r in table if r.get("target") is not None), None)
-    head = ["run", "status", "ranks", "global batch", "throughput", "scaling eff.", "final loss", "val loss",
+    extra = metric_columns(table)
+    head = ["run", "status", "ranks", "global batch", "throughput", "scaling eff.", "final loss", "val loss", *extra,
             f"time to loss {target:.4g}" if target is not None else "time to target"]
     head += ["GPU-hours", "cost"] if gpu else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -335,7 +345,7 @@ def _table_lines(table: Sequence[Mapping[str, Any]], gpu: bool) -> list[str]:
         warn = " ⚠" if r["status"] != layout.STATUS_COMPLETED else ""
         cells = [r["run"], r["status"] + warn, str(r["world"]), _fmt(r["global_batch"]),
                  f"{_fmt(r['rate'])} {r['unit']}" if r["rate"] else "—", _fmt(r["efficiency"], "pct"),
-                 _fmt(r["final_loss"]), _fmt(r["val_loss"]),
+                 _fmt(r["final_loss"]), _fmt(r["val_loss"]), *(_fmt(r.get(k)) for k in extra),
                  f"{r['time_to_target_s']:.1f} s" if r["time_to_target_s"] is not None else "not reached"]
         if gpu:
             cells += [f"{r['gpu_hours']:.4f}" if r["gpu_hours"] is not None else "— (CPU)" if r["device"] != "cuda"
@@ -423,10 +433,11 @@ def _loss_panel(ax: Any, runs: Sequence[Run], timed: bool) -> None:
 def write_csv(table: Sequence[Mapping[str, Any]], path: Path) -> None:
     """The table as CSV (raw numbers, one row per run)."""
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=[*COLUMNS, "bottleneck"])
+    names = [*COLUMNS, *metric_columns(table), "bottleneck"]
+    w = csv.DictWriter(buf, fieldnames=names)
     w.writeheader()
     for r in table:
-        w.writerow({k: r.get(k) for k in [*COLUMNS, "bottleneck"]})
+        w.writerow({k: r.get(k) for k in names})
     path.write_text(buf.getvalue())
 
 

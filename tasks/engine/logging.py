@@ -34,11 +34,12 @@ class PendingLog:
     ready: torch.cuda.Event | None
     lr: float
     window_steps: int             # optimizer steps of the perf window that ends with this step
+    n_extra: int = 0              # the task's extra metrics, last in each row (tasks/engine/task_metrics.py)
 
     @classmethod
     def start(cls, step: int, mean_loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, window_steps: int,
               world_size: int, gpu: dict[str, float] | None = None,
-              times: dict[str, float] | None = None) -> PendingLog:
+              times: dict[str, float] | None = None, extra: torch.Tensor | None = None) -> PendingLog:
         """Gather this step's values from every rank (one small collective) and start their copy to the host."""
         # The logged loss is the global mean over the whole global batch, and rank 0 logs every rank's GPU.
         # Every rank sends the same length (NaN where it has no telemetry), so ranks that disagree about NVML
@@ -48,17 +49,18 @@ class PendingLog:
                             + [math.nan if times is None else times[k] for k in timing.FIELDS])
         if dev.type == "cuda":  # from pinned memory, without a sync: a blocking copy would drain the GPU's queue
             tele = tele.pin_memory().to(dev, non_blocking=True)
-        stats = torch.cat([torch.stack([mean_loss, grad_norm.detach().float().to(dev)]), tele])
+        extra = torch.zeros(0, device=dev) if extra is None else extra.float().to(dev)
+        stats = torch.cat([torch.stack([mean_loss, grad_norm.detach().float().to(dev)]), tele, extra])
         gathered = stats.new_empty(world_size * stats.numel())
         dist.all_gather_into_tensor(gathered, stats)
         gathered = gathered.view(world_size, -1)
         if dev.type != "cuda":
-            return cls(step, gathered, None, lr, window_steps)
+            return cls(step, gathered, None, lr, window_steps, extra.numel())
         host = torch.empty(gathered.shape, pin_memory=True)
         host.copy_(gathered, non_blocking=True)
         ready = torch.cuda.Event()
         ready.record()
-        return cls(step, host, ready, lr, window_steps)
+        return cls(step, host, ready, lr, window_steps, extra.numel())
 
     def values(self) -> tuple[float, float, dict[int, dict[str, float]], dict[int, dict[str, float]]]:
         """Mean loss and grad norm over the ranks, each rank's GPU telemetry and each rank's phase times (ms) where
@@ -69,9 +71,15 @@ class PendingLog:
         n = len(gpu_telemetry.FIELDS)
         gpus = {r: dict(zip(gpu_telemetry.FIELDS, row[2:2 + n].tolist(), strict=True))
                 for r, row in enumerate(self.host) if not math.isnan(row[2].item())}
-        times = {r: dict(zip(timing.FIELDS, row[2 + n:].tolist(), strict=True))
+        times = {r: dict(zip(timing.FIELDS, row[2 + n:2 + n + len(timing.FIELDS)].tolist(), strict=True))
                  for r, row in enumerate(self.host) if not math.isnan(row[2 + n].item())}
         return loss, gnorm, gpus, times
+
+    def extra_means(self) -> list[float]:
+        """The task's extra metrics, each the mean over the ranks (call after :meth:`values`)."""
+        if not self.n_extra:
+            return []
+        return self.host[:, self.host.shape[1] - self.n_extra:].double().mean(dim=0).tolist()
 
 
 def swept_values(run_dir: str) -> dict[str, Any]:

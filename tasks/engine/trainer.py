@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from runner.contract import layout, rules
 from tasks import registry
 from tasks.api import TaskParts
-from tasks.engine import compile_cache, metrics, startup, timing, worker_io
+from tasks.engine import compile_cache, metrics, startup, task_metrics, timing, worker_io
 from tasks.engine import logging as tb
 from tasks.engine import progress as console_progress
 from tasks.engine.checkpoint.manager import CheckpointManager
@@ -144,8 +144,12 @@ def _facts(ctx: Context, **extra: Any) -> dict[str, Any]:
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, data: Dataset, ctx: Context, batch: int, precision: str,
-             lockstep: bool = False) -> float:
+             lockstep: bool = False, metrics: dict[str, float] | None = None,
+             names: tuple[str, ...] | None = None) -> float:
     """Mean loss over the whole dataset, each sample counted exactly once across ranks.
+
+    ``metrics``: filled with the task's extra metrics (``names``, the same on every rank) over the same samples,
+    each batch weighted by its size, reduced in the loss's own all-reduce.
 
     DistributedSampler pads uneven splits with duplicates; here rank r takes samples r, r+W, r+2W, … with
     no padding, and the sums and counts are reduced across ranks. ``lockstep``: every forward is a collective
@@ -155,6 +159,7 @@ def evaluate(model: torch.nn.Module, data: Dataset, ctx: Context, batch: int, pr
     model.eval()
     shard = Subset(data, range(ctx.rank, len(data), ctx.world_size))
     totals = torch.zeros(2, dtype=torch.float64, device=ctx.device)
+    sums = task_metrics.Sums(ctx.device, names if metrics is not None else ())
     batches = list(DataLoader(shard, batch_size=batch, shuffle=False)) if lockstep else \
         DataLoader(shard, batch_size=batch, shuffle=False)
     if lockstep:
@@ -164,14 +169,18 @@ def evaluate(model: torch.nn.Module, data: Dataset, ctx: Context, batch: int, pr
     for xy in batches:
         x, y = xy if xy is not None else filler
         with _autocast(ctx.device, precision):
-            loss = model(x.to(ctx.device), y.to(ctx.device))
+            loss, extra = task_metrics.split_output(model(x.to(ctx.device), y.to(ctx.device)))
         if xy is None:
             continue
         totals[0] += loss.double() * len(x)
         totals[1] += len(x)
+        sums.add({k: v for k, v in extra.items() if k in (sums.names or ())}, weight=len(x))
         heartbeat.tick()
+    totals = torch.cat([totals, sums.sums.double()])
     dist.all_reduce(totals)
     model.train(was_training)
+    if metrics is not None:
+        metrics.update(zip(sums.names or (), (totals[2:] / totals[1]).tolist(), strict=True))
     return (totals[0] / totals[1]).item()
 
 
@@ -192,9 +201,11 @@ class _Loop:
     progress: Progress | None
     loss_sum: torch.Tensor          # sum of micro-step losses since the last log step (on the device)
     logged_step: int
+    extras: task_metrics.Sums       # the task's extra metrics since the last log step (tasks/api.py)
     pending: tb.PendingLog | None = None
     last: dict[str, float] = field(default_factory=dict)
     val_loss: float | None = None
+    val_metrics: dict[str, float] = field(default_factory=dict)  # the last validation's extra metrics
     first_step_s: float | None = None   # from the driver's start to the end of this launch's first step
     start_step: int = 0                 # optimizer steps done before this launch (a resume)
     start_unix: float = 0.0             # when this launch's first step began
@@ -241,6 +252,7 @@ class Trainer:
         self.telemetry = gpu_telemetry.Sampler.start(ctx.device) if t.get("gpu_telemetry", True) else None
         self.gpu_windows: dict[int, list[dict[str, float]]] = {}
         self.time_windows: dict[int, list[dict[str, float]]] = {}  # each rank's phase times, per logging window
+        self.extras: task_metrics.Sums | None = None  # the loop's extra metric sums (names known after a forward)
 
     def _build_data(self) -> None:
         """The sampler, the loader and the optimizer steps an epoch gives."""
@@ -357,7 +369,7 @@ class Trainer:
                 self._finish_log(loop)  # the checkpoint holds the losses
             if val_due:
                 with loop.meter.paused("validation"):
-                    loop.val_loss = self.validate(loop.writer, step, loop.progress)
+                    loop.val_loss = self.validate(loop.writer, step, loop.progress, loop.val_metrics)
             if ckpt_due:
                 with loop.meter.paused("checkpoint"):  # the save's blocking time is not a training step
                     self.checkpoint()
@@ -380,8 +392,9 @@ class Trainer:
         timer = timing.PhaseTimer(ctx.device, int(t.get("timing_every", 1) or 0), first_step=self.state.step + 1)
         self.strategy.on_grads_ready(timer.grads_ready)  # when its gradient sync starts, if the strategy can tell
         startup.mark("loop_start")
+        self.extras = task_metrics.Sums(ctx.device)
         return _Loop(meter, profiler, writer, progress, torch.zeros((), device=ctx.device), self.state.step,
-                     start_step=self.state.step, start_unix=startup.marked("loop_start"), timer=timer)
+                     self.extras, start_step=self.state.step, start_unix=startup.marked("loop_start"), timer=timer)
 
     def micro_step(self, batches: Any, loop: _Loop, *, first: bool, last: bool) -> None:
         """Forward and backward of one micro-batch; the strategy synchronises gradients on the ``last`` one only."""
@@ -396,11 +409,12 @@ class Trainer:
             torch.compiler.cudagraph_mark_step_begin()
         with self.strategy.sync(last):  # no_sync around forward *and* backward of every micro-step but the last
             with _autocast(device, self.cfg.train.precision):
-                loss = self.strategy.forward(last)(x, y)
+                loss, extra = task_metrics.split_output(self.strategy.forward(last)(x, y))
             scaled = loss / self.accumulation  # the mean over the optimizer step's micro-batches
             scaled = self.scaler.scale(scaled) if self.scaler is not None else scaled
             self.strategy.backward(scaled, first=first, last=last)
         loop.loss_sum += loss.detach().float()
+        loop.extras.add(extra)
         self.state.micro_in_epoch += 1
         loop.timer.end_micro_step()
 
@@ -446,7 +460,8 @@ class Trainer:
         heartbeat.phase("log")
         loop.pending = tb.PendingLog.start(
             step, loop.loss_sum / self.accumulation / (step - loop.logged_step), grad_norm, lr, loop.meter.steps,
-            self.ctx.world_size, self.telemetry.window() if self.telemetry else None, loop.timer.window())
+            self.ctx.world_size, self.telemetry.window() if self.telemetry else None, loop.timer.window(),
+            extra=loop.extras.take() if loop.extras.names else None)
         loop.logged_step = step
         loop.loss_sum.zero_()
 
@@ -456,7 +471,8 @@ class Trainer:
         pending, loop.pending = loop.pending, None
         assert pending is not None
         train_loss, gnorm, gpus, times = pending.values()
-        last = {"train/loss": train_loss, "lr": pending.lr, "grad_norm": gnorm,
+        last = {"train/loss": train_loss, **task_metrics.named(loop.extras.names, pending.extra_means(), "train"),
+                "lr": pending.lr, "grad_norm": gnorm,
                 **loop.meter.close_window(pending.window_steps),
                 "memory/peak_gb": tb.peak_memory_gb(self.ctx.device)}
         self.state.losses.append(train_loss)
@@ -482,21 +498,42 @@ class Trainer:
         """What the console's throughput counts: tokens for a task with tokens, else samples."""
         return "tokens/s" if self.parts.tokens_per_sample else "samples/s"
 
-    def validate(self, writer: Any, step: int, progress: Progress | None = None) -> float:
-        """Exact validation loss (every sample once across ranks), logged at ``step``."""
+    def validate(self, writer: Any, step: int, progress: Progress | None = None,
+                 metrics: dict[str, float] | None = None) -> float:
+        """Exact validation loss (every sample once across ranks), logged at ``step`` and shown on the console;
+        ``metrics`` receives the task's extra metrics over the same samples (``val/<name>``)."""
         heartbeat.phase("validate")
         data = self.parts.val_set
         cap = self.cfg.train.get("val_samples")
         if cap and cap < len(data):  # the same leading samples every time, each counted once
             data = Subset(data, range(cap))
+        found: dict[str, float] = {}
         loss = evaluate(self.model, data, self.ctx, self.per_rank, self.cfg.train.precision,
-                        lockstep=self.strategy.collective_forward)
+                        lockstep=self.strategy.collective_forward, metrics=found, names=self._metric_names(data))
+        extra = task_metrics.named(tuple(found), list(found.values()), "val")
         if writer is not None:
-            writer.add_scalar("val/loss", loss, step)
-        self._say(f"step {step} val/loss {loss:.4f}")
+            for k, v in {"val/loss": loss, **extra}.items():
+                writer.add_scalar(k, v, step)
+        self._say(f"step {step} val/loss {loss:.4f}" + "".join(f" {k} {v:.4g}" for k, v in extra.items()))
         if progress is not None:  # and on the user's console
             progress.validated(step, loss)
+        if metrics is not None:
+            metrics.update(extra)
         return loss
+
+    def _metric_names(self, data: Dataset) -> tuple[str, ...]:
+        """The task's extra metric names: from training, else from one forward on the first validation sample
+        (every rank the same one, so a sharded model's forward stays collective)."""
+        names = self.extras.names if self.extras is not None else None
+        if names is None:
+            x, y = next(iter(DataLoader(data, batch_size=1)))
+            was_training = self.model.training
+            self.model.eval()
+            with torch.no_grad(), _autocast(self.ctx.device, self.cfg.train.precision):
+                _, extra = task_metrics.split_output(self.model(x.to(self.ctx.device), y.to(self.ctx.device)))
+            self.model.train(was_training)
+            names = tuple(sorted(extra))
+        return names
 
     def _finish(self, loop: _Loop) -> dict[str, Any]:
         """After the last step: the final validation and checkpoint, then the summary."""
@@ -504,7 +541,7 @@ class Trainer:
         loop.profiler.finish(self.state.step)  # when training ended inside the traced steps
         if self.parts.val_set is not None:
             with loop.meter.paused("validation"):
-                loop.val_loss = self.validate(loop.writer, self.state.step, loop.progress)
+                loop.val_loss = self.validate(loop.writer, self.state.step, loop.progress, loop.val_metrics)
         with loop.meter.paused("checkpoint"):
             self.checkpoints.save_final(self.state)
         if loop.progress is not None:
@@ -513,6 +550,9 @@ class Trainer:
             "steps": self.state.step, "epochs_started": self.state.epoch + (self.state.micro_in_epoch > 0),
             "final": dict(loop.last),
             "val_loss": loop.val_loss,
+            # The task's extra metrics (tasks/api.py): the last logged train/<name>, the last validation's val/<name>.
+            "metrics": {**{k: v for k, v in loop.last.items() if k.startswith("train/") and k != "train/loss"},
+                        **loop.val_metrics},
             "median": loop.meter.medians(),
             "perf_windows": loop.meter.history,  # every logging window's figures but the first (start-up, compile)
             "perf_span_unix": loop.meter.span_unix,  # when those windows ran: [start, end], Unix seconds

@@ -56,14 +56,22 @@ def mark_failure_time(exc: BaseException) -> None:
 
 
 def record_error(local_dir: str, rank: int, exc: BaseException) -> None:
-    """Leave ``logs/rank<R>.error.json``: when (see :func:`mark_failure_time`), what type, and the last
-    traceback lines."""
+    """Leave ``logs/rank<R>.error.json``: when (see :func:`mark_failure_time`), what type, the last traceback
+    lines, and the line of the task's own code it came from (None when it did not)."""
+    from tasks.registry import where_in_task
+
     lines = traceback.format_exception(exc)
     tail = "".join(lines).rstrip().splitlines()[-12:]
+    try:
+        where = where_in_task(exc)
+    except Exception:  # noqa: BLE001 - the record matters more than this hint
+        where = None
     write_json(local_dir, layout.rank_error(rank), {
         "rank": rank,
         "time": getattr(exc, _FAILED_AT, time.time()),
         "type": type(exc).__name__,
         "message": str(exc)[:2000],
         "traceback": tail,
+        # The innermost line of the task's own code (tasks/registry.py), when the error came from there.
+        "where": where,
     })

@@ -102,7 +102,8 @@ def test_a_long_validation_is_progress_not_a_hang(tmp_path):
     # 32 validation batches of 0.25 s per rank (8 s) against a 3 s watchdog: each batch counts as progress.
     here = Path(__file__).resolve().parents[1] / "support" / "user_tasks"
     r = subprocess.run([sys.executable, "-P", "-m", "runner", "device=cpu", "world_size=2", "train.max_steps=2",
-                        "batch.per_rank=1", "task.module=slow_validation", "watchdog.timeout_s=3", "timeout_s=60",
+                        "batch.per_rank=1", "task=smoke", "task.module=slow_validation", "watchdog.timeout_s=3",
+                        "timeout_s=60",
                         f"output.root={tmp_path}"], cwd=here, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
     [run] = run_dirs(tmp_path)
@@ -150,7 +151,7 @@ def test_debug_mode_names_a_collective_mismatch_and_keeps_its_logs_private(tmp_p
     # -P as the ddp-run script: the working directory is not on the driver's sys.path, so the task module is
     # found there and handed to the workers as a user's would be.
     r = subprocess.run([sys.executable, "-P", "-m", "runner", "device=cpu", "world_size=2", "train.max_steps=2",
-                        "task.module=uneven_allreduce", "debug=true", "timeout_s=60",
+                        "task=smoke", "task.module=uneven_allreduce", "debug=true", "timeout_s=60",
                         f"output.root={tmp_path}"], cwd=here, capture_output=True, text=True, timeout=240)
     assert r.returncode not in (0, layout.EXIT_REFUSED), r.stdout + r.stderr
     [run] = run_dirs(tmp_path)

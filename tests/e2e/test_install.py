@@ -100,11 +100,15 @@ def test_own_task_from_outside_the_checkout_with_checkpoint_and_resume(venv: Pat
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 32, again.stdout[-2000:]
     assert summary["final"]["train/loss"] < 1.0  # it learned the quadrants (chance: ln 4 = 1.39)
-    # The same module named on the shell instead of through its YAML.
-    r = _run([ddp_run, "task=smoke", "task.module=tiny_cnn", "+task.classes=4", "+task.image_size=16",
+    assert summary["metrics"]["val/accuracy"] > 0.9  # the task's extra metric (chance: 0.25)
+    # The same module named on the shell instead of through its YAML: a task of its own name, none of smoke's keys.
+    r = _run([ddp_run, "task.module=tiny_cnn", "+task.classes=4", "+task.image_size=16",
               "+task.width=8", "+task.dropout=0.0", "+task.train_samples=64", "+task.val_samples=16",
               "device=cpu", "world_size=2", "output.root=out2"], cwd=workdir)
     assert "completed" in r.stdout
+    [shell] = (workdir / "out2").glob("*/*")
+    assert shell.name.endswith("_tiny_cnn_w2")
+    assert 0.0 <= json.loads((shell / "summary.json").read_text())["metrics"]["val/accuracy"] <= 1.0
 
 
 def test_gpt_on_text_tokenized_with_ddp_tokenize(venv: Path, workdir: Path) -> None:
