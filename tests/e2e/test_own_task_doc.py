@@ -16,16 +16,13 @@ import pytest
 from conftest import load_json, run_dirs
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from tests.support.doc_commands import shown_files
+
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "own-task.md"
 MAIN = "ddp-run --config-dir conf task=mytask device=cpu world_size=2"
 TOOLS = {"ddp-run": ["-P", "-m", "runner"], "ddp-compare": ["-P", "-m", "runner.report.compare"], "python": []}
 NOT_RUN = ("tensorboard",)  # a server: the scalars it would show are read from the event files below
-
-
-def doc_files(text: str) -> dict[str, str]:
-    """The files the page shows: a line ``File `<path>`:`` and the fenced block after it."""
-    return dict(re.findall(r"^File `([^`]+)`:\n\n```\w*\n(.*?)^```", text, re.M | re.S))
 
 
 def doc_commands(text: str) -> list[str]:
@@ -45,7 +42,7 @@ def _run(work: Path, cmd: str, extra: list[str] | None = None) -> subprocess.Com
 def test_the_own_task_page_runs_as_written(tmp_path: Path) -> None:
     text = DOC.read_text()
     work = tmp_path / "work"
-    for name, body in doc_files(text).items():
+    for name, body in shown_files(DOC).items():
         (work / name).parent.mkdir(parents=True, exist_ok=True)
         (work / name).write_text(body)
     assert sorted(p.relative_to(work).as_posix() for p in work.rglob("*") if p.is_file()) == [
@@ -94,11 +91,10 @@ def test_the_own_task_page_runs_as_written(tmp_path: Path) -> None:
 
 
 def test_the_readme_own_task_commands_are_the_pages():
-    """The README's own-task section (once it links the page) shows only commands the page's test runs."""
+    """The README's own-task section links the page and shows only commands the page's test runs."""
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Your own task", 1)[-1].split("\n## ", 1)[0]
-    if "own-task.md" not in section:
-        pytest.skip("the README's own-task section does not link docs/own-task.md yet")
+    assert "docs/own-task.md" in section
     shown = [line.split("  #")[0].strip() for line in section.splitlines() if line.strip().startswith("ddp-run")]
     assert shown and set(shown) <= set(doc_commands(DOC.read_text())), shown
 

@@ -23,6 +23,11 @@ def pages() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
+def shown_files(page: Path) -> dict[str, str]:
+    """The files a page shows a user writing: a line ``File `<path>`:`` and the fenced block after it."""
+    return dict(re.findall(r"^File `([^`]+)`:\n\n```\w*\n(.*?)^```", page.read_text(), re.M | re.S))
+
+
 def scripts() -> dict[str, str]:
     """The console scripts pyproject.toml installs: name -> ``module:function``."""
     return dict(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"])

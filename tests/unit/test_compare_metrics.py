@@ -28,7 +28,7 @@ def test_a_tasks_metrics_are_columns_of_the_table_and_the_csv(tmp_path):
     assert runs[0].metrics == {"train/accuracy": 0.875, "val/accuracy": 0.9} and runs[1].metrics == {}
     table = compare.rows(runs, None, 2.5)
     assert compare.metric_columns(table) == ["val/accuracy", "train/accuracy"]
-    md = compare.markdown(table, [], None, 2.5)
+    md = compare.markdown(table, [], 2.5)
     assert "| final loss | val loss | val/accuracy | train/accuracy |" in md
     lines = {line.split(" | ")[0]: line for line in md.splitlines() if line.startswith("| a |") or
              line.startswith("| b |")}
@@ -41,4 +41,4 @@ def test_a_tasks_metrics_are_columns_of_the_table_and_the_csv(tmp_path):
 def test_runs_without_metrics_keep_the_table_as_it_was(tmp_path):
     table = compare.rows([compare.load_run(_run(tmp_path, "b", None))], None, 2.5)
     assert compare.metric_columns(table) == []
-    assert "| final loss | val loss | time to target |" in compare.markdown(table, [], None, 2.5)
+    assert "| final loss | val loss | time to target |" in compare.markdown(table, [], 2.5)
