@@ -42,6 +42,9 @@ STATUS_COMPLETED = "completed"
 STATUS_FAILED = "failed"
 # Stopped by Ctrl-C / SIGTERM to the driver (exit 128 + signal).
 STATUS_INTERRUPTED = "interrupted"
+# Stopped by the pre-emption signal (checkpoint.stop_signal: Slurm's warning before a time limit or preemption);
+# a requeued Slurm job continues it (runner/contract/stops.py).
+STATUS_PREEMPTED = "preempted"
 # Submitted to a scheduler (launcher=slurm), not started yet.
 STATUS_QUEUED = "queued"
 # Never written: what a reader makes of a `running` run whose driver is gone (runner/rundir/status.py).

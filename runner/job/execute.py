@@ -82,6 +82,16 @@ def new_run_dir(conf: dict[str, Any], plan: Plan, started: datetime) -> rundir.R
     return rundir.create_run_dir(conf["output"]["root"], conf["task"]["name"], plan.world_size, started)
 
 
+# What a continued run takes from the command line; everything else is its own config.yaml.
+CONTINUE_KEYS = ("resume", "output.root", "dry_run", "train.max_steps")
+
+
+def _int_or_refuse(key: str, value: str) -> int:
+    if not value.isdigit() or int(value) <= 0:
+        raise PlanError(key, value, "must be a positive number of optimizer steps", f"e.g. {key}=1000")
+    return int(value)
+
+
 def _continued_run(resume: str, dry_run: bool, overrides: list[str]) -> tuple[dict[str, Any], rundir.RunDir]:
     """``resume=<run dir>``: that run's own config, and the directory, its lease taken (held until this driver
     exits). Workers take the run's own newest checkpoint first and fall back to where the run started from."""
@@ -91,12 +101,17 @@ def _continued_run(resume: str, dry_run: bool, overrides: list[str]) -> tuple[di
     conf["dry_run"] = dry_run
     if without_fault(conf):  # a rehearsal fault strikes once, not again in the continued run
         print("ddp-run: note: the run's fault.* is not repeated when it is continued", file=sys.stderr)
-    ignored = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in ("resume", "output.root", "dry_run")]
+    keys = {o.split("=", 1)[0].lstrip("+~"): o.split("=", 1)[-1] for o in overrides}
+    ignored = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in CONTINUE_KEYS]
     if ignored:
         print(f"ddp-run: warning: continuing {rd.url} with its own config.yaml; ignored: {' '.join(ignored)}",
               file=sys.stderr, flush=True)
     previous = rd.read_json(layout.MANIFEST)
     resume_checks.check_no_live_driver(rd.url, previous)
+    max_steps = _int_or_refuse("train.max_steps", keys["train.max_steps"]) if "train.max_steps" in keys else None
+    resume_checks.check_continuable(rd.url, previous, conf, max_steps)  # before the lease: a refusal changes nothing
+    if max_steps is not None:
+        conf["train"]["max_steps"] = max_steps
     rd.lease = take_or_refuse(rd.fs, rd.path, rd.url)
     rd.continued = True
     return conf, rd
@@ -108,7 +123,7 @@ def _planned(conf: dict[str, Any], rd: rundir.RunDir | None) -> tuple[Plan, str 
     plan, task_dir, probe = plan_job(conf, [recorded] if recorded else [])
     resume = str(conf.get("resume", "auto"))
     try:
-        if rd is None and resume not in ("auto", "never"):
+        if rd is None and resume not in resume_checks.NEW_RUN:
             resume_checks.check_resume_source(resume, plan)
     except BaseException:
         if probe is not None:
@@ -153,7 +168,10 @@ def execute(composed: dict[str, Any], how: Invocation,
     rd = None
     try:
         conf = composed
-        if resume not in ("auto", "never") and resume_checks.is_run_dir(resume):
+        if resume == resume_checks.LAST:
+            resume = resume_checks.latest_unfinished(str(composed["output"]["root"]))
+            print(f"ddp-run: resume=last: continuing {resume}", flush=True)
+        if resume not in resume_checks.NEW_RUN and resume_checks.is_run_dir(resume):
             conf, rd = _continued_run(resume, bool(composed.get("dry_run")), how.overrides)
         elif check is not None:
             check(conf)
@@ -175,6 +193,9 @@ def execute(composed: dict[str, Any], how: Invocation,
         # Everything this driver, torchrun and the workers create from here on (they inherit the umask) is
         # owner-only: the run directory, logs, TensorBoard files, checkpoints.
         os.umask(0o077)
+    if how.new_run_dir is None and rd is None and str(conf.get("resume", "auto")) == "auto" \
+            and (note := resume_checks.note_unfinished(str(conf["output"]["root"]))):
+        print(note, file=sys.stderr, flush=True)
     make = how.new_run_dir or new_run_dir
     job = Job(conf, plan, t0, task_dir, rd=rd, new_run_dir=lambda: make(conf, plan, started))
     return _launch(job, launcher, how, started, mem, probe)

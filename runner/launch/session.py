@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.config.plan import Plan
-from runner.contract import layout
+from runner.contract import layout, stops
 from runner.diagnostics import setup
 from runner.diagnostics.peers import PeerRanks, Relay
 from runner.diagnostics.watchdog import Watchdog
@@ -67,7 +67,8 @@ class Session:
         # staging folder) makes them.
         if self.judging or rd.is_remote:
             setup.prepare(rd.local, conf)
-        self.supervisor = Supervisor(cmd, env, str(Path(rd.local, agent_log)))
+        self.preempt, grace_s = stops.of(conf.get("checkpoint"))
+        self.supervisor = Supervisor(cmd, env, str(Path(rd.local, agent_log)), self.preempt, grace_s)
         self.mirror = Mirror(rd, staged=staged) if rd.is_remote else None
         self.watch: Watchdog | None = None
         self.ticks: list[Callable[[], None]] = []

@@ -284,7 +284,8 @@ def job_main(run_url: str) -> int:
           flush=True)
     session = Session(rd, conf, plan, cmd, environment(rd, conf, plan, t0, task_dir, extra), manifest=manifest)
     rc = session.run()
-    code = finalize.finish(rd, manifest, plan, rc, session.interrupted, watch=session.observations())
+    code = finalize.finish(rd, manifest, plan, rc, session.interrupted, watch=session.observations(),
+                                preempt=session.preempt)
     session.close()
     print(rd.url, flush=True)
     return code

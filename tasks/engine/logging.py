@@ -104,6 +104,15 @@ def open_writer(logdir: str) -> Any:
     return SummaryWriter(logdir)
 
 
+def purge_from(writer: Any, step: int) -> None:
+    """What ``SummaryWriter(purge_step=step)`` does, once the step is known (a resume's): TensorBoard drops the
+    points at ``step`` and later that earlier event files hold, so an interrupted attempt's steps after its last
+    checkpoint are not shown twice."""
+    from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+
+    writer.file_writer.add_event(Event(step=step, session_log=SessionLog(status=SessionLog.START)))
+
+
 # The scalars the HPARAMS tab shows beside each run's settings (their latest values).
 HPARAM_METRICS = ("train/loss", "val/loss", "perf/step_time_s", "perf/samples_per_s", "perf/tokens_per_s")
 

@@ -1,0 +1,51 @@
+"""Every rank agrees on a stop at an optimizer-step boundary (NeMo's pattern): a signal only sets a flag
+(``termination.requested``); here the ranks reduce it with one tiny all-reduce (MAX of a 1-element tensor), so that
+all of them see the same answer at the same step and take part in one complete checkpoint.
+
+On CUDA the reduced flag travels to the host without a sync: round k is read at the boundary of step k+1 (its
+copy finished long ago: the host runs about a step ahead of the device), so a stop costs at most one more step of
+latency and no work (the checkpoint covers every step done). On CPU (gloo) the collective is synchronous anyway
+and the answer is read at once.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from tasks.engine.diagnostics import termination
+
+
+class StopAgreement:
+    """The per-step stop vote of this rank; :meth:`poll` returns the agreed signal number (0: go on)."""
+
+    def __init__(self, device: torch.device, enabled: bool = True) -> None:
+        self.device, self.enabled = device, enabled
+        self.lagged = device.type == "cuda"
+        self._pending: torch.cuda.Event | None = None
+        if self.lagged and enabled:
+            self._send = torch.zeros(1, dtype=torch.int32, pin_memory=True)
+            self._dev = torch.zeros(1, dtype=torch.int32, device=device)
+            self._recv = torch.zeros(1, dtype=torch.int32, pin_memory=True)
+
+    def poll(self) -> int:
+        """Collective (every rank calls it at every optimizer-step boundary): the stop signal any rank has
+        received, as agreed by all (0 when none, or when disabled)."""
+        if not self.enabled:
+            return 0
+        mine = termination.requested()
+        if not self.lagged:
+            flag = torch.tensor([mine], dtype=torch.int32)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            return int(flag.item())
+        agreed = 0
+        if self._pending is not None:  # the previous round's answer: every rank reads the same round
+            self._pending.synchronize()
+            agreed = int(self._recv.item())
+        self._send.fill_(mine)
+        self._dev.copy_(self._send, non_blocking=True)
+        dist.all_reduce(self._dev, op=dist.ReduceOp.MAX)
+        self._recv.copy_(self._dev, non_blocking=True)
+        self._pending = torch.cuda.Event()
+        self._pending.record()
+        return agreed
