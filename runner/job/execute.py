@@ -46,10 +46,12 @@ class Invocation:
     config_sources: list[str] = field(default_factory=list)
     swept: dict[str, str] = field(default_factory=dict)
     new_run_dir: Callable[[dict[str, Any], Plan, datetime], rundir.RunDir] | None = None
+    paths_given: dict[str, str] = field(default_factory=dict)  # data paths as typed, before made absolute
 
     def record(self, task_dir: str | None) -> dict[str, Any]:
         """``invocation`` in run.json."""
         return {"argv": self.argv, "cwd": os.getcwd(), "overrides": self.overrides, "task_preset": self.task_preset,
+                "paths_given": self.paths_given,
                 "config_name": self.config_name, "config_sources": self.config_sources, "task_dir": task_dir,
                 # This job's value of each key the sweep varies (TensorBoard's HPARAMS table shows them).
                 "swept": self.swept}
@@ -75,6 +77,19 @@ def refuse(err: PlanError) -> Outcome:
           f"  key:   {err.key}\n  value: {err.value!r}\n  fix:   {err.fix}\n"
           "Nothing was started and no run directory was created.", file=sys.stderr)
     return Outcome(layout.EXIT_REFUSED, reason=f"refused: {err.key}={err.value!r}: {err.problem}")
+
+
+def absolute_paths(conf: dict[str, Any]) -> dict[str, str]:
+    """Make the local relative data paths of ``conf`` absolute (in place), so that the run resumes and reproduces
+    from any directory; returns the spellings as given, by key."""
+    given = {}
+    data = conf.get("data") or {}
+    for key in ("path", "val_path"):
+        value = data.get(key)
+        if isinstance(value, str) and value and "://" not in value and not os.path.isabs(value):
+            given[f"data.{key}"] = value
+            data[key] = os.path.abspath(os.path.expanduser(value))
+    return given
 
 
 def new_run_dir(conf: dict[str, Any], plan: Plan, started: datetime) -> rundir.RunDir:
@@ -173,8 +188,10 @@ def execute(composed: dict[str, Any], how: Invocation,
             print(f"ddp-run: resume=last: continuing {resume}", flush=True)
         if resume not in resume_checks.NEW_RUN and resume_checks.is_run_dir(resume):
             conf, rd = _continued_run(resume, bool(composed.get("dry_run")), how.overrides)
-        elif check is not None:
-            check(conf)
+        else:
+            how.paths_given = absolute_paths(conf)
+            if check is not None:
+                check(conf)
         plan, task_dir, probe, mem = _planned(conf, rd)
     except PlanError as err:
         if rd is not None and rd.lease is not None:  # refused after taking the lease: give it back now
@@ -193,12 +210,21 @@ def execute(composed: dict[str, Any], how: Invocation,
         # Everything this driver, torchrun and the workers create from here on (they inherit the umask) is
         # owner-only: the run directory, logs, TensorBoard files, checkpoints.
         os.umask(0o077)
-    if how.new_run_dir is None and rd is None and str(conf.get("resume", "auto")) == "auto" \
-            and (note := resume_checks.note_unfinished(str(conf["output"]["root"]))):
-        print(note, file=sys.stderr, flush=True)
+    _say_where_it_starts(conf, rd, how)
     make = how.new_run_dir or new_run_dir
     job = Job(conf, plan, t0, task_dir, rd=rd, new_run_dir=lambda: make(conf, plan, started))
     return _launch(job, launcher, how, started, mem, probe)
+
+
+def _say_where_it_starts(conf: dict[str, Any], rd: rundir.RunDir | None, how: Invocation) -> None:
+    """A new run from step 0 says so where that may surprise: asked to restart, or an unfinished run exists."""
+    resume = str(conf.get("resume", "auto"))
+    if rd is not None or how.new_run_dir is not None:  # continued in place (the workers say from where), a sweep job
+        return
+    if resume == "restart":
+        print("ddp-run: resume=restart: a new run from step 0", flush=True)
+    elif resume == "auto" and (note := resume_checks.note_unfinished(str(conf["output"]["root"]))):
+        print(note, file=sys.stderr, flush=True)
 
 
 def _launch(job: Job, launcher: Any, how: Invocation, started: datetime, mem: dict[str, Any] | None,
