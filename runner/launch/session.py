@@ -57,18 +57,22 @@ class Session:
     ``agent_log``: torchrun's log, relative to the run tree. ``staged``: what a remote tree holds already (see
     :class:`~runner.rundir.mirror.Mirror`). ``peers``: read the other nodes' mirrored ranks too (multi-node run
     under a remote root). ``relay``: another node of a remote run: pass node 0's dump request to this node's ranks.
+    ``stop_by_file``: a stop asks rank 0 through ``layout.STOP_REQUEST`` before any signal (Slurm: a signal to
+    srun cancels the step).
     """
 
     def __init__(self, rd: RunDir, conf: Mapping[str, Any], plan: Plan, cmd: list[str], env: dict[str, str], *,
                  agent_log: str = layout.AGENT_LOG, manifest: dict[str, Any] | None = None,
-                 staged: dict[str, tuple[int, int]] | None = None, peers: bool = False, relay: bool = False) -> None:
+                 staged: dict[str, tuple[int, int]] | None = None, peers: bool = False, relay: bool = False,
+                 stop_by_file: bool = False) -> None:
         self.rd, self.plan, self.judging = rd, plan, manifest is not None
         # On a shared filesystem another node's folders are node 0's: only the judge (or a node with its own
         # staging folder) makes them.
         if self.judging or rd.is_remote:
             setup.prepare(rd.local, conf)
         self.preempt, grace_s = stops.of(conf.get("checkpoint"))
-        self.supervisor = Supervisor(cmd, env, str(Path(rd.local, agent_log)), self.preempt, grace_s)
+        self.supervisor = Supervisor(cmd, env, str(Path(rd.local, agent_log)), self.preempt, grace_s,
+                                     str(Path(rd.local, layout.STOP_REQUEST)) if stop_by_file else None)
         self.mirror = Mirror(rd, staged=staged) if rd.is_remote else None
         self.watch: Watchdog | None = None
         self.ticks: list[Callable[[], None]] = []

@@ -10,6 +10,7 @@ killed. A second signal stops everything at once, without waiting for the checkp
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -61,8 +62,10 @@ class Supervisor:
     """Runs torchrun as the driver's child and guarantees that no process outlives the run."""
 
     def __init__(self, cmd: list[str], env: dict[str, str], agent_log: str, preempt: int | None = None,
-                 grace_s: float = stops.DEFAULT_GRACE_S) -> None:
+                 grace_s: float = stops.DEFAULT_GRACE_S, request_file: str | None = None) -> None:
         self.cmd, self.env, self.agent_log = cmd, env, agent_log
+        # Where to ask the ranks to stop instead of signalling (srun cancels its step on a signal), if anywhere.
+        self.request_file = request_file
         self.preempt, self.grace_s = preempt, grace_s + stops.DRIVER_MARGIN_S
         self.proc: subprocess.Popen[bytes] | None = None
         self.interrupted: int | None = None
@@ -80,7 +83,10 @@ class Supervisor:
               f" step (up to {self.grace_s - stops.DRIVER_MARGIN_S:.0f} s, checkpoint.stop_grace_s); press Ctrl-C"
               " again to stop at once without it", file=sys.stderr, flush=True)
         self.interrupted = signum
-        if alive:
+        if self.request_file is not None:
+            with open(self.request_file, "w") as f:  # rank 0 reads it within a second; the signal follows the grace
+                json.dump({"signal": signum}, f)
+        elif alive:
             self.proc.send_signal(signal.SIGTERM)  # torchrun's agent then stops its workers
 
     def run(self, on_tick: Callable[[], None] | None = None) -> int:
@@ -89,6 +95,8 @@ class Supervisor:
         ``on_tick`` is called about every half second while it runs (e.g. to mirror logs remotely).
         """
         handled = {signal.SIGINT, signal.SIGTERM} | ({self.preempt} if self.preempt else set())
+        if self.request_file is not None and os.path.exists(self.request_file):  # an earlier attempt's
+            os.remove(self.request_file)
         old = {s: signal.signal(s, self._on_signal) for s in handled}
         try:
             with open(self.agent_log, "ab") as log:
@@ -128,6 +136,11 @@ class Supervisor:
         deadline = time.monotonic() + self.grace_s
         while time.monotonic() < deadline and self.proc.poll() is None:
             time.sleep(0.2)
+        if self.request_file is not None and self.proc.poll() is None:  # asked, not signalled: now the signal
+            self.proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and self.proc.poll() is None:
+                time.sleep(0.2)
         if self.proc.poll() is None:
             self.proc.kill()
         return self.proc.wait()

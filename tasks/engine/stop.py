@@ -10,6 +10,10 @@ and the answer is read at once.
 
 from __future__ import annotations
 
+import json
+import os
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -19,8 +23,9 @@ from tasks.engine.diagnostics import termination
 class StopAgreement:
     """The per-step stop vote of this rank; :meth:`poll` returns the agreed signal number (0: go on)."""
 
-    def __init__(self, device: torch.device, enabled: bool = True) -> None:
-        self.device, self.enabled = device, enabled
+    def __init__(self, device: torch.device, enabled: bool = True, request_file: str | None = None) -> None:
+        self.device, self.enabled, self.request_file = device, enabled, request_file
+        self._looked = 0.0
         self.lagged = device.type == "cuda"
         self._pending: torch.cuda.Event | None = None
         if self.lagged and enabled:
@@ -33,7 +38,7 @@ class StopAgreement:
         received, as agreed by all (0 when none, or when disabled)."""
         if not self.enabled:
             return 0
-        mine = termination.requested()
+        mine = termination.requested() or self._requested_by_file()
         if not self.lagged:
             flag = torch.tensor([mine], dtype=torch.int32)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
@@ -49,3 +54,16 @@ class StopAgreement:
         self._pending = torch.cuda.Event()
         self._pending.record()
         return agreed
+
+    def _requested_by_file(self) -> int:
+        """The signal a driver asked for through ``layout.STOP_REQUEST`` (rank 0 only, about once a second)."""
+        if self.request_file is None or time.monotonic() - self._looked < 1.0:
+            return 0
+        self._looked = time.monotonic()
+        if not os.path.exists(self.request_file):
+            return 0
+        try:
+            with open(self.request_file) as f:
+                return int(json.load(f).get("signal") or 0)
+        except (OSError, ValueError):
+            return 15  # a request being written: a stop all the same (SIGTERM)

@@ -333,7 +333,9 @@ class Trainer:
         return the summary."""
         loop = self._start_loop()
         batches = self._micro_batches()
-        stop = StopAgreement(self.ctx.device, enabled=bool(self.cfg.checkpoint.get("on_stop", True)))
+        stop = StopAgreement(self.ctx.device, enabled=bool(self.cfg.checkpoint.get("on_stop", True)),
+                             request_file=os.path.join(self.ctx.local_dir, layout.STOP_REQUEST)
+                             if self.ctx.is_main else None)
         termination.accept_stops(True)
         try:
             self._loop(loop, batches, stop)

@@ -114,14 +114,37 @@ def test_sigint_to_the_driver_saves_and_the_resume_is_exact(tmp_path, text_file,
 
 
 def test_sigterm_to_a_worker_saves_and_resume_last_continues_it(tmp_path, text_file, gpt_dropout_reference):
+    """Also: data.path given relative (to the launch's directory) is recorded absolute, its spelling kept, and
+    resume=last continues the run from another directory."""
     at = random.randint(3, 11)
-    args = with_default_checkpoints(gpt_dropout_args(text_file))
+    relative = os.path.relpath(text_file, tempfile.gettempdir())
+    args = [a if not a.startswith("data.path=") else f"data.path={relative}"
+            for a in with_default_checkpoints(gpt_dropout_args(text_file))]
     code, out, err = stop_mid_run([*args, *SLOW], tmp_path / "out", at, "worker")
     run = check_stopped(code, out, err, tmp_path / "out", at, signal.SIGTERM)
-    r = ddp_run(["resume=last"], tmp_path / "out")  # the latest unfinished run under the root, without its path
+    assert f"path: {text_file}" in (run / "config.yaml").read_text()
+    assert load_json(run / "run.json")["invocation"]["paths_given"] == {"data.path": relative}
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    r = subprocess.run([sys.executable, "-m", "runner", "resume=last", f"output.root={tmp_path / 'out'}"],
+                       cwd=elsewhere, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"resume=last: continuing {run}" in r.stdout
     check_resumed_exactly(run, gpt_dropout_reference, r.stdout + r.stderr)
+
+
+def test_a_completed_run_trains_longer_when_max_steps_is_raised(tmp_path, smoke_reference):
+    """The fix the refusal names: a completed run continues from its final checkpoint, its record whole."""
+    import shutil
+
+    run = tmp_path / "root" / "2026-01-01" / smoke_reference.name
+    shutil.copytree(smoke_reference, run)
+    r = ddp_run([f"resume={run}", "train.max_steps=10"], tmp_path / "unused")
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary, reference = load_json(run / "summary.json"), load_json(smoke_reference / "summary.json")
+    assert summary["steps"] == 10 and summary["resumed_from"].endswith("step_8")
+    assert summary["losses"][:8] == reference["losses"] and len(summary["losses"]) == 10
+    assert tb_points(run, "train/loss") == list(range(1, 11))
 
 
 def fsdp_args(text_file: Path) -> list[str]:
