@@ -25,7 +25,8 @@ class StopAgreement:
 
     def __init__(self, device: torch.device, enabled: bool = True, request_file: str | None = None) -> None:
         self.device, self.enabled, self.request_file = device, enabled, request_file
-        self._looked = 0.0
+        self._looked, self._asked = 0.0, 0
+        self.polls, self.host_s = 0, 0.0  # what the vote cost this rank's host (bench/stop_latency.py)
         self.lagged = device.type == "cuda"
         self._pending: torch.cuda.Event | None = None
         if self.lagged and enabled:
@@ -38,6 +39,20 @@ class StopAgreement:
         received, as agreed by all (0 when none, or when disabled)."""
         if not self.enabled:
             return 0
+        t0 = time.perf_counter()
+        try:
+            return self._vote()
+        finally:
+            self.polls += 1
+            self.host_s += time.perf_counter() - t0
+
+    def stats(self) -> dict[str, float] | None:
+        """How many votes this rank took part in and their mean host time (None when disabled)."""
+        if not self.enabled:
+            return None
+        return {"polls": self.polls, "mean_us": 1e6 * self.host_s / max(1, self.polls)}
+
+    def _vote(self) -> int:
         mine = termination.requested() or self._requested_by_file()
         if not self.lagged:
             flag = torch.tensor([mine], dtype=torch.int32)
@@ -57,13 +72,13 @@ class StopAgreement:
 
     def _requested_by_file(self) -> int:
         """The signal a driver asked for through ``layout.STOP_REQUEST`` (rank 0 only, about once a second)."""
-        if self.request_file is None or time.monotonic() - self._looked < 1.0:
-            return 0
+        if self.request_file is None or self._asked or time.monotonic() - self._looked < 1.0:
+            return self._asked
         self._looked = time.monotonic()
-        if not os.path.exists(self.request_file):
-            return 0
-        try:
-            with open(self.request_file) as f:
-                return int(json.load(f).get("signal") or 0)
-        except (OSError, ValueError):
-            return 15  # a request being written: a stop all the same (SIGTERM)
+        if os.path.exists(self.request_file):  # once asked, asked until the end (as a signal is)
+            try:
+                with open(self.request_file) as f:
+                    self._asked = int(json.load(f).get("signal") or 15)
+            except (OSError, ValueError):
+                self._asked = 15  # a request being written: a stop all the same (SIGTERM)
+        return self._asked

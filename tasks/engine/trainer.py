@@ -242,6 +242,7 @@ class Trainer:
         self.gpu_windows: dict[int, list[dict[str, float]]] = {}
         self.time_windows: dict[int, list[dict[str, float]]] = {}  # each rank's phase times, per logging window
         self.stopped: dict[str, Any] | None = None  # a stop the ranks agreed on: its step, signal, checkpoint
+        self.stop_vote: StopAgreement | None = None
 
     def _build_data(self) -> None:
         """The sampler, the loader and the optimizer steps an epoch gives."""
@@ -333,7 +334,7 @@ class Trainer:
         return the summary."""
         loop = self._start_loop()
         batches = self._micro_batches()
-        stop = StopAgreement(self.ctx.device, enabled=bool(self.cfg.checkpoint.get("on_stop", True)),
+        stop = self.stop_vote = StopAgreement(self.ctx.device, enabled=bool(self.cfg.checkpoint.get("on_stop", True)),
                              request_file=os.path.join(self.ctx.local_dir, layout.STOP_REQUEST)
                              if self.ctx.is_main else None)
         termination.accept_stops(True)
@@ -571,6 +572,7 @@ class Trainer:
             "compile": self._compile_facts(),
             "resumed_from": self.resumed_from,
             "stopped": self.stopped,
+            "stop_vote": self.stop_vote.stats() if self.stop_vote is not None else None,
             "losses": self.state.losses,
         }
         if loop.writer is not None:

@@ -19,7 +19,8 @@ A stop (SIGTERM, or the configured pre-emption signal, ``checkpoint.stop_signal`
 training loop runs is a request, never work done in the handler: :func:`requested` says which signal came; the
 loop's ranks agree on it at the next optimizer-step boundary (``tasks/engine/stop.py``), save a complete
 checkpoint and end normally, telling the watcher through :func:`taken` and :func:`done`. The watcher waits for that
-(half the grace for the loop to take the stop, the rest for the save); should the loop not take it in time (its
+(after finishing the write in flight: half the grace for the loop to take the stop, the rest for the save);
+should the loop not take it in time (its
 main thread is stuck in a collective whose peer is gone) or the save not finish, it says so and stops the process
 as above: the last complete checkpoint stands.
 """
@@ -152,9 +153,12 @@ def _watch(fd: int) -> None:
         signum = next((b for b in os.read(fd, 64) if b in _stop_signals), 0)
     _requested = signum
     grace_s = _grace[0]
-    deadline = time.monotonic() + grace_s
+    t0 = time.monotonic()
+    deadline = t0 + grace_s
+    # The write in flight is finished first, whatever comes next (the loop's own save waits for it anyway).
+    _run_work(grace_s, "SIGTERM")
     if _accepting.is_set():
-        if _taken.wait(grace_s / 2):
+        if _taken.wait(max(0.0, t0 + grace_s / 2 - time.monotonic())):
             if _done.wait(max(0.0, deadline - time.monotonic())):
                 return  # the checkpoint on stop is committed; the main thread ends the process
             print(f"stop: the checkpoint on stop did not finish within {grace_s:.0f} s (checkpoint.stop_grace_s);"
@@ -162,7 +166,6 @@ def _watch(fd: int) -> None:
         else:
             print(f"stop: training did not reach a step boundary within {grace_s / 2:.0f} s of signal {signum};"
                   " stopping without a checkpoint on stop (the last complete checkpoint stands)", flush=True)
-    _run_work(max(0.0, deadline - time.monotonic()), "SIGTERM")
     sys.stdout.flush()
     sys.stderr.flush()
     # Die by SIGTERM's default action. Python's signal.signal only works in the main thread, which may be
