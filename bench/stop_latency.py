@@ -92,6 +92,7 @@ def main() -> None:
     p.add_argument("extra", nargs="*", help="ddp-run overrides after --")
     a = p.parse_args()
     out = a.out or tempfile.mkdtemp(prefix="stop-latency-")
+    os.makedirs(out, exist_ok=True)
     base = [*PRESETS[a.preset], *a.extra]
     stops = [one_stop([*base, f"train.max_steps={10 * a.stop_at}"], a.stop_at, out) for _ in range(a.stops)]
     on, off = [], []

@@ -79,7 +79,6 @@ ENGINE_RULES: tuple[Rule, ...] = (
     flag("checkpoint.async_save"),
     flag("checkpoint.final", null=True),
     flag("checkpoint.on_stop", null=True),
-    text("checkpoint.stop_signal", null=True, example="SIGUSR2"),
     number("checkpoint.stop_grace_s", lo=1, hi=stops.MAX_GRACE_S, null=True, example="20"),
     choice("strategy.name", STRATEGIES),
     number("strategy.memory_cap_gb", lo=0, lo_open=True, null=True, example="80"),

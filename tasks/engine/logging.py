@@ -38,14 +38,15 @@ class PendingLog:
     @classmethod
     def start(cls, step: int, mean_loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, window_steps: int,
               world_size: int, gpu: dict[str, float] | None = None,
-              times: dict[str, float] | None = None) -> PendingLog:
-        """Gather this step's values from every rank (one small collective) and start their copy to the host."""
+              times: dict[str, float] | None = None, stop: int = 0) -> PendingLog:
+        """Gather this step's values from every rank (one small collective) and start their copy to the host.
+        ``stop``: this rank's stop vote (a signal number, 0: none), carried in the same collective."""
         # The logged loss is the global mean over the whole global batch, and rank 0 logs every rank's GPU.
         # Every rank sends the same length (NaN where it has no telemetry), so ranks that disagree about NVML
         # cannot mismatch the collective.
         dev = mean_loss.device
         tele = torch.tensor([math.nan if gpu is None else gpu[k] for k in gpu_telemetry.FIELDS]
-                            + [math.nan if times is None else times[k] for k in timing.FIELDS])
+                            + [math.nan if times is None else times[k] for k in timing.FIELDS] + [float(stop)])
         if dev.type == "cuda":  # from pinned memory, without a sync: a blocking copy would drain the GPU's queue
             tele = tele.pin_memory().to(dev, non_blocking=True)
         stats = torch.cat([torch.stack([mean_loss, grad_norm.detach().float().to(dev)]), tele])
@@ -69,9 +70,15 @@ class PendingLog:
         n = len(gpu_telemetry.FIELDS)
         gpus = {r: dict(zip(gpu_telemetry.FIELDS, row[2:2 + n].tolist(), strict=True))
                 for r, row in enumerate(self.host) if not math.isnan(row[2].item())}
-        times = {r: dict(zip(timing.FIELDS, row[2 + n:].tolist(), strict=True))
+        m = 2 + n + len(timing.FIELDS)
+        times = {r: dict(zip(timing.FIELDS, row[2 + n:m].tolist(), strict=True))
                  for r, row in enumerate(self.host) if not math.isnan(row[2 + n].item())}
         return loss, gnorm, gpus, times
+
+    def stop_vote(self) -> int:
+        """The stop every rank agreed on through this log step's gather (MAX of the votes; 0: none). Call after
+        :meth:`values` (which waits for the copy)."""
+        return int(self.host[:, -1].max().item())
 
 
 def swept_values(run_dir: str) -> dict[str, Any]:

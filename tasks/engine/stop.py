@@ -2,6 +2,9 @@
 (``termination.requested``); here the ranks reduce it with one tiny all-reduce (MAX of a 1-element tensor), so that
 all of them see the same answer at the same step and take part in one complete checkpoint.
 
+On a log step the vote rides in the gather the step's logged values already make (``PendingLog``): no collective
+of its own (with ``train.log_every=1``, the default, none at all); the other steps take :meth:`StopAgreement.poll`.
+
 On CUDA the reduced flag travels to the host without a sync: round k is read at the boundary of step k+1 (its
 copy finished long ago: the host runs about a step ahead of the device), so a stop costs at most one more step of
 latency and no work (the checkpoint covers every step done). On CPU (gloo) the collective is synchronous anyway
@@ -27,6 +30,7 @@ class StopAgreement:
         self.device, self.enabled, self.request_file = device, enabled, request_file
         self._looked, self._asked = 0.0, 0
         self.polls, self.host_s = 0, 0.0  # what the vote cost this rank's host (bench/stop_latency.py)
+        self.folded = 0  # votes carried by the log step's gather instead
         self.lagged = device.type == "cuda"
         self._pending: torch.cuda.Event | None = None
         if self.lagged and enabled:
@@ -46,11 +50,19 @@ class StopAgreement:
             self.polls += 1
             self.host_s += time.perf_counter() - t0
 
+    def mine(self) -> int:
+        """This rank's vote, for a collective that carries it (the log step's gather): no collective here."""
+        if not self.enabled:
+            return 0
+        self.folded += 1
+        return termination.requested() or self._requested_by_file()
+
     def stats(self) -> dict[str, float] | None:
         """How many votes this rank took part in and their mean host time (None when disabled)."""
         if not self.enabled:
             return None
-        return {"polls": self.polls, "mean_us": 1e6 * self.host_s / max(1, self.polls)}
+        return {"polls": self.polls, "mean_us": 1e6 * self.host_s / max(1, self.polls) if self.polls else None,
+                "folded": self.folded}
 
     def _vote(self) -> int:
         mine = termination.requested() or self._requested_by_file()

@@ -195,6 +195,7 @@ class _Loop:
     pending: tb.PendingLog | None = None
     last: dict[str, float] = field(default_factory=dict)
     val_loss: float | None = None
+    stop_agreed: int = 0                # a stop every rank voted for in a log step's gather (its signal)
     first_step_s: float | None = None   # from the driver's start to the end of this launch's first step
     start_step: int = 0                 # optimizer steps done before this launch (a resume)
     start_unix: float = 0.0             # when this launch's first step began
@@ -385,7 +386,8 @@ class Trainer:
             if ckpt_due:
                 with loop.meter.paused("checkpoint"):  # the save's blocking time is not a training step
                     self.checkpoint(loop=loop)
-            if (signum := stop.poll()) and step < self.total_steps:
+            log_step = step % t.log_every == 0 or step == self.total_steps
+            if (signum := loop.stop_agreed or (0 if log_step else stop.poll())) and step < self.total_steps:
                 self._stop(loop, signum, saved=ckpt_due)
                 return
 
@@ -495,11 +497,13 @@ class Trainer:
             gc.freeze()
 
     def log(self, loop: _Loop, step: int, lr: float, grad_norm: torch.Tensor) -> None:
-        """Start gathering this log step's values from every rank; :meth:`_finish_log` writes them later."""
+        """Start gathering this log step's values (and the stop vote) from every rank; :meth:`_finish_log` writes
+        them later."""
         heartbeat.phase("log")
         loop.pending = tb.PendingLog.start(
             step, loop.loss_sum / self.accumulation / (step - loop.logged_step), grad_norm, lr, loop.meter.steps,
-            self.ctx.world_size, self.telemetry.window() if self.telemetry else None, loop.timer.window())
+            self.ctx.world_size, self.telemetry.window() if self.telemetry else None, loop.timer.window(),
+            stop=self.stop_vote.mine() if self.stop_vote is not None else 0)
         loop.logged_step = step
         loop.loss_sum.zero_()
 
@@ -509,6 +513,7 @@ class Trainer:
         pending, loop.pending = loop.pending, None
         assert pending is not None
         train_loss, gnorm, gpus, times = pending.values()
+        loop.stop_agreed = loop.stop_agreed or pending.stop_vote()
         last = {"train/loss": train_loss, "lr": pending.lr, "grad_norm": gnorm,
                 **loop.meter.close_window(pending.window_steps),
                 "memory/peak_gb": tb.peak_memory_gb(self.ctx.device)}

@@ -65,8 +65,9 @@ def test_resume_auto_names_an_unfinished_run(completed_copy: Path, cli):
     assert note is not None and "ddp-run resume=last" in note and str(completed_copy) in note
 
 
-@pytest.mark.parametrize("value", ["SIGUSR1", "NOPE", "9"])
-def test_a_stop_signal_that_cannot_be_one_is_refused(value: str, out_root: Path, cli):
+@pytest.mark.parametrize("value, why", [("SIGUSR1", "cannot be the pre-emption signal"), ("NOPE", "no signal named"),
+                                        ("9", "cannot be the pre-emption signal")])
+def test_a_stop_signal_that_cannot_be_one_is_refused(value: str, why: str, out_root: Path, cli):
     r = cli(["device=cpu", f"checkpoint.stop_signal={value}"], out_root)
-    assert r.returncode == 2 and "checkpoint.stop_signal" in r.stderr, r.stderr
+    assert r.returncode == 2 and "key:   checkpoint.stop_signal" in r.stderr and why in r.stderr, r.stderr
     assert not out_root.exists()
