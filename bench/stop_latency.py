@@ -6,8 +6,10 @@ Three measurements, one JSON line at the end:
 - ``stop``: ``ddp-run <preset> …``, SIGINT to the driver once its console has printed step ``--stop-at``; the
   seconds from the signal to the checkpoint's commit marker (``meta.json``'s mtime), to the driver's exit, the
   step the ranks stopped after and the save's own time (``logs/rank0.json`` ``stopped.save_s``). ``--stops`` runs.
-- ``vote``: the vote's mean host time per step on rank 0 (``summary.json`` ``stop_vote.mean_us``) against the
-  median step time of the same run: its share of a step.
+- ``vote``: on a log step the vote rides in the gather of the logged values (``folded_votes``); on the other steps
+  it is an all-reduce of its own (``standalone_votes``), whose mean host time on rank 0 (``summary.json``
+  ``stop_vote.mean_us``) is set against the median step time of the same run: its share of a step. Pass
+  ``-- train.log_every=10`` to measure the standalone vote.
 - ``ab``: step time with the vote on and off (``checkpoint.on_stop``), interleaved runs, the medians of
   ``summary.json``'s median step time (noisy on a shared CPU; the ``vote`` figure is the direct one).
 
@@ -78,7 +80,8 @@ def one_run(args: list[str], on_stop: bool, out: str) -> dict[str, float | None]
                     f"output.root={root}"], check=True, stdout=subprocess.DEVNULL)
     summary = json.loads((run_dir(root) / "summary.json").read_text())
     vote = summary.get("stop_vote") or {}
-    return {"step_s": float(summary["median"]["step_time_s"]), "vote_us": vote.get("mean_us")}
+    return {"step_s": float(summary["median"]["step_time_s"]), "vote_us": vote.get("mean_us"),
+            "polls": vote.get("polls"), "folded": vote.get("folded")}
 
 
 def main() -> None:
@@ -101,15 +104,20 @@ def main() -> None:
         off.append(one_run([*base, f"train.max_steps={a.steps}"], False, out))
     step_on = statistics.median(r["step_s"] for r in on)
     step_off = statistics.median(r["step_s"] for r in off)
-    vote_us = statistics.median(r["vote_us"] for r in on if r["vote_us"] is not None)
+    timed = [r["vote_us"] for r in on if r["vote_us"] is not None]
+    vote_us = statistics.median(timed) if timed else None  # None: every vote rode in the log step's gather
     result = {
         "preset": a.preset, "extra": a.extra, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "stops": stops,
         "signal_to_commit_s_median": statistics.median(s["signal_to_commit_s"] for s in stops),
-        "vote_us_per_step": round(vote_us, 1), "step_ms_vote_on": round(1e3 * step_on, 3),
-        "vote_share_of_step_pct": round(100 * vote_us * 1e-6 / step_on, 4),
+        "standalone_votes": on[0]["polls"], "folded_votes": on[0]["folded"],
+        "vote_us_per_standalone_vote": None if vote_us is None else round(vote_us, 1),
+        "step_ms_vote_on": round(1e3 * step_on, 3),
+        "vote_share_of_step_pct": None if vote_us is None else round(100 * vote_us * 1e-6 / step_on, 4),
         "step_ms_vote_off": round(1e3 * step_off, 3),
         "ab_difference_pct": round(100 * (step_on - step_off) / step_off, 2),
+        "step_ms_runs_on": [round(1e3 * r["step_s"], 3) for r in on],
+        "step_ms_runs_off": [round(1e3 * r["step_s"], 3) for r in off],
     }
     print(json.dumps(result), flush=True)
 
