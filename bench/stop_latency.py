@@ -96,7 +96,8 @@ def main() -> None:
     a = p.parse_args()
     out = a.out or tempfile.mkdtemp(prefix="stop-latency-")
     os.makedirs(out, exist_ok=True)
-    base = [*PRESETS[a.preset], *a.extra]
+    given = {o.split("=", 1)[0] for o in a.extra}  # an override of a preset's key replaces it
+    base = [*(o for o in PRESETS[a.preset] if o.split("=", 1)[0] not in given), *a.extra]
     stops = [one_stop([*base, f"train.max_steps={10 * a.stop_at}"], a.stop_at, out) for _ in range(a.stops)]
     on, off = [], []
     for _ in range(a.runs):  # interleaved: drift on a shared machine hits both alike

@@ -107,17 +107,19 @@ def newest_checkpoint(run_url: str) -> str | None:
     return f"step_{max(steps)}" if steps else None
 
 
-def unfinished_runs(root: str) -> list[tuple[str, str, str]]:
-    """Runs under output root ``root`` that ended before their last step and hold a checkpoint, newest start
-    first, as (run url, status, newest checkpoint)."""
+def unfinished_runs(root: str, limit: int | None = None) -> list[tuple[str, str, str]]:
+    """Runs under output root ``root`` that ended before their last step and hold a checkpoint, newest first (by
+    directory name: ``<date>/<time>_…``), as (run url, status, newest checkpoint); at most ``limit`` of them."""
     try:
         fs, path = fsspec.core.url_to_fs(root)
         found = fs.glob(layout.join(path.rstrip("/"), "*", "*", layout.MANIFEST))
         found += fs.glob(layout.join(path.rstrip("/"), "*", layout.MANIFEST))  # multi-node runs sit at the top
     except (OSError, ValueError, ImportError):
         return []
-    runs = []
-    for m in found:
+    runs: list[tuple[str, str, str]] = []
+    for m in sorted(found, key=lambda m: m.rsplit("/", 3)[-3:-1], reverse=True):
+        if limit is not None and len(runs) >= limit:
+            break
         try:
             manifest = json.loads(fs.cat_file(m))
         except (OSError, ValueError):
@@ -126,13 +128,13 @@ def unfinished_runs(root: str) -> list[tuple[str, str, str]]:
         run = m.rsplit("/", 1)[0]
         run = run if isinstance(fs, LocalFileSystem) else fs.unstrip_protocol(run)
         if state in UNFINISHED and (ckpt := newest_checkpoint(run)) is not None:
-            runs.append((str(manifest.get("started", "")), run, state, ckpt))
-    return [(run, state, ckpt) for _, run, state, ckpt in sorted(runs, reverse=True)]
+            runs.append((run, state, ckpt))
+    return runs
 
 
 def latest_unfinished(root: str) -> str:
     """``resume=last``: the latest unfinished run under ``root`` with a checkpoint (PlanError when none)."""
-    runs = unfinished_runs(root)
+    runs = unfinished_runs(root, limit=1)
     if not runs:
         raise PlanError("resume", LAST, f"no unfinished run with a checkpoint under output.root={root}",
                         "name the run directory (resume=<run dir>), or start a new run (resume=auto)")
@@ -167,7 +169,7 @@ def note_unfinished(root: str) -> str | None:
     protocol = fsspec.core.split_protocol(root)[0]
     if protocol not in (None, "file", "local"):
         return None  # listing a bucket at every start is not free
-    runs = unfinished_runs(root)
+    runs = unfinished_runs(root, limit=1)
     if not runs:
         return None
     run, state, ckpt = runs[0]
