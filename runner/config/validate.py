@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from runner.contract import stops
 from runner.contract.errors import (
     BACKENDS,
     COMPILE_MODES,
@@ -77,6 +78,8 @@ ENGINE_RULES: tuple[Rule, ...] = (
     integer("checkpoint.keep_last", lo=0, example="2"),  # 0 keeps them all
     flag("checkpoint.async_save"),
     flag("checkpoint.final", null=True),
+    flag("checkpoint.on_stop", null=True),
+    number("checkpoint.stop_grace_s", lo=1, hi=stops.MAX_GRACE_S, null=True, example="20"),
     choice("strategy.name", STRATEGIES),
     number("strategy.memory_cap_gb", lo=0, lo_open=True, null=True, example="80"),
     flag("strategy.reshard_after_forward", null=True),
@@ -123,8 +126,20 @@ def check_data(data: Mapping[str, Any]) -> None:
     check_keys({"data": data}, DATA_RULES.get(str(data.get("name")), ()))
 
 
+def check_stop_signal(cfg: Mapping[str, Any]) -> None:
+    """``checkpoint.stop_signal`` names a signal that a stop may use (not SIGUSR1: NCCL's and faulthandler's)."""
+    value = get(cfg, "checkpoint.stop_signal", stops.DEFAULT_SIGNAL)
+    try:
+        stops.parse_signal(value)
+    except ValueError as exc:
+        raise PlanError("checkpoint.stop_signal", value, str(exc),
+                        "use SIGUSR2 (the default), SIGTERM, or another signal that nothing else in the job uses"
+                        " (SIGUSR1 is NCCL's)") from exc
+
+
 def check(cfg: Mapping[str, Any]) -> None:
     """Everything the driver checks from the config alone, before it looks at files, tasks or devices."""
     check_engine(cfg)
+    check_stop_signal(cfg)
     if isinstance(cfg.get("data"), Mapping):
         check_data(cfg["data"])

@@ -42,6 +42,12 @@ STATUS_COMPLETED = "completed"
 STATUS_FAILED = "failed"
 # Stopped by Ctrl-C / SIGTERM to the driver (exit 128 + signal).
 STATUS_INTERRUPTED = "interrupted"
+# Stopped by the pre-emption signal (checkpoint.stop_signal: Slurm's warning before a time limit or preemption);
+# a requeued Slurm job continues it (runner/contract/stops.py).
+STATUS_PREEMPTED = "preempted"
+# A stop asked for by a driver that cannot signal its workers without killing them (Slurm: a signal to srun cancels
+# the step): {"signal": N}. Rank 0 looks for it about once a second and the ranks agree on it like on a signal.
+STOP_REQUEST = f"{LOGS}/stop-request.json"
 # Submitted to a scheduler (launcher=slurm), not started yet.
 STATUS_QUEUED = "queued"
 # Never written: what a reader makes of a `running` run whose driver is gone (runner/rundir/status.py).

@@ -46,10 +46,12 @@ class Invocation:
     config_sources: list[str] = field(default_factory=list)
     swept: dict[str, str] = field(default_factory=dict)
     new_run_dir: Callable[[dict[str, Any], Plan, datetime], rundir.RunDir] | None = None
+    paths_given: dict[str, str] = field(default_factory=dict)  # data paths as typed, before made absolute
 
     def record(self, task_dir: str | None) -> dict[str, Any]:
         """``invocation`` in run.json."""
         return {"argv": self.argv, "cwd": os.getcwd(), "overrides": self.overrides, "task_preset": self.task_preset,
+                "paths_given": self.paths_given,
                 "config_name": self.config_name, "config_sources": self.config_sources, "task_dir": task_dir,
                 # This job's value of each key the sweep varies (TensorBoard's HPARAMS table shows them).
                 "swept": self.swept}
@@ -77,9 +79,32 @@ def refuse(err: PlanError) -> Outcome:
     return Outcome(layout.EXIT_REFUSED, reason=f"refused: {err.key}={err.value!r}: {err.problem}")
 
 
+def absolute_paths(conf: dict[str, Any]) -> dict[str, str]:
+    """Make the local relative data paths of ``conf`` absolute (in place), so that the run resumes and reproduces
+    from any directory; returns the spellings as given, by key."""
+    given = {}
+    data = conf.get("data") or {}
+    for key in ("path", "val_path"):
+        value = data.get(key)
+        if isinstance(value, str) and value and "://" not in value and not os.path.isabs(value):
+            given[f"data.{key}"] = value
+            data[key] = os.path.abspath(os.path.expanduser(value))
+    return given
+
+
 def new_run_dir(conf: dict[str, Any], plan: Plan, started: datetime) -> rundir.RunDir:
     """A single run's directory: ``<root>/<date>/<time>_<task>_w<ws>``."""
     return rundir.create_run_dir(conf["output"]["root"], conf["task"]["name"], plan.world_size, started)
+
+
+# What a continued run takes from the command line; everything else is its own config.yaml.
+CONTINUE_KEYS = ("resume", "output.root", "dry_run", "train.max_steps")
+
+
+def _int_or_refuse(key: str, value: str) -> int:
+    if not value.isdigit() or int(value) <= 0:
+        raise PlanError(key, value, "must be a positive number of optimizer steps", f"e.g. {key}=1000")
+    return int(value)
 
 
 def _continued_run(resume: str, dry_run: bool, overrides: list[str]) -> tuple[dict[str, Any], rundir.RunDir]:
@@ -91,12 +116,17 @@ def _continued_run(resume: str, dry_run: bool, overrides: list[str]) -> tuple[di
     conf["dry_run"] = dry_run
     if without_fault(conf):  # a rehearsal fault strikes once, not again in the continued run
         print("ddp-run: note: the run's fault.* is not repeated when it is continued", file=sys.stderr)
-    ignored = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in ("resume", "output.root", "dry_run")]
+    keys = {o.split("=", 1)[0].lstrip("+~"): o.split("=", 1)[-1] for o in overrides}
+    ignored = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in CONTINUE_KEYS]
     if ignored:
         print(f"ddp-run: warning: continuing {rd.url} with its own config.yaml; ignored: {' '.join(ignored)}",
               file=sys.stderr, flush=True)
     previous = rd.read_json(layout.MANIFEST)
     resume_checks.check_no_live_driver(rd.url, previous)
+    max_steps = _int_or_refuse("train.max_steps", keys["train.max_steps"]) if "train.max_steps" in keys else None
+    resume_checks.check_continuable(rd.url, previous, conf, max_steps)  # before the lease: a refusal changes nothing
+    if max_steps is not None:
+        conf["train"]["max_steps"] = max_steps
     rd.lease = take_or_refuse(rd.fs, rd.path, rd.url)
     rd.continued = True
     return conf, rd
@@ -108,7 +138,7 @@ def _planned(conf: dict[str, Any], rd: rundir.RunDir | None) -> tuple[Plan, str 
     plan, task_dir, probe = plan_job(conf, [recorded] if recorded else [])
     resume = str(conf.get("resume", "auto"))
     try:
-        if rd is None and resume not in ("auto", "never"):
+        if rd is None and resume not in resume_checks.NEW_RUN:
             resume_checks.check_resume_source(resume, plan)
     except BaseException:
         if probe is not None:
@@ -179,10 +209,15 @@ def execute(composed: dict[str, Any], how: Invocation,
     rd = None
     try:
         conf = composed
-        if resume not in ("auto", "never") and resume_checks.is_run_dir(resume):
+        if resume == resume_checks.LAST:
+            resume = resume_checks.latest_unfinished(str(composed["output"]["root"]))
+            print(f"ddp-run: resume=last: continuing {resume}", flush=True)
+        if resume not in resume_checks.NEW_RUN and resume_checks.is_run_dir(resume):
             conf, rd = _continued_run(resume, bool(composed.get("dry_run")), how.overrides)
-        elif check is not None:
-            check(conf)
+        else:
+            how.paths_given = absolute_paths(conf)
+            if check is not None:
+                check(conf)
         plan, task_dir, probe, mem = _planned(conf, rd)
     except PlanError as err:
         if rd is not None and rd.lease is not None:  # refused after taking the lease: give it back now
@@ -200,9 +235,21 @@ def execute(composed: dict[str, Any], how: Invocation,
         # Everything this driver, torchrun and the workers create from here on (they inherit the umask) is
         # owner-only: the run directory, logs, TensorBoard files, checkpoints.
         os.umask(0o077)
+    _say_where_it_starts(conf, rd, how)
     make = how.new_run_dir or new_run_dir
     job = Job(conf, plan, t0, task_dir, rd=rd, new_run_dir=lambda: make(conf, plan, started))
     return _launch(job, launcher, how, started, mem, probe)
+
+
+def _say_where_it_starts(conf: dict[str, Any], rd: rundir.RunDir | None, how: Invocation) -> None:
+    """A new run from step 0 says so where that may surprise: asked to restart, or an unfinished run exists."""
+    resume = str(conf.get("resume", "auto"))
+    if rd is not None or how.new_run_dir is not None:  # continued in place (the workers say from where), a sweep job
+        return
+    if resume == "restart":
+        print("ddp-run: resume=restart: a new run from step 0", flush=True)
+    elif resume == "auto" and (note := resume_checks.note_unfinished(str(conf["output"]["root"]))):
+        print(note, file=sys.stderr, flush=True)
 
 
 def _launch(job: Job, launcher: Any, how: Invocation, started: datetime, mem: dict[str, Any] | None,

@@ -112,7 +112,8 @@ class BaseLauncher:
         rc = session.run()
         if session.lease_lost:  # another driver owns the directory now: its run.json is its own
             return 1
-        code = finalize.finish(rd, manifest, job.plan, rc, session.interrupted, watch=session.observations())
+        code = finalize.finish(rd, manifest, job.plan, rc, session.interrupted, watch=session.observations(),
+                                preempt=session.preempt)
         session.close()
         print(rd.url, flush=True)
         return code

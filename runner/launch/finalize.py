@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.config.plan import Plan
-from runner.contract import layout
+from runner.contract import layout, stops
 from runner.diagnostics import closing
 from runner.rundir.manifest import completion_check, read_rank_files
 from runner.rundir.run_dir import RunDir
@@ -32,8 +32,12 @@ def _exit_codes(facts: dict[int, dict], errors: dict[int, dict], agent_log: str,
 
 
 def finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupted: int | None,
-           watch: dict[str, Any] | None = None) -> int:
+           watch: dict[str, Any] | None = None, preempt: int | None = None) -> int:
     """Write the final run.json and summary.json, print the outcome, and return the driver's exit code.
+
+    ``preempt``: the pre-emption signal (a run it stopped ends ``preempted``). A stop the ranks agreed on (every
+    rank's facts say ``stopped``) ends ``interrupted``/``preempted`` with no root cause, whether the signal reached
+    the driver or a worker; the console names the checkpoint and the command that continues the run.
 
     A failure while doing so (a full disk, a lost remote store) never escapes as a traceback: it ends with one
     console line, a non-zero exit code and, where run.json can still be written, ``status: failed`` with
@@ -42,16 +46,37 @@ def finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupte
     """
     step = ["reading the rank files"]  # what finalising was doing, for the message
     try:
-        return _finish(rd, manifest, plan, rc, interrupted, step, watch or {})
+        return _finish(rd, manifest, plan, rc, interrupted, step, watch or {}, preempt)
     except Exception as exc:  # noqa: BLE001 - whatever it was, the driver must end with a true status
         return _finalize_failed(rd, manifest, rc, interrupted, step[0], exc)
 
 
-def outcome(ok: bool, interrupted: int | None) -> str:
+def outcome(ok: bool, interrupted: int | None, preempt: int | None = None) -> str:
     """The final status of a run whose workers have ended."""
     if interrupted is not None:
-        return layout.STATUS_INTERRUPTED
+        return stops.stop_status(interrupted, preempt)
     return layout.STATUS_COMPLETED if ok else layout.STATUS_FAILED
+
+
+def agreed_stop(facts: dict[int, dict], world_size: int) -> dict[str, Any] | None:
+    """The stop every rank reports (``stopped`` in its facts: step, signal, checkpoint), or None."""
+    found = [facts.get(r, {}).get("stopped") for r in range(world_size)]
+    return found[0] if found and all(found) else None
+
+
+def resume_lines(rd: RunDir, stopped: dict[str, Any] | None, status: str) -> list[str]:
+    """What the console says after a stop or a failure: what was saved, and the one command that continues."""
+    from runner.rundir.resume import newest_checkpoint
+
+    if stopped is not None:
+        saved = f"checkpoint {stopped['checkpoint']} committed, nothing lost"
+    else:
+        newest = newest_checkpoint(rd.url)
+        if newest is None:
+            return [f"ddp-run: {status}: no checkpoint was committed; this run cannot be continued (start it again;"
+                    " checkpoint.every_steps=N saves on the way)"]
+        saved = f"the last complete checkpoint is {newest}"
+    return [f"ddp-run: {status}: {saved}. Continue it with:", f"  ddp-run resume={rd.url}"]
 
 
 def _exit_code(ok: bool, rc: int, interrupted: int | None) -> int:
@@ -63,7 +88,7 @@ def _exit_code(ok: bool, rc: int, interrupted: int | None) -> int:
 
 
 def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupted: int | None,
-            step: list[str], watch: dict[str, Any]) -> int:
+            step: list[str], watch: dict[str, Any], preempt: int | None) -> int:
     from runner.diagnostics import rootcause
     from runner.diagnostics.watchdog import read_progress
 
@@ -72,19 +97,22 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
     agent_logs = [Path(rd.local, layout.AGENT_LOG), *sorted(Path(rd.local).glob(layout.node_agent_log("*")))]
     agent_log = "\n".join(p.read_text(errors="replace") for p in agent_logs if p.exists())
     check = completion_check(logs, plan.world_size)
+    stopped = agreed_stop(facts, plan.world_size)
+    if stopped is not None and interrupted is None:  # the stop reached a worker, not this driver
+        interrupted = stopped["signal"]
     ok = rc == 0 and interrupted is None and check["all_completed"]
     exit_codes = _exit_codes(facts, errors, agent_log, plan.world_size)
-    cause = None if ok else rootcause.root_cause({
+    cause = None if ok or stopped is not None else rootcause.root_cause({
         "world_size": plan.world_size, "errors": errors, "facts": facts, "watch": watch,
         "progress": read_progress(rd.local, plan.world_size), "exit_codes": exit_codes, "rc": rc,
         "interrupted": interrupted, "agent_tail": agent_log.strip().splitlines()[-12:]})
-    if cause is None and not ok:  # torchrun ended well but some rank did not report completion
+    if cause is None and not ok and stopped is None:  # torchrun ended well but some rank did not report completion
         cause = {"rank": None, "class": "launcher_error", "type": "Incomplete", "where": "torchrun",
                  "message": f"torchrun exited with {rc} but not every rank reported completion",
                  "traceback": agent_log.strip().splitlines()[-12:], "consequences": [], "other_failed_ranks": []}
     rank0 = facts.get(0, {})
     manifest.update(
-        status=outcome(ok, interrupted),
+        status=outcome(ok, interrupted, preempt),
         ended=datetime.now().isoformat(timespec="seconds"),
         exit_codes=exit_codes,
         torchrun_exit_code=rc,
@@ -97,7 +125,7 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
     manifest["versions"]["cuda"] = rank0.get("cuda")
     step[0] = f"writing {layout.MANIFEST}"
     rd.write_json(layout.MANIFEST, manifest)
-    train = (rank0.get("summary") or {}) if ok else {}
+    train = (rank0.get("summary") or {}) if ok or stopped is not None else {}
     summary = {
         "status": manifest["status"],
         "explanation": plan.explanation,
@@ -114,13 +142,21 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
         for line in closing.completed_lines(train, check, layout.join(rd.url, layout.SUMMARY)):
             print(line, flush=True)
         return 0
-    label = "INTERRUPTED" if interrupted is not None else "FAILED"
+    if stopped is not None:
+        print(f"ddp-run: {manifest['status'].upper()} by {stops.signal_name(interrupted)}: every rank stopped"
+              f" after step {stopped['step']}", file=sys.stderr)
+        for line in resume_lines(rd, stopped, manifest["status"]):
+            print(line, file=sys.stderr, flush=True)
+        return _exit_code(False, rc, interrupted)
+    label = manifest["status"].upper() if interrupted is not None else "FAILED"
     for line in cause.get("traceback", [])[-6:]:
         print(f"    {line}", file=sys.stderr)
     for line in rootcause.consequence_lines(cause):
         print(f"ddp-run: {line}", file=sys.stderr)
     print(f"ddp-run: rank logs: {layout.join(rd.url, layout.LOGS)}", file=sys.stderr)
     # Last, so that the end of the console names the rank and the cause.
+    for line in resume_lines(rd, None, manifest["status"]):
+        print(line, file=sys.stderr)
     print(f"ddp-run: {label}: {rootcause.headline(cause)}\n  where: {cause['where']}", file=sys.stderr, flush=True)
     return _exit_code(ok, rc, interrupted)
 

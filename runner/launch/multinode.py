@@ -512,7 +512,8 @@ class Multinode(BaseLauncher):
             print(f"ddp-run: warning: could not read the other nodes' rank files from {rd.url}: {exc}",
                   file=sys.stderr, flush=True)
         plan = elastic_plan(rd, job.plan, launcher)
-        code = finalize.finish(rd, manifest, plan, rc, session.interrupted, watch=session.observations())
+        code = finalize.finish(rd, manifest, plan, rc, session.interrupted, watch=session.observations(),
+                                preempt=session.preempt)
         blame(rd, manifest, nodes)
         session.close()
         print(rd.url, flush=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.config.plan import Plan
-from runner.contract import layout
+from runner.contract import layout, stops
 from runner.diagnostics import setup
 from runner.diagnostics.peers import PeerRanks, Relay
 from runner.diagnostics.watchdog import Watchdog
@@ -72,11 +72,14 @@ class Session:
     ``agent_log``: torchrun's log, relative to the run tree. ``staged``: what a remote tree holds already (see
     :class:`~runner.rundir.mirror.Mirror`). ``peers``: read the other nodes' mirrored ranks too (multi-node run
     under a remote root). ``relay``: another node of a remote run: pass node 0's dump request to this node's ranks.
+    ``stop_by_file``: a stop asks rank 0 through ``layout.STOP_REQUEST`` before any signal (Slurm: a signal to
+    srun cancels the step).
     """
 
     def __init__(self, rd: RunDir, conf: Mapping[str, Any], plan: Plan, cmd: list[str], env: dict[str, str], *,
                  agent_log: str = layout.AGENT_LOG, manifest: dict[str, Any] | None = None,
-                 staged: dict[str, tuple[int, int]] | None = None, peers: bool = False, relay: bool = False) -> None:
+                 staged: dict[str, tuple[int, int]] | None = None, peers: bool = False, relay: bool = False,
+                 stop_by_file: bool = False) -> None:
         self.rd, self.plan, self.judging = rd, plan, manifest is not None
         # On a shared filesystem another node's folders are node 0's: only the judge (or a node with its own
         # staging folder) makes them.
@@ -85,7 +88,9 @@ class Session:
         # The judge draws rank 0's progress on a terminal (its workers then record their console for it).
         env.pop(layout.ENV_CONSOLE_RECORDS, None)
         self.live = live_bar(rd, conf, plan, env) if manifest is not None else None
-        self.supervisor = Supervisor(cmd, env, str(Path(rd.local, agent_log)))
+        self.preempt, grace_s = stops.of(conf.get("checkpoint"))
+        self.supervisor = Supervisor(cmd, env, str(Path(rd.local, agent_log)), self.preempt, grace_s,
+                                     str(Path(rd.local, layout.STOP_REQUEST)) if stop_by_file else None)
         self.mirror = Mirror(rd, staged=staged) if rd.is_remote else None
         self.watch: Watchdog | None = None
         self.ticks: list[Callable[[], None]] = []

@@ -34,7 +34,7 @@ from typing import Any
 import fsspec
 
 from runner.config.plan import Gpu, Plan
-from runner.contract import layout
+from runner.contract import layout, stops
 from runner.contract.errors import PlanError
 from runner.launch.base import BaseLauncher, Job
 from runner.launch.local import agent_prefix, worker_tail
@@ -64,6 +64,10 @@ def check(launcher: Mapping[str, Any], output_root: str | None = None) -> None:
     if not isinstance(extra, list) or not all(isinstance(o, str) and o.startswith("--") for o in extra):
         raise PlanError("launcher.sbatch", extra, "must be a list of sbatch options, each starting with --",
                         "e.g. 'launcher.sbatch=[--qos=high,--constraint=a100]'")
+    before = launcher.get("signal_before_s", 120)
+    if isinstance(before, bool) or not isinstance(before, int) or before <= 0:
+        raise PlanError("launcher.signal_before_s", before, "must be a positive number of seconds",
+                        "e.g. 120: time for a checkpoint before Slurm's time limit")
     port = launcher.get("rdzv_port")
     if isinstance(port, bool) or not isinstance(port, int) or not 1024 <= port <= 64535:
         raise PlanError("launcher.rdzv_port", port, "must be a port from 1024 to 64535", "e.g. 29500")
@@ -88,13 +92,19 @@ def command(plan: Plan, launcher: Mapping[str, Any], run_url: str, head: str = "
             f"--max-restarts={launcher.get('max_restarts', 0)}", *worker_tail(run_url)]
 
 
-def script(run_url: str, local_dir: str, launcher: Mapping[str, Any], job_name: str) -> str:
-    """The batch script: resources, then the job's driver (``python -m runner.launch.slurm <run dir>``)."""
+def script(run_url: str, local_dir: str, launcher: Mapping[str, Any], job_name: str,
+           stop_signal: int | None = None) -> str:
+    """The batch script: resources, then the job's driver (``python -m runner.launch.slurm <run dir>``).
+
+    ``stop_signal`` (``checkpoint.stop_signal``): Slurm sends it to the job's driver (the batch shell, which
+    ``exec``s it) ``launcher.signal_before_s`` before the time limit; the ranks save a checkpoint, the run ends
+    ``preempted`` and, with ``launcher.requeue``, the job requeues itself and continues the same run directory.
+    """
+    sig = stops.signal_name(stop_signal or signal.SIGTERM).removeprefix("SIG")
     opts = [f"--job-name={job_name}", f"--nodes={launcher.get('nodes', 1)}", "--ntasks-per-node=1",
             f"--output={os.path.join(local_dir, layout.SLURM_LOG)}", "--open-mode=append",
             "--requeue" if launcher.get("requeue", True) else "--no-requeue",
-            # Slurm's SIGTERM reaches the job's driver, which stops the ranks and records the outcome.
-            "--signal=B:TERM@30"]
+            f"--signal=B:{sig}@{int(launcher.get('signal_before_s') or 120)}"]
     for key, flag in (("gpus_per_node", "gpus-per-node"), ("cpus_per_task", "cpus-per-task"),
                       ("partition", "partition"), ("time", "time"), ("account", "account")):
         if launcher.get(key) not in (None, ""):
@@ -107,12 +117,13 @@ def script(run_url: str, local_dir: str, launcher: Mapping[str, Any], job_name: 
     return "\n".join(lines)
 
 
-def submit(rd: RunDir, manifest: dict[str, Any], launcher: Mapping[str, Any], task: str) -> str:
+def submit(rd: RunDir, manifest: dict[str, Any], launcher: Mapping[str, Any], task: str,
+           stop_signal: int | None = None) -> str:
     """Write the script into the run directory, submit it and record the job id; returns the job id."""
     if shutil.which("sbatch") is None:
         raise PlanError("launcher", "slurm", "sbatch is not on this host's PATH",
                         "run ddp-run on a Slurm login node, or use launcher=local / launcher=multinode")
-    text = script(rd.url, rd.local, launcher, f"ddp-{task}")
+    text = script(rd.url, rd.local, launcher, f"ddp-{task}", stop_signal)
     Path(rd.local, layout.SLURM_LOG).parent.mkdir(parents=True, exist_ok=True)
     rd.fs.makedirs(layout.join(rd.path, layout.SLURM_SCRIPT.rsplit("/", 1)[0]), exist_ok=True)
     rd.write_text(layout.SLURM_SCRIPT, text)
@@ -282,17 +293,33 @@ def job_main(run_url: str) -> int:
     task_dir = manifest.get("invocation", {}).get("task_dir")
     print(f"ddp-run: Slurm job {job_id} on {', '.join(hosts)}: rendezvous {head}:{rdzv_port(launcher, job_id)}",
           flush=True)
-    session = Session(rd, conf, plan, cmd, environment(rd, conf, plan, t0, task_dir, extra), manifest=manifest)
+    session = Session(rd, conf, plan, cmd, environment(rd, conf, plan, t0, task_dir, extra), manifest=manifest,
+                      stop_by_file=True)
     rc = session.run()
-    code = finalize.finish(rd, manifest, plan, rc, session.interrupted, watch=session.observations())
+    code = finalize.finish(rd, manifest, plan, rc, session.interrupted, watch=session.observations(),
+                                preempt=session.preempt)
     session.close()
+    if manifest.get("status") == layout.STATUS_PREEMPTED and launcher.get("requeue", True):
+        requeue(job_id, rd.url)
     print(rd.url, flush=True)
     return code
 
 
-def submit_and_follow(rd: RunDir, manifest: dict[str, Any], launcher: Mapping[str, Any], task: str) -> int:
+def requeue(job_id: str, run_url: str) -> None:
+    """A pre-empted run (its checkpoint committed): requeue this job, which then continues ``run_url``."""
+    r = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+    if r.returncode == 0:
+        print(f"ddp-run: preempted: requeued Slurm job {job_id}; it continues {run_url} from its checkpoint",
+              flush=True)
+    else:
+        print(f"ddp-run: preempted, but scontrol requeue {job_id} failed ({r.stderr.strip()[:200]}); continue"
+              f" with: ddp-run resume={run_url}", file=sys.stderr, flush=True)
+
+
+def submit_and_follow(rd: RunDir, manifest: dict[str, Any], launcher: Mapping[str, Any], task: str,
+                      stop_signal: int | None = None) -> int:
     """The submitting driver's part: submit, then follow (``launcher.wait``) or print the job id and return."""
-    job_id = submit(rd, manifest, launcher, task)
+    job_id = submit(rd, manifest, launcher, task, stop_signal)
     print(f"ddp-run: submitted Slurm job {job_id}; script {layout.join(rd.url, layout.SLURM_SCRIPT)}", flush=True)
     if not launcher.get("wait", True):
         print(f"ddp-run: not waiting (launcher.wait=false): follow it with squeue -j {job_id}; outcome in"
@@ -321,7 +348,8 @@ class Slurm(BaseLauncher):
     def launch(self, job: Job, rd: RunDir, manifest: dict[str, Any]) -> int:
         """Submit, then follow; a refusal by sbatch leaves no run directory behind."""
         try:
-            return submit_and_follow(rd, manifest, job.launcher, job.conf["task"]["name"])
+            return submit_and_follow(rd, manifest, job.launcher, job.conf["task"]["name"],
+                                     stops.of(job.conf.get("checkpoint"))[0])
         except PlanError:
             rd.remove()
             raise

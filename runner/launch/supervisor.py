@@ -1,11 +1,16 @@
 """Start torchrun (any launcher's command) and supervise it to the end.
 
 torchrun's elastic agent starts, restarts and tears down the workers; the driver adds what it lacks:
-a clean stop on Ctrl-C/SIGTERM that leaves no process behind, and a readable root cause.
+a clean stop on Ctrl-C/SIGTERM (or the pre-emption signal) that leaves no process behind, and a readable root cause.
+
+A first signal is forwarded (SIGTERM to torchrun, which passes it to the workers: they agree at the next
+optimizer step, save a complete checkpoint and end); the workers get the stop grace plus a margin before they are
+killed. A second signal stops everything at once, without waiting for the checkpoint.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,10 +22,10 @@ from typing import Any
 import psutil
 
 from runner.config import bytecode
-from runner.contract import layout
+from runner.contract import layout, stops
 from runner.contract.osutil import die_with_parent
 
-GRACE_S = 20.0  # after SIGTERM, how long workers get before SIGKILL (well inside the 30 s promise)
+GRACE_S = stops.DEFAULT_GRACE_S + stops.DRIVER_MARGIN_S  # after SIGTERM, before SIGKILL (inside torchrun's 30 s)
 
 
 def worker_env(run_url: str, local_dir: str, t0: float, restarts: int = 0,
@@ -56,17 +61,32 @@ def _torchrun_dies_with_us() -> None:  # runs in the child between fork and exec
 class Supervisor:
     """Runs torchrun as the driver's child and guarantees that no process outlives the run."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str], agent_log: str) -> None:
+    def __init__(self, cmd: list[str], env: dict[str, str], agent_log: str, preempt: int | None = None,
+                 grace_s: float = stops.DEFAULT_GRACE_S, request_file: str | None = None) -> None:
         self.cmd, self.env, self.agent_log = cmd, env, agent_log
+        # Where to ask the ranks to stop instead of signalling (srun cancels its step on a signal), if anywhere.
+        self.request_file = request_file
+        self.preempt, self.grace_s = preempt, grace_s + stops.DRIVER_MARGIN_S
         self.proc: subprocess.Popen[bytes] | None = None
         self.interrupted: int | None = None
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
-        if self.interrupted is None:  # said at once: stopping can take seconds, and silence invites a second Ctrl-C
-            print(f"ddp-run: stopping on signal {signum}: the workers get up to {GRACE_S:.0f} s (rank 0 first"
-                  " finishes a checkpoint it is writing)", file=sys.stderr, flush=True)
+        alive = self.proc is not None and self.proc.poll() is None
+        if self.interrupted is not None:  # a second signal: at once, without the checkpoint
+            print(f"ddp-run: {stops.signal_name(signum)} again: stopping at once, without the checkpoint on stop",
+                  file=sys.stderr, flush=True)
+            if alive:
+                self.proc.kill()  # the workers die with torchrun (their parent-death signal is SIGKILL)
+            return
+        # Said at once: stopping can take seconds, and silence invites a second Ctrl-C.
+        print(f"ddp-run: stopping on {stops.signal_name(signum)}: every rank saves a checkpoint at the next optimizer"
+              f" step (up to {self.grace_s - stops.DRIVER_MARGIN_S:.0f} s, checkpoint.stop_grace_s); press Ctrl-C"
+              " again to stop at once without it", file=sys.stderr, flush=True)
         self.interrupted = signum
-        if self.proc is not None and self.proc.poll() is None:
+        if self.request_file is not None:
+            with open(self.request_file, "w") as f:  # rank 0 reads it within a second; the signal follows the grace
+                json.dump({"signal": signum}, f)
+        elif alive:
             self.proc.send_signal(signal.SIGTERM)  # torchrun's agent then stops its workers
 
     def run(self, on_tick: Callable[[], None] | None = None) -> int:
@@ -74,7 +94,10 @@ class Supervisor:
 
         ``on_tick`` is called about every half second while it runs (e.g. to mirror logs remotely).
         """
-        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        handled = {signal.SIGINT, signal.SIGTERM} | ({self.preempt} if self.preempt else set())
+        if self.request_file is not None and os.path.exists(self.request_file):  # an earlier attempt's
+            os.remove(self.request_file)
+        old = {s: signal.signal(s, self._on_signal) for s in handled}
         try:
             with open(self.agent_log, "ab") as log:
                 # torchrun's own chatter goes to logs/torchrun.log; rank 0's console output keeps stdout.
@@ -110,9 +133,14 @@ class Supervisor:
 
     def _stop(self, tree: list[psutil.Process]) -> int:
         assert self.proc is not None
-        deadline = time.monotonic() + GRACE_S
+        deadline = time.monotonic() + self.grace_s
         while time.monotonic() < deadline and self.proc.poll() is None:
             time.sleep(0.2)
+        if self.request_file is not None and self.proc.poll() is None:  # asked, not signalled: now the signal
+            self.proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and self.proc.poll() is None:
+                time.sleep(0.2)
         if self.proc.poll() is None:
             self.proc.kill()
         return self.proc.wait()

@@ -36,7 +36,7 @@ STATUS_NOT_RUN = "not run"
 STATUS_PARTIAL = "partial"
 # Written by a run the scheduler stopped (issue 28: a checkpoint on every stop); runner/contract/layout.py has no
 # name for it yet.
-STATUS_PREEMPTED = "preempted"
+STATUS_PREEMPTED = layout.STATUS_PREEMPTED
 _LIVE = (layout.STATUS_RUNNING, layout.STATUS_QUEUED)
 
 

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 
 from runner.config.plan import Plan
 from runner.contract import checkpoints, layout
@@ -86,3 +87,91 @@ def checkpoint_size_problem(fs: Any, ckpt_dir: str) -> str | None:
     marker = fs.cat_file(marker_path) if fs.exists(marker_path) else None
     size = fs.size(state_path) if fs.exists(state_path) else None
     return checkpoints.size_problem(name, marker, size)
+
+
+# resume values that name no source: auto (a new run; a note names an unfinished one), never and restart (a new run
+# from step 0), last (the latest unfinished run under output.root, continued in place).
+NEW_RUN = ("auto", "never", "restart")
+LAST = "last"
+UNFINISHED = (layout.STATUS_INTERRUPTED, layout.STATUS_PREEMPTED, layout.STATUS_FAILED, layout.STATUS_LOST)
+
+
+def newest_checkpoint(run_url: str) -> str | None:
+    """The name (``step_<N>``) of a run directory's newest committed checkpoint, None when it has none."""
+    try:
+        fs, path = fsspec.core.url_to_fs(run_url)
+        markers = fs.glob(layout.join(path.rstrip("/"), layout.CHECKPOINTS, "step_*", layout.CKPT_MARKER))
+    except (OSError, ValueError, ImportError):
+        return None
+    steps = [s for m in markers if (s := checkpoints.step_of(m.rstrip("/").rsplit("/", 2)[-2])) is not None]
+    return f"step_{max(steps)}" if steps else None
+
+
+def unfinished_runs(root: str, limit: int | None = None) -> list[tuple[str, str, str]]:
+    """Runs under output root ``root`` that ended before their last step and hold a checkpoint, newest first (by
+    directory name: ``<date>/<time>_…``), as (run url, status, newest checkpoint); at most ``limit`` of them."""
+    try:
+        fs, path = fsspec.core.url_to_fs(root)
+        found = fs.glob(layout.join(path.rstrip("/"), "*", "*", layout.MANIFEST))
+        found += fs.glob(layout.join(path.rstrip("/"), "*", layout.MANIFEST))  # multi-node runs sit at the top
+    except (OSError, ValueError, ImportError):
+        return []
+    runs: list[tuple[str, str, str]] = []
+    for m in sorted(found, key=lambda m: m.rsplit("/", 3)[-3:-1], reverse=True):
+        if limit is not None and len(runs) >= limit:
+            break
+        try:
+            manifest = json.loads(fs.cat_file(m))
+        except (OSError, ValueError):
+            continue
+        state = status.status_of(manifest)
+        run = m.rsplit("/", 1)[0]
+        run = run if isinstance(fs, LocalFileSystem) else fs.unstrip_protocol(run)
+        if state in UNFINISHED and (ckpt := newest_checkpoint(run)) is not None:
+            runs.append((run, state, ckpt))
+    return runs
+
+
+def latest_unfinished(root: str) -> str:
+    """``resume=last``: the latest unfinished run under ``root`` with a checkpoint (PlanError when none)."""
+    runs = unfinished_runs(root, limit=1)
+    if not runs:
+        raise PlanError("resume", LAST, f"no unfinished run with a checkpoint under output.root={root}",
+                        "name the run directory (resume=<run dir>), or start a new run (resume=auto)")
+    return runs[0][0]
+
+
+def check_continuable(run_url: str, manifest: dict[str, Any], conf: dict[str, Any], max_steps: int | None) -> None:
+    """Refuse to continue a completed run (unless ``max_steps`` raises its train.max_steps above the steps it
+    ran: then it continues from its final checkpoint), or a run with no checkpoint to continue from."""
+    summary_url = layout.join(run_url, layout.SUMMARY)
+    fs, path = fsspec.core.url_to_fs(summary_url)
+    done = json.loads(fs.cat_file(path)).get("steps") if fs.exists(path) else None
+    if manifest.get("status") == layout.STATUS_COMPLETED:
+        if max_steps is None or not isinstance(done, int) or max_steps <= done:
+            more = 2 * done if isinstance(done, int) and done else "<more steps>"
+            raise PlanError("resume", run_url, f"completed all its {done} steps: there is nothing to resume, and"
+                            " it is left as it is",
+                            f"to train it longer, raise train.max_steps: ddp-run resume={run_url}"
+                            f" train.max_steps={more} (continues from its final checkpoint)")
+        return
+    source = str(conf.get("resume", "auto"))
+    if newest_checkpoint(run_url) is None and source in NEW_RUN:
+        argv = " ".join((manifest.get("invocation") or {}).get("overrides") or [])
+        raise PlanError("resume", run_url, f"holds no complete checkpoint ({manifest.get('status')} before its"
+                        " first one): continuing it would silently start from step 0",
+                        f"start it again from step 0 in a new run directory: ddp-run {argv} resume=restart".replace(
+                            "  ", " "))
+
+
+def note_unfinished(root: str) -> str | None:
+    """resume=auto: the console note naming the latest unfinished run under a local ``root`` (None: none)."""
+    protocol = fsspec.core.split_protocol(root)[0]
+    if protocol not in (None, "file", "local"):
+        return None  # listing a bucket at every start is not free
+    runs = unfinished_runs(root, limit=1)
+    if not runs:
+        return None
+    run, state, ckpt = runs[0]
+    return (f"ddp-run: note: {run} is {state} (checkpoint {ckpt}); this is a new run from step 0. To continue"
+            " that one instead: ddp-run resume=last")

@@ -30,7 +30,7 @@ class PendingLog:
     the host without a sync."""
 
     step: int
-    host: torch.Tensor            # (world, 2 + telemetry + timing fields) per rank; valid once ``ready`` is done
+    host: torch.Tensor            # (world, 2 + telemetry + timing + stop vote + extras); valid once ``ready`` is done
     ready: torch.cuda.Event | None
     lr: float
     window_steps: int             # optimizer steps of the perf window that ends with this step
@@ -39,14 +39,17 @@ class PendingLog:
     @classmethod
     def start(cls, step: int, mean_loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, window_steps: int,
               world_size: int, gpu: dict[str, float] | None = None,
-              times: dict[str, float] | None = None, extra: torch.Tensor | None = None) -> PendingLog:
-        """Gather this step's values from every rank (one small collective) and start their copy to the host."""
+              times: dict[str, float] | None = None, stop: int = 0,
+              extra: torch.Tensor | None = None) -> PendingLog:
+        """Gather this step's values from every rank (one small collective) and start their copy to the host.
+        ``stop``: this rank's stop vote (a signal number, 0: none), carried in the same collective; ``extra``: the
+        task's extra metrics, last in each row."""
         # The logged loss is the global mean over the whole global batch, and rank 0 logs every rank's GPU.
         # Every rank sends the same length (NaN where it has no telemetry), so ranks that disagree about NVML
         # cannot mismatch the collective.
         dev = mean_loss.device
         tele = torch.tensor([math.nan if gpu is None else gpu[k] for k in gpu_telemetry.FIELDS]
-                            + [math.nan if times is None else times[k] for k in timing.FIELDS])
+                            + [math.nan if times is None else times[k] for k in timing.FIELDS] + [float(stop)])
         if dev.type == "cuda":  # from pinned memory, without a sync: a blocking copy would drain the GPU's queue
             tele = tele.pin_memory().to(dev, non_blocking=True)
         extra = torch.zeros(0, device=dev) if extra is None else extra.float().to(dev)
@@ -71,9 +74,16 @@ class PendingLog:
         n = len(gpu_telemetry.FIELDS)
         gpus = {r: dict(zip(gpu_telemetry.FIELDS, row[2:2 + n].tolist(), strict=True))
                 for r, row in enumerate(self.host) if not math.isnan(row[2].item())}
-        times = {r: dict(zip(timing.FIELDS, row[2 + n:2 + n + len(timing.FIELDS)].tolist(), strict=True))
+        m = 2 + n + len(timing.FIELDS)
+        times = {r: dict(zip(timing.FIELDS, row[2 + n:m].tolist(), strict=True))
                  for r, row in enumerate(self.host) if not math.isnan(row[2 + n].item())}
         return loss, gnorm, gpus, times
+
+    def stop_vote(self) -> int:
+        """The stop every rank agreed on through this log step's gather (MAX of the votes; 0: none). Call after
+        :meth:`values` (which waits for the copy)."""
+        m = 2 + len(gpu_telemetry.FIELDS) + len(timing.FIELDS)
+        return int(self.host[:, m].max().item())
 
     def extra_means(self) -> list[float]:
         """The task's extra metrics, each the mean over the ranks (call after :meth:`values`)."""
@@ -110,6 +120,15 @@ def open_writer(logdir: str) -> Any:
     from torch.utils.tensorboard import SummaryWriter
 
     return SummaryWriter(logdir)
+
+
+def purge_from(writer: Any, step: int) -> None:
+    """What ``SummaryWriter(purge_step=step)`` does, once the step is known (a resume's): TensorBoard drops the
+    points at ``step`` and later that earlier event files hold, so an interrupted attempt's steps after its last
+    checkpoint are not shown twice."""
+    from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+
+    writer.file_writer.add_event(Event(step=step, session_log=SessionLog(status=SessionLog.START)))
 
 
 # The scalars the HPARAMS tab shows beside each run's settings (their latest values).

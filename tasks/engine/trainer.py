@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from runner.contract import layout, rules
+from runner.contract import layout, rules, stops
 from tasks import registry
 from tasks.api import TaskParts
 from tasks.engine import compile_cache, metrics, startup, task_metrics, timing, worker_io
@@ -33,6 +33,7 @@ from tasks.engine.diagnostics import telemetry as gpu_telemetry
 from tasks.engine.optim import apply_inductor_settings, build_optimizer, lr_factor
 from tasks.engine.progress import Progress
 from tasks.engine.sampler import ResumableDistributedSampler
+from tasks.engine.stop import StopAgreement
 from tasks.engine.strategy import factory, grad_sync
 from tasks.engine.strategy.base import Strategy
 from tasks.engine.train_state import TrainState
@@ -206,6 +207,7 @@ class _Loop:
     last: dict[str, float] = field(default_factory=dict)
     val_loss: float | None = None
     val_metrics: dict[str, float] = field(default_factory=dict)  # the last validation's extra metrics
+    stop_agreed: int = 0                # a stop every rank voted for in a log step's gather (its signal)
     first_step_s: float | None = None   # from the driver's start to the end of this launch's first step
     start_step: int = 0                 # optimizer steps done before this launch (a resume)
     start_unix: float = 0.0             # when this launch's first step began
@@ -253,6 +255,8 @@ class Trainer:
         self.gpu_windows: dict[int, list[dict[str, float]]] = {}
         self.time_windows: dict[int, list[dict[str, float]]] = {}  # each rank's phase times, per logging window
         self.extras: task_metrics.Sums | None = None  # the loop's extra metric sums (names known after a forward)
+        self.stopped: dict[str, Any] | None = None  # a stop the ranks agreed on: its step, signal, checkpoint
+        self.stop_vote: StopAgreement | None = None
 
     def _build_data(self) -> None:
         """The sampler, the loader and the optimizer steps an epoch gives."""
@@ -294,9 +298,18 @@ class Trainer:
             self.state = resumed
             self.total_steps = self._total_steps()
 
-    def checkpoint(self, final: bool = False) -> None:
-        """Save a checkpoint of where training stands now (collective: every rank calls it)."""
+    def checkpoint(self, final: bool = False, loop: _Loop | None = None) -> None:
+        """Save a checkpoint of where training stands now (collective: every rank calls it); with ``loop``, the
+        losses of the logging window still open too, so that a resume logs exactly what an uninterrupted run would."""
+        if loop is not None:
+            self._keep_window(loop)
         self.checkpoints.save(self.state, final=final)
+
+    def _keep_window(self, loop: _Loop) -> None:
+        """Every rank's open logging window (its loss sum differs per rank) into the progress (one collective)."""
+        sums: list[Any] = [None] * self.ctx.world_size
+        dist.all_gather_object(sums, float(loop.loss_sum))
+        self.state.window_loss, self.state.logged_step = sums, loop.logged_step
 
     def _total_steps(self) -> int:
         """``train.max_steps``, or the steps done plus what is left of ``train.epochs`` from where training stands.
@@ -331,10 +344,23 @@ class Trainer:
             self.state.micro_in_epoch = 0
 
     def train(self) -> dict[str, Any]:
-        """Run optimizer steps to ``total_steps``, then validate and checkpoint once more; return the summary."""
-        t = self.cfg.train
+        """Run optimizer steps to ``total_steps`` (or to an agreed stop), then validate and checkpoint once more;
+        return the summary."""
         loop = self._start_loop()
         batches = self._micro_batches()
+        stop = self.stop_vote = StopAgreement(self.ctx.device, enabled=bool(self.cfg.checkpoint.get("on_stop", True)),
+                             request_file=os.path.join(self.ctx.local_dir, layout.STOP_REQUEST)
+                             if self.ctx.is_main else None)
+        termination.accept_stops(True)
+        try:
+            self._loop(loop, batches, stop)
+        finally:
+            termination.accept_stops(False)
+        return self._finish(loop)
+
+    def _loop(self, loop: _Loop, batches: Any, stop: StopAgreement) -> None:
+        """Optimizer steps to ``total_steps``, or to the step boundary where the ranks agree to stop."""
+        t = self.cfg.train
         while self.state.step < self.total_steps:
             with loop.meter.paused("profile", sync=False):
                 loop.profiler.before_step(self.state.step + 1)
@@ -372,8 +398,29 @@ class Trainer:
                     loop.val_loss = self.validate(loop.writer, step, loop.progress, loop.val_metrics)
             if ckpt_due:
                 with loop.meter.paused("checkpoint"):  # the save's blocking time is not a training step
-                    self.checkpoint()
-        return self._finish(loop)
+                    self.checkpoint(loop=loop)
+            log_step = step % t.log_every == 0 or step == self.total_steps
+            if (signum := loop.stop_agreed or (0 if log_step else stop.poll())) and step < self.total_steps:
+                self._stop(loop, signum, saved=ckpt_due)
+                return
+
+    def _stop(self, loop: _Loop, signum: int, saved: bool) -> None:
+        """Every rank agreed to stop after this step: one complete checkpoint of it (unless the periodic one just
+        saved it), committed before the process ends."""
+        termination.taken()
+        heartbeat.phase("checkpoint")
+        if loop.pending is not None:
+            self._finish_log(loop)  # the checkpoint holds the losses
+        t0 = time.monotonic()
+        with loop.meter.paused("checkpoint"):
+            if not saved:
+                self.checkpoint(loop=loop)
+            self.checkpoints.wait()
+        name = f"step_{self.state.step}"
+        self.stopped = {"step": self.state.step, "signal": signum, "checkpoint": name,
+                        "save_s": round(time.monotonic() - t0, 3)}
+        self._say(f"stop: signal {signum}: every rank stopped after step {self.state.step};"
+                  f" checkpoint {name} committed in {time.monotonic() - t0:.2f} s")
 
     def _start_loop(self) -> _Loop:
         ctx, t = self.ctx, self.cfg.train
@@ -392,9 +439,14 @@ class Trainer:
         timer = timing.PhaseTimer(ctx.device, int(t.get("timing_every", 1) or 0), first_step=self.state.step + 1)
         self.strategy.on_grads_ready(timer.grads_ready)  # when its gradient sync starts, if the strategy can tell
         startup.mark("loop_start")
+        if writer is not None and self.resumed_from is not None:
+            tb.purge_from(writer, self.state.step + 1)  # the interrupted attempt's later points are superseded
+        s = self.state
+        window = s.window_loss[ctx.rank] if s.logged_step is not None and ctx.rank < len(s.window_loss) else 0.0
         self.extras = task_metrics.Sums(ctx.device)
-        return _Loop(meter, profiler, writer, progress, torch.zeros((), device=ctx.device), self.state.step,
-                     self.extras, start_step=self.state.step, start_unix=startup.marked("loop_start"), timer=timer)
+        return _Loop(meter, profiler, writer, progress, torch.tensor(window, device=ctx.device),
+                     s.step if s.logged_step is None else s.logged_step, self.extras,
+                     start_step=s.step, start_unix=startup.marked("loop_start"), timer=timer)
 
     def micro_step(self, batches: Any, loop: _Loop, *, first: bool, last: bool) -> None:
         """Forward and backward of one micro-batch; the strategy synchronises gradients on the ``last`` one only."""
@@ -435,6 +487,11 @@ class Trainer:
         self.scheduler.step()
         return lr, grad_norm
 
+    def checkpoint_final(self, loop: _Loop) -> None:
+        """The final checkpoint (collective), with the open logging window's losses (none at the last step)."""
+        self._keep_window(loop)
+        self.checkpoints.save_final(self.state)
+
     def _after_first_step(self, loop: _Loop) -> None:
         """The first step of this launch (step 1, or the first after a resume): time it, ready the save's
         buffers, and freeze what compilation left on the heap."""
@@ -456,11 +513,13 @@ class Trainer:
             gc.freeze()
 
     def log(self, loop: _Loop, step: int, lr: float, grad_norm: torch.Tensor) -> None:
-        """Start gathering this log step's values from every rank; :meth:`_finish_log` writes them later."""
+        """Start gathering this log step's values (and the stop vote) from every rank; :meth:`_finish_log` writes
+        them later."""
         heartbeat.phase("log")
         loop.pending = tb.PendingLog.start(
             step, loop.loss_sum / self.accumulation / (step - loop.logged_step), grad_norm, lr, loop.meter.steps,
             self.ctx.world_size, self.telemetry.window() if self.telemetry else None, loop.timer.window(),
+            stop=self.stop_vote.mine() if self.stop_vote is not None else 0,
             extra=loop.extras.take() if loop.extras.names else None)
         loop.logged_step = step
         loop.loss_sum.zero_()
@@ -471,6 +530,7 @@ class Trainer:
         pending, loop.pending = loop.pending, None
         assert pending is not None
         train_loss, gnorm, gpus, times = pending.values()
+        loop.stop_agreed = loop.stop_agreed or pending.stop_vote()
         last = {"train/loss": train_loss, **task_metrics.named(loop.extras.names, pending.extra_means(), "train"),
                 "lr": pending.lr, "grad_norm": gnorm,
                 **loop.meter.close_window(pending.window_steps),
@@ -539,11 +599,12 @@ class Trainer:
         """After the last step: the final validation and checkpoint, then the summary."""
         heartbeat.phase("finish")
         loop.profiler.finish(self.state.step)  # when training ended inside the traced steps
-        if self.parts.val_set is not None:
+        if self.parts.val_set is not None and self.stopped is None:
             with loop.meter.paused("validation"):
                 loop.val_loss = self.validate(loop.writer, self.state.step, loop.progress, loop.val_metrics)
-        with loop.meter.paused("checkpoint"):
-            self.checkpoints.save_final(self.state)
+        if self.stopped is None:
+            with loop.meter.paused("checkpoint"):
+                self.checkpoint_final(loop)
         if loop.progress is not None:
             loop.progress.close()
         summary = {
@@ -564,6 +625,8 @@ class Trainer:
             "time_breakdown": timing.summarize(self.time_windows, loop.timer.every),
             "compile": self._compile_facts(),
             "resumed_from": self.resumed_from,
+            "stopped": self.stopped,
+            "stop_vote": self.stop_vote.stats() if self.stop_vote is not None else None,
             "losses": self.state.losses,
         }
         if loop.writer is not None:
@@ -620,6 +683,8 @@ def run(run_dir: str, local_dir: str, console: IO[str] | None) -> None:
     """Train this rank to the end, then report ``rank R device D completed``."""
     cfg = load_config(run_dir)
     faults.configure(cfg.get("fault"))
+    preempt, grace_s = stops.of(cfg.get("checkpoint"))
+    termination.configure(grace_s, preempt)
     writer_future = None
     if int(os.environ.get("RANK", "0")) == 0:
         # TensorBoard's import overlaps the process-group and DDP set-up instead of delaying the first step.
@@ -647,10 +712,15 @@ def run(run_dir: str, local_dir: str, console: IO[str] | None) -> None:
         dist.barrier()
         heartbeat.phase("done")
         heartbeat.stop()
-        line = f"rank {ctx.rank} device {_device_label(ctx)} completed"
+        stopped = trainer.stopped
+        line = f"rank {ctx.rank} device {_device_label(ctx)} " + (
+            f"stopped at step {stopped['step']}" if stopped else "completed")
         print(line, flush=True)
         worker_io.write_json(local_dir, layout.rank_facts(ctx.rank),
-                             _facts(ctx, completed=True, exit_code=0, summary=summary if ctx.is_main else None))
+                             _facts(ctx, completed=stopped is None, exit_code=0, stopped=stopped,
+                                    summary=summary if ctx.is_main else None))
+        if stopped:
+            termination.done()
     except BaseException as exc:  # noqa: B036 - the time of any failure, before the teardown below
         failed = True
         worker_io.mark_failure_time(exc)

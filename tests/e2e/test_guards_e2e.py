@@ -247,7 +247,7 @@ def test_sigterm_is_forwarded_so_the_run_stops_well_inside_the_grace(launch, out
     assert elapsed < bound
     assert run.driver.returncode == 128 + sig
     assert _alive([run.torchrun, *run.ranks]) == [], "no worker outlives the driver"
-    assert f"ddp-run: stopping on signal {int(sig)}" in (tmp_path / "driver.err").read_text()
+    assert f"ddp-run: stopping on {sig.name}" in (tmp_path / "driver.err").read_text()
     time.sleep(0.5)
     assert _procs_mentioning(str(run_dir)) == []
     assert load_json(run_dir / "run.json")["status"] == "interrupted"

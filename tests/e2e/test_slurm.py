@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -158,3 +159,30 @@ def test_a_requeued_job_resumes_from_its_checkpoint(slurm, out_root):
     assert manifest["slurm"]["restarts"] >= 1 and len(manifest["continued"]) >= 1
     assert "resumed from" in (run / layout.rank_log(0)).read_text()
     assert run_dirs(out_root) == [run], "the same run directory"
+
+
+def test_the_warning_signal_saves_and_the_job_requeues_itself(slurm, out_root):
+    # What Slurm sends before a time limit or a preemption (sbatch --signal=B:USR2@<s>), sent now: the ranks agree at
+    # the next step, save, the run ends preempted, the job requeues itself and continues the same run directory.
+    port = random.randint(30000, 60000)  # job ids start at 1 on every test cluster: one machine, several clusters
+    args = [*SMOKE, "launcher.nodes=1", "launcher.wait=false", "train.max_steps=30", "fault.kind=slow",
+            "fault.rank=0", "fault.step=1", "fault.slow_s=0.3", f"launcher.rdzv_port={port}"]
+    r = ddp_run(args, out_root, env=slurm)
+    assert r.returncode == 0, r.stdout + r.stderr
+    [run] = run_dirs(out_root)
+    job_id = load_json(run / layout.SLURM_JOB)["job_id"]
+    assert "#SBATCH --signal=B:USR2@120" in (run / layout.SLURM_SCRIPT).read_text()
+    env = {**os.environ, **slurm}
+    wait_for("step 3", lambda: _json(run / layout.rank_progress(0)).get("step", 0) >= 3)
+    subprocess.run(["scancel", "--signal=USR2", "--batch", job_id], env=env, check=True, timeout=60)
+    wait_for("the job to requeue itself", lambda: "JobState=PENDING" in subprocess.run(
+        ["scontrol", "show", "job", job_id], env=env, capture_output=True, text=True, timeout=60).stdout)
+    manifest = load_json(run / "run.json")
+    assert manifest["status"] == "preempted", manifest["status"]
+    stopped = load_json(run / layout.rank_facts(0))["stopped"]
+    assert (run / "checkpoints" / stopped["checkpoint"] / "meta.json").exists() and stopped["step"] < 30
+    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env, check=True, timeout=60)
+    summary = wait_for("the requeued job to complete",
+                       lambda: (s := _json(run / "summary.json")).get("status") == "completed" and s)
+    assert summary["steps"] == 30 and summary["resumed_from"].endswith(stopped["checkpoint"])
+    assert len(summary["losses"]) == 30 and run_dirs(out_root) == [run]

@@ -3,6 +3,8 @@ and where a store listens. No process is started."""
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 from test_plan import cfg
 
@@ -91,6 +93,9 @@ def test_slurm_script_and_command():
                  "#SBATCH --qos=high", "#SBATCH --requeue", "-m runner.launch.slurm /shared/run"):
         assert line in text
     assert "cpus-per-task" not in text
+    # The pre-emption signal (checkpoint.stop_signal) before the time limit, to the job's driver (B:)
+    assert "#SBATCH --signal=B:USR2@120" in slurm.script("/r", "/r", launcher, "x", signal.SIGUSR2)
+    assert "#SBATCH --signal=B:TERM@300" in slurm.script("/r", "/r", {**launcher, "signal_before_s": 300}, "x")
     plan = make_plan(cfg(world_size=2, launcher={"name": "slurm", "nnodes": 2}), [])
     cmd = slurm.command(plan, launcher, "/shared/run", head="10.0.0.1", job_id="1234")
     assert cmd[:5] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]

@@ -48,10 +48,10 @@ def resume_sources(resume: str, ckpt_root: str) -> Sources:
     A run's own checkpoints always win, whatever ``resume`` says: they are this run's progress (an elastic
     restart of a ``resume=never`` run must not start over and then have keep_last delete its fresh checkpoints
     as "older" than the previous attempt's). ``resume`` says where a run with none starts: ``auto``/``never``
-    nowhere, a checkpoint that one, a run directory (or its ``checkpoints/``) its complete ones.
+    (and ``restart``) nowhere, a checkpoint that one, a run directory (or its ``checkpoints/``) its complete ones.
     """
     own = [url for _, url in reversed(storage.list_complete(ckpt_root))]
-    if own or resume in ("auto", "never"):
+    if own or resume in ("auto", "never", "restart"):
         return Sources(own)
     if storage.is_checkpoint(resume):
         return Sources([resume], explicit=True)
@@ -72,7 +72,10 @@ def restored_progress(state: dict[str, Any], plan: BatchPlan) -> TrainState:
     counted in micro-batches of the checkpoint's per-rank batch, converted to this run's."""
     p = state["progress"]
     samples = compat.samples_done(state, plan) // plan.world_size
-    return TrainState(p["step"], p["epoch"], samples // plan.per_rank, list(p.get("losses", [])))
+    state_ = TrainState(p["step"], p["epoch"], samples // plan.per_rank, list(p.get("losses", [])))
+    if state.get("plan") == plan.as_dict() and p.get("logged_step") is not None:  # the same ranks and steps
+        state_.window_loss, state_.logged_step = list(p.get("window_loss") or []), p["logged_step"]
+    return state_
 
 
 def _name(url: str) -> str:
@@ -145,6 +148,10 @@ class CheckpointManager:
             set_rng_state(state["rng"][self.rank])
         self.resumed_from = src
         print(f"resumed from {src} at step {progress.step}", flush=True)
+        if self.is_main and self.console is not None:  # the user's console says it, not only the rank log
+            run = src.rstrip("/").rsplit("/", 2)[0]
+            print(f"ddp-run: resumed from step {progress.step} of {run} (checkpoint {_name(src)})",
+                  file=self.console, flush=True)
         return progress
 
     def _load(self, sources: Sources) -> tuple[dict[str, Any], str]:
@@ -188,6 +195,11 @@ class CheckpointManager:
         still in flight."""
         if self.final:  # off only for benchmarks of models too big to save often
             self.save(progress, final=True)
+        if self.saver is not None:
+            self.saver.wait()
+
+    def wait(self) -> None:
+        """Until the checkpoint being written in the background (if any) is committed."""
         if self.saver is not None:
             self.saver.wait()
 

@@ -14,6 +14,15 @@ blocks reading it.
 A rank that fails on its own (its collective raised because a peer went away) runs the same work through
 :func:`finish_now` before it exits, so its log says what became of the write either way. The work runs once:
 whichever of the two gets there first does it, and the other waits for it.
+
+A stop (SIGTERM, or the configured pre-emption signal, ``checkpoint.stop_signal``) that reaches a rank while its
+training loop runs is a request, never work done in the handler: :func:`requested` says which signal came; the
+loop's ranks agree on it at the next optimizer-step boundary (``tasks/engine/stop.py``), save a complete
+checkpoint and end normally, telling the watcher through :func:`taken` and :func:`done`. The watcher waits for that
+(after finishing the write in flight: half the grace for the loop to take the stop, the rest for the save);
+should the loop not take it in time (its
+main thread is stuck in a collective whose peer is gone) or the save not finish, it says so and stops the process
+as above: the last complete checkpoint stands.
 """
 
 from __future__ import annotations
@@ -33,6 +42,45 @@ Work = Callable[[float, str], None]  # finish(timeout_s, why): why prefixes what
 _work: list[Work] = []
 _work_lock = threading.Lock()
 _owner_pid: int | None = None
+_stop_signals: set[int] = {signal.SIGTERM}
+_requested = 0                       # the stop signal that came (0: none)
+_accepting = threading.Event()       # the training loop runs and takes stops at step boundaries
+_taken = threading.Event()           # the ranks agreed to stop: the checkpoint on stop is under way
+_done = threading.Event()            # the checkpoint on stop is committed: the process ends by itself
+_grace = [GRACE_S]
+
+
+def requested() -> int:
+    """The stop signal this process received (SIGTERM, or the pre-emption signal), 0 when none."""
+    return _requested
+
+
+def accept_stops(on: bool) -> None:
+    """The training loop calls this as it starts (True) and ends (False): while on, a stop is taken at the next
+    step boundary instead of ending the process."""
+    if on:
+        _accepting.set()
+    else:
+        _accepting.clear()
+
+
+def taken() -> None:
+    """The ranks agreed to stop: the watcher now waits for the checkpoint (see :func:`done`)."""
+    _taken.set()
+
+
+def done() -> None:
+    """The checkpoint on stop is committed; the process is about to end by itself."""
+    _done.set()
+
+
+def configure(grace_s: float, stop_signal: int | None) -> None:
+    """After the config is read (main thread): the grace a stop gets (``checkpoint.stop_grace_s``) and the extra
+    pre-emption signal handled like SIGTERM (``checkpoint.stop_signal``; None: SIGTERM only)."""
+    _grace[0] = grace_s
+    if stop_signal and stop_signal not in _stop_signals and _owner_pid == os.getpid():
+        signal.signal(stop_signal, _handler)
+        _stop_signals.add(stop_signal)
 
 
 def on_terminate(finish: Work) -> None:
@@ -61,11 +109,12 @@ def install(grace_s: float = GRACE_S) -> bool:
     if threading.current_thread() is not threading.main_thread():
         return False
     _owner_pid = os.getpid()
+    _grace[0] = grace_s
     r, w = os.pipe()
     os.set_blocking(w, False)
     signal.signal(signal.SIGTERM, _handler)
     signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-    threading.Thread(target=_watch, args=(r, grace_s), name="sigterm-watch", daemon=True).start()
+    threading.Thread(target=_watch, args=(r,), name="sigterm-watch", daemon=True).start()
     return True
 
 
@@ -73,7 +122,8 @@ def reset_in_child(*_args: object) -> None:
     """For processes forked from a worker (DataLoader workers, as ``worker_init_fn``): SIGTERM's default action
     again, and no writes to the parent's wakeup pipe."""
     signal.set_wakeup_fd(-1)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for s in _stop_signals:
+        signal.signal(s, signal.SIG_DFL)
 
 
 def _handler(signum: int, _frame: object) -> None:
@@ -96,10 +146,26 @@ def _run_work(grace_s: float, why: str) -> None:
                 print(f"{why}: {exc!r}", flush=True)
 
 
-def _watch(fd: int, grace_s: float) -> None:
-    while signal.SIGTERM not in os.read(fd, 64):  # the wakeup fd carries every handled signal's number
-        pass
+def _watch(fd: int) -> None:
+    global _requested
+    signum = 0
+    while not signum:  # the wakeup fd carries every handled signal's number
+        signum = next((b for b in os.read(fd, 64) if b in _stop_signals), 0)
+    _requested = signum
+    grace_s = _grace[0]
+    t0 = time.monotonic()
+    deadline = t0 + grace_s
+    # The write in flight is finished first, whatever comes next (the loop's own save waits for it anyway).
     _run_work(grace_s, "SIGTERM")
+    if _accepting.is_set():
+        if _taken.wait(max(0.0, t0 + grace_s / 2 - time.monotonic())):
+            if _done.wait(max(0.0, deadline - time.monotonic())):
+                return  # the checkpoint on stop is committed; the main thread ends the process
+            print(f"stop: the checkpoint on stop did not finish within {grace_s:.0f} s (checkpoint.stop_grace_s);"
+                  " the last complete checkpoint stands", flush=True)
+        else:
+            print(f"stop: training did not reach a step boundary within {grace_s / 2:.0f} s of signal {signum};"
+                  " stopping without a checkpoint on stop (the last complete checkpoint stands)", flush=True)
     sys.stdout.flush()
     sys.stderr.flush()
     # Die by SIGTERM's default action. Python's signal.signal only works in the main thread, which may be

@@ -1,0 +1,174 @@
+"""A checkpoint on every stop, end to end (real torchrun, gloo ranks): SIGINT to the driver or SIGTERM to a worker
+at a random step, with the default checkpoint settings, leaves a checkpoint at that step or the next; the run ends
+``interrupted`` and names the command that continues it; the resume gives the uninterrupted run's per-step losses
+and final parameters exactly, and TensorBoard one point per step.
+
+The signal is sent once the driver's console has printed step k (rank 0 prints each step as it ends): the ranks
+agree at the next step boundary, k or k+1. A slow rank (``fault.kind=slow``, not repeated by the resume) leaves
+time to send it mid-run.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import GPT_DROPOUT_STEPS, ddp_run, gpt_dropout_args, load_json, run_dirs, shared_run, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tasks.engine import checkpoint as ck  # noqa: E402
+
+DEFAULT_CKPT = {"checkpoint.every_steps": "0", "checkpoint.keep_last": "2", "checkpoint.async_save": "true"}
+SLOW = ["fault.kind=slow", "fault.rank=0", "fault.step=1", "fault.slow_s=0.4"]
+
+
+def with_default_checkpoints(args: list[str]) -> list[str]:
+    """``args`` with the checkpoint settings a new user has (one checkpoint at the end, background saves)."""
+    return [a for a in args if a.split("=", 1)[0] not in DEFAULT_CKPT] + [f"{k}={v}" for k, v in DEFAULT_CKPT.items()]
+
+
+def stop_mid_run(args: list[str], root: Path, at_step: int, how: str) -> tuple[int, str, str]:
+    """Launch, and once step ``at_step`` is printed send SIGINT to the driver (``how="driver"``) or SIGTERM to
+    rank 1 (``how="worker"``); returns the exit code, stdout and stderr."""
+    env = {**os.environ}
+    proc = subprocess.Popen([sys.executable, "-m", "runner", *args, f"output.root={root}"], cwd=tempfile.gettempdir(),
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        seen.append(line)
+        if re.match(rf"\s*step {at_step}/", line):
+            break
+    else:
+        pytest.fail(f"the run ended before step {at_step}:\n{''.join(seen)}\n{proc.stderr.read()}")
+    if how == "driver":
+        proc.send_signal(signal.SIGINT)
+    else:
+        [run] = run_dirs(root)
+        pid = wait_for("rank 1's facts", lambda: load_json(run / "logs/rank1.json").get("pid"))
+        os.kill(pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    return proc.returncode, "".join(seen) + out, err
+
+
+def final_model(run: Path) -> dict[str, torch.Tensor]:
+    step = run / f"checkpoints/step_{GPT_DROPOUT_STEPS}"
+    if (step / "model.pt").exists():  # sharded (fsdp): the last checkpoint's consolidated model
+        return torch.load(step / "model.pt", weights_only=True)
+    return ck.load(str(step))["model"]
+
+
+def tb_points(run: Path, tag: str) -> list[int]:
+    """The steps TensorBoard shows for ``tag`` (its reader applies the purge a resume writes)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run / "tb"), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [e.step for e in acc.Scalars(tag)]
+
+
+def check_stopped(code: int, out: str, err: str, root: Path, at_step: int, signum: int) -> Path:
+    """The stopped run: its status, the checkpoint at ``at_step`` or the next, and the command that continues."""
+    [run] = run_dirs(root)
+    assert code == 128 + signum, out + err
+    manifest, summary = load_json(run / "run.json"), load_json(run / "summary.json")
+    assert manifest["status"] == "interrupted" and summary["status"] == "interrupted", err
+    stopped = load_json(run / "logs/rank0.json")["stopped"]
+    assert stopped["step"] in (at_step, at_step + 1), (at_step, stopped)
+    latest = ck.latest(f"{run}/checkpoints")
+    assert latest is not None and latest.endswith(f"step_{stopped['step']}"), (latest, stopped)
+    assert summary["root_cause"] is None and len(summary["losses"]) == stopped["step"]
+    assert f"ddp-run resume={run}" in err, err
+    return run
+
+
+def check_resumed_exactly(run: Path, reference: Path, out: str) -> None:
+    summary = load_json(run / "summary.json")
+    assert summary["status"] == "completed" and summary["steps"] == GPT_DROPOUT_STEPS
+    assert summary["losses"] == load_json(reference / "summary.json")["losses"]
+    a, b = final_model(run), final_model(reference)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert re.search(rf"resumed from step \d+ of {re.escape(str(run))}", out), out
+    assert tb_points(run, "train/loss") == list(range(1, GPT_DROPOUT_STEPS + 1)), "one point per step"
+
+
+def test_sigint_to_the_driver_saves_and_the_resume_is_exact(tmp_path, text_file, gpt_dropout_reference):
+    at = random.randint(3, 11)
+    args = with_default_checkpoints(gpt_dropout_args(text_file))
+    code, out, err = stop_mid_run([*args, *SLOW], tmp_path / "out", at, "driver")
+    run = check_stopped(code, out, err, tmp_path / "out", at, signal.SIGINT)
+    r = ddp_run([f"resume={run}"], tmp_path / "unused")
+    assert r.returncode == 0, r.stdout + r.stderr
+    check_resumed_exactly(run, gpt_dropout_reference, r.stdout + r.stderr)
+
+
+def test_sigterm_to_a_worker_saves_and_resume_last_continues_it(tmp_path, text_file, gpt_dropout_reference):
+    """Also: data.path given relative (to the launch's directory) is recorded absolute, its spelling kept, and
+    resume=last continues the run from another directory."""
+    at = random.randint(3, 11)
+    relative = os.path.relpath(text_file, tempfile.gettempdir())
+    args = [a if not a.startswith("data.path=") else f"data.path={relative}"
+            for a in with_default_checkpoints(gpt_dropout_args(text_file))]
+    code, out, err = stop_mid_run([*args, *SLOW], tmp_path / "out", at, "worker")
+    run = check_stopped(code, out, err, tmp_path / "out", at, signal.SIGTERM)
+    assert f"path: {text_file}" in (run / "config.yaml").read_text()
+    assert load_json(run / "run.json")["invocation"]["paths_given"] == {"data.path": relative}
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    r = subprocess.run([sys.executable, "-m", "runner", "resume=last", f"output.root={tmp_path / 'out'}"],
+                       cwd=elsewhere, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"resume=last: continuing {run}" in r.stdout
+    check_resumed_exactly(run, gpt_dropout_reference, r.stdout + r.stderr)
+
+
+def test_a_completed_run_trains_longer_when_max_steps_is_raised(tmp_path, smoke_reference):
+    """The fix the refusal names: a completed run continues from its final checkpoint, its record whole."""
+    import shutil
+
+    run = tmp_path / "root" / "2026-01-01" / smoke_reference.name
+    shutil.copytree(smoke_reference, run)
+    r = ddp_run([f"resume={run}", "train.max_steps=10"], tmp_path / "unused")
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary, reference = load_json(run / "summary.json"), load_json(smoke_reference / "summary.json")
+    assert summary["steps"] == 10 and summary["resumed_from"].endswith("step_8")
+    assert summary["losses"][:8] == reference["losses"] and len(summary["losses"]) == 10
+    assert tb_points(run, "train/loss") == list(range(1, 11))
+
+
+def fsdp_args(text_file: Path) -> list[str]:
+    return [*gpt_dropout_args(text_file), "strategy=fsdp"]
+
+
+@pytest.fixture(scope="session")
+def gpt_fsdp_reference(tmp_path_factory: pytest.TempPathFactory, text_file: Path) -> Path:
+    def make(root: Path) -> Path:
+        r = ddp_run(fsdp_args(text_file), root)
+        assert r.returncode == 0, r.stdout + r.stderr
+        [run] = run_dirs(root)
+        return run
+
+    return shared_run(tmp_path_factory, "gpt-fsdp", make)
+
+
+def test_sigint_under_fsdp_saves_every_shard_and_the_resume_is_exact(tmp_path, text_file, gpt_fsdp_reference):
+    at = random.randint(3, 11)
+    code, out, err = stop_mid_run([*with_default_checkpoints(fsdp_args(text_file)), *SLOW], tmp_path / "out", at,
+                                  "driver")
+    run = check_stopped(code, out, err, tmp_path / "out", at, signal.SIGINT)
+    shards = Path(ck.latest(f"{run}/checkpoints")) / "shards"
+    assert sorted(p.name for p in shards.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    r = ddp_run([f"resume={run}"], tmp_path / "unused")
+    assert r.returncode == 0, r.stdout + r.stderr
+    check_resumed_exactly(run, gpt_fsdp_reference, r.stdout + r.stderr)
