@@ -22,7 +22,7 @@ from runner.contract.rules import Rule, flatten
 
 GROUPS = ("task", "data", "strategy", "launcher", "experiment")
 _KINDS = {"int": "int", "number": "float", "bool": "bool", "str": "string", "choice": "choice",
-          "numbers": "list", "mapping": "mapping"}
+          "numbers": "list", "mapping": "mapping", "signal": "signal"}
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z`(])")
 
 
@@ -55,6 +55,8 @@ def allowed(rule: Rule) -> str:
             text += ", or " + ", ".join(str(c) for c in rule.choices)
     elif rule.kind == "mapping":
         text = "key: value settings"
+    elif rule.kind == "signal":
+        text = "a signal name or number (not SIGUSR1, SIGINT, SIGKILL, SIGSTOP)"
     else:
         text = "non-empty text"
     return text + (", or null" if rule.null else "")

@@ -29,7 +29,7 @@ from runner.contract.errors import (
     STRATEGIES,
     PlanError,
 )
-from runner.contract.rules import Rule, check_keys, choice, flag, get, integer, number, text
+from runner.contract.rules import Rule, check_keys, choice, flag, get, integer, number, stop_signal, text
 
 # Seeds feed torch, numpy and Python generators alike (seed + rank, seed + epoch): numpy takes 32 bits.
 SEED_MAX = 2**32 - 1024
@@ -80,6 +80,7 @@ ENGINE_RULES: tuple[Rule, ...] = (
     flag("checkpoint.final", null=True),
     flag("checkpoint.on_stop", null=True),
     number("checkpoint.stop_grace_s", lo=1, hi=stops.MAX_GRACE_S, null=True, example="20"),
+    stop_signal("checkpoint.stop_signal", example=f"{stops.DEFAULT_SIGNAL} (or SIGTERM; SIGUSR1 is NCCL's)"),
     choice("strategy.name", STRATEGIES),
     number("strategy.memory_cap_gb", lo=0, lo_open=True, null=True, example="80"),
     flag("strategy.reshard_after_forward", null=True),
@@ -126,20 +127,8 @@ def check_data(data: Mapping[str, Any]) -> None:
     check_keys({"data": data}, DATA_RULES.get(str(data.get("name")), ()))
 
 
-def check_stop_signal(cfg: Mapping[str, Any]) -> None:
-    """``checkpoint.stop_signal`` names a signal that a stop may use (not SIGUSR1: NCCL's and faulthandler's)."""
-    value = get(cfg, "checkpoint.stop_signal", stops.DEFAULT_SIGNAL)
-    try:
-        stops.parse_signal(value)
-    except ValueError as exc:
-        raise PlanError("checkpoint.stop_signal", value, str(exc),
-                        "use SIGUSR2 (the default), SIGTERM, or another signal that nothing else in the job uses"
-                        " (SIGUSR1 is NCCL's)") from exc
-
-
 def check(cfg: Mapping[str, Any]) -> None:
     """Everything the driver checks from the config alone, before it looks at files, tasks or devices."""
     check_engine(cfg)
-    check_stop_signal(cfg)
     if isinstance(cfg.get("data"), Mapping):
         check_data(cfg["data"])

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from runner.contract import layout
+from runner.contract import layout, stops
 from runner.contract.errors import PlanError
 
 _MISSING = object()
@@ -23,9 +23,10 @@ class Rule:
     """What one key may hold.
 
     ``kind``: ``int`` | ``number`` | ``bool`` | ``str`` | ``choice`` | ``numbers`` (a list of ``length`` numbers) |
-    ``mapping``. ``lo``/``hi`` bound numbers (``lo_open``/``hi_open``: strictly); ``choices`` lists the allowed
-    values of a ``choice`` (and extra literal values allowed beside an ``int``, e.g. ``auto``); ``null``: None is
-    allowed; ``example``: a valid setting for the fix.
+    ``mapping`` | ``signal`` (a signal's name or number that a stop may use). ``lo``/``hi`` bound numbers
+    (``lo_open``/``hi_open``: strictly); ``choices`` lists the allowed values of a ``choice`` (and extra literal
+    values allowed beside an ``int``, e.g. ``auto``); ``null``: None is allowed; ``example``: a valid setting for
+    the fix.
     """
 
     key: str
@@ -51,6 +52,12 @@ class Rule:
             return None if isinstance(value, str) and value.strip() else "must be a non-empty string"
         if self.kind == "mapping":
             return None if isinstance(value, Mapping) else "must be a mapping of settings"
+        if self.kind == "signal":
+            try:
+                stops.parse_signal(value)
+            except ValueError as exc:
+                return str(exc)
+            return None
         if self.kind == "numbers":
             if not isinstance(value, (list, tuple)) or (self.length is not None and len(value) != self.length):
                 return f"must be a list of {self.length} numbers"
@@ -121,6 +128,11 @@ def choice(key: str, choices: Iterable[Any], null: bool = False) -> Rule:
 def text(key: str, null: bool = False, example: str = "") -> Rule:
     """A non-empty string."""
     return Rule(key, "str", null=null, example=example)
+
+
+def stop_signal(key: str, example: str) -> Rule:
+    """A signal a stop may use: its name (``SIGUSR2``, ``USR2``) or number, not one the job needs otherwise."""
+    return Rule(key, "signal", null=True, example=example)
 
 
 def get(cfg: Mapping[str, Any], dotted: str, default: Any = None) -> Any:

@@ -15,6 +15,8 @@ from runner.contract import checkpoints, layout
 from runner.contract.errors import PlanError
 from runner.rundir import status
 
+FIX = "use resume=auto, resume=last, resume=restart, a run directory or a checkpoints/step_<N> path"
+
 
 def is_run_dir(url: str) -> bool:
     """Is ``url`` a run directory (config.yaml and run.json written)? PlanError when it cannot be read."""
@@ -22,8 +24,7 @@ def is_run_dir(url: str) -> bool:
         fs, path = fsspec.core.url_to_fs(url)
         return fs.exists(layout.join(path, layout.CONFIG)) and fs.exists(layout.join(path, layout.MANIFEST))
     except (OSError, ValueError, ImportError) as exc:
-        raise PlanError("resume", url, f"cannot be read ({type(exc).__name__}: {exc})",
-                        "use resume=auto, resume=never, a run directory or a checkpoints/step_<N> path") from exc
+        raise PlanError("resume", url, f"cannot be read ({type(exc).__name__}: {exc})", FIX) from exc
 
 
 def check_no_live_driver(run_url: str, manifest: dict[str, Any]) -> None:
@@ -39,7 +40,7 @@ def check_no_live_driver(run_url: str, manifest: dict[str, Any]) -> None:
 def check_resume_source(resume: str, plan: Plan) -> None:
     """Refuse before launch a source that holds no complete checkpoint, or a checkpoint from a run with another
     world size (its RNG and data order would not carry over)."""
-    fix = "use resume=auto, resume=never, a run directory or a checkpoints/step_<N> path"
+    fix = FIX
     try:
         fs, path = fsspec.core.url_to_fs(resume)
         path = path.rstrip("/")

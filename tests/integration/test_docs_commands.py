@@ -18,7 +18,9 @@ from __future__ import annotations
 import contextlib
 import importlib
 import io
+import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -65,8 +67,21 @@ def _tool(name: str, argv: list[str], cwd: Path, monkeypatch: pytest.MonkeyPatch
     return code or 0, out.getvalue()
 
 
-def _check_ddp_run(cmd: Command, cwd: Path, root: Path, monkeypatch: pytest.MonkeyPatch) -> str | None:
+def _seed_unfinished(root: Path, finished: Path) -> Path:
+    """An interrupted run under ``root`` (a copy of a real completed one, its status rewound), for the commands
+    that continue the latest unfinished run (``resume=last``)."""
+    run = root / "2026-01-01" / "00-00-00_smoke_w2"
+    shutil.copytree(finished, run)
+    record = json.loads((run / "run.json").read_text())
+    record["status"] = "interrupted"
+    (run / "run.json").write_text(json.dumps(record))
+    return run
+
+
+def _check_ddp_run(cmd: Command, cwd: Path, root: Path, monkeypatch: pytest.MonkeyPatch,
+                   finished: Path) -> str | None:
     args = list(cmd.argv[1:])
+    seeded = [_seed_unfinished(root, finished) / "run.json"] if "resume=last" in args else []
     if not any(a in INFO for a in args) and not any(a.startswith("dry_run=") for a in args):
         args.append("dry_run=true")
     r = cli_in_process(args, root, monkeypatch, cwd=cwd)
@@ -76,7 +91,7 @@ def _check_ddp_run(cmd: Command, cwd: Path, root: Path, monkeypatch: pytest.Monk
     printed = {ln.strip() for ln in (r.stdout + r.stderr).splitlines()}
     if missing := [ln for ln in cmd.output if ln not in printed]:
         return f"{cmd}: the page shows lines it did not print: {missing}\n{r.stdout[-1500:]}{r.stderr[-1500:]}"
-    if list(root.rglob("run.json")):
+    if [p for p in root.rglob("run.json") if p not in seeded]:
         return f"{cmd}: a dry run left a run directory under {root}"
     return None
 
@@ -94,7 +109,7 @@ def _check_tool(cmd: Command, cwd: Path, monkeypatch: pytest.MonkeyPatch) -> str
     return None
 
 
-def _check(cmd: Command, work: Path, root: Path, monkeypatch: pytest.MonkeyPatch) -> str | None:
+def _check(cmd: Command, work: Path, root: Path, monkeypatch: pytest.MonkeyPatch, finished: Path) -> str | None:
     cwd = (work / cmd.cwd).resolve() if cmd.cwd != "." else work
     if not cwd.is_dir():
         return f"{cmd}: no folder {cmd.cwd} in the checkout"
@@ -102,13 +117,13 @@ def _check(cmd: Command, work: Path, root: Path, monkeypatch: pytest.MonkeyPatch
         missing = [t for t in cmd.argv[1:] if "=" not in t and t not in make_targets()]
         return f"{cmd}: no Makefile target {missing}" if missing else None
     if cmd.argv[0] == "ddp-run":
-        return _check_ddp_run(cmd, cwd, root, monkeypatch)
+        return _check_ddp_run(cmd, cwd, root, monkeypatch, finished)
     return _check_tool(cmd, cwd, monkeypatch)
 
 
 @pytest.mark.parametrize("page", pages(), ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_every_command_of_the_page_works_as_written(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                    fake_smi: Path) -> None:
+                                                    fake_smi: Path, smoke_reference: Path) -> None:
     """Planned as on the host the pages describe: two H200s (a fake nvidia-smi); device=cpu commands use none."""
     found = commands(page)
     if not shown_files(page):
@@ -118,7 +133,7 @@ def test_every_command_of_the_page_works_as_written(page: Path, tmp_path: Path, 
     failures = []
     for i, cmd in enumerate(c for c in found if not c.template):
         with monkeypatch.context() as mp:
-            if (problem := _check(cmd, work, tmp_path / f"outputs{i}", mp)) is not None:
+            if (problem := _check(cmd, work, tmp_path / f"outputs{i}", mp, smoke_reference)) is not None:
                 failures.append(problem)
     assert not failures, "\n\n".join(failures)
 
