@@ -43,8 +43,9 @@ def _torch_version() -> str:
 
 def _sources(module: str | None, task_dir: str | None) -> list[str]:
     """The source files an answer depends on: the ``tasks`` package's, and those beside the task's module."""
-    tasks_pkg = Path(__file__).resolve().parents[1] / "tasks"  # the engine, the probe and the built-in tasks
-    files = {str(p) for p in tasks_pkg.rglob("*.py")}
+    # The engine, the probe and the built-in tasks: found by name (tasks/ in a checkout, ddp_runner/tasks/ installed).
+    tasks_pkg = importlib.util.find_spec("ddp_runner.tasks")
+    files = {str(p) for d in (tasks_pkg.submodule_search_locations or []) for p in Path(d).rglob("*.py")}
     if module:
         if task_dir and task_dir not in sys.path:
             sys.path.append(task_dir)

@@ -56,7 +56,7 @@ def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
 def _rank_pid(procs: list[psutil.Process], rank: int) -> int | None:
     for p in procs:
         try:
-            if "tasks" in p.cmdline() and p.environ().get("RANK") == str(rank):
+            if "ddp_runner.tasks" in p.cmdline() and p.environ().get("RANK") == str(rank):
                 return p.pid
         except psutil.Error:
             continue

@@ -1,6 +1,7 @@
 """The package as a new user gets it: a built wheel installed into a fresh venv outside the checkout, used from an
 empty directory that holds a stray ``tasks.py`` and ``runner.py``: the smoke task, a task of the user's own
-(the examples/ classifier) with a checkpoint and a resume, and the GPT task on text tokenized with ddp-tokenize."""
+(the examples/ classifier) with a checkpoint and a resume, the GPT task on text tokenized with ddp-tokenize, and a
+user project with its own ``tasks``, ``runner`` and ``conf`` packages (the wheel installs only ``ddp_runner``)."""
 
 from __future__ import annotations
 
@@ -135,3 +136,63 @@ def test_gpt_on_text_tokenized_with_ddp_tokenize(venv: Path, workdir: Path) -> N
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == 12
     assert summary["resumed_from"].endswith("step_6")
+
+
+# A user project whose own packages carry the names of the checkout's folders: tasks/ and conf/ in the working
+# directory, runner/ on PYTHONPATH. Its task imports all three (and would fail on the product's packages).
+_USER_PROJECT = {
+    "tasks/__init__.py": '# The user\'s own tasks package (common in ML repositories).\nOWNER = "user"\n',
+    "tasks/mydata.py": (
+        "import torch\n"
+        "from torch.utils.data import TensorDataset\n\n\n"
+        "def make(n: int, seed: int) -> TensorDataset:\n"
+        "    g = torch.Generator().manual_seed(seed)\n"
+        "    x = torch.randn(n, 4, generator=g)\n"
+        "    return TensorDataset(x, x.sum(dim=1, keepdim=True))\n"),
+    "conf/__init__.py": 'OWNER = "user"\n',
+    "conf/settings.py": "WIDTH = 4\n",
+    "lib/runner/__init__.py": 'OWNER = "user"\n',
+    "lib/runner/hooks.py": "def describe() -> str:\n    return 'the user runner'\n",
+    "mytask.py": (
+        "import torch\n"
+        "from conf.settings import WIDTH\n"
+        "from ddp_runner.tasks.api import TaskParts\n"
+        "from runner.hooks import describe\n"
+        "from tasks.mydata import make\n\n\n"
+        "class Regression(torch.nn.Module):\n"
+        "    def __init__(self) -> None:\n"
+        "        super().__init__()\n"
+        "        self.lin = torch.nn.Linear(WIDTH, 1)\n\n"
+        "    def forward(self, x, y):\n"
+        "        return torch.nn.functional.mse_loss(self.lin(x), y)\n\n\n"
+        "def build(cfg, device):\n"
+        "    import conf, runner, tasks, tasks.mydata\n"
+        "    where = [m.__file__ for m in (tasks, tasks.mydata, runner, conf)]\n"
+        "    print('user packages:', describe(), *where, flush=True)\n"
+        "    return TaskParts(model=Regression(), train_set=make(64, 1), val_set=make(16, 2))\n"),
+}
+
+
+def test_a_user_project_with_its_own_tasks_runner_and_conf_packages(venv: Path, tmp_path: Path) -> None:
+    """The wheel installs one top-level package: a user's own ``tasks`` (the working directory), ``conf`` (there
+    too) and ``runner`` (on PYTHONPATH) import as theirs in the driver's checks and on every rank."""
+    work = tmp_path / "project"
+    for rel, text in _USER_PROJECT.items():
+        (work / rel).parent.mkdir(parents=True, exist_ok=True)
+        (work / rel).write_text(text)
+    [record] = (venv / "lib").glob("python*/site-packages/ddp_runner-*.dist-info/RECORD")
+    top = {line.split("/")[0] for line in record.read_text().splitlines() if line and not line.startswith("..")}
+    assert {t for t in top if not t.endswith(".dist-info")} == {"ddp_runner"}  # one top-level import package
+    r = _run([str(venv / "bin/ddp-run"), "task.module=mytask", "device=cpu", "world_size=2", "train.max_steps=4",
+              "output.root=out"], cwd=work, env={"PYTHONPATH": str(work / "lib")})
+    assert "completed" in r.stdout, r.stdout[-2000:]
+    run = work / r.stdout.strip().splitlines()[-1]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 4
+    for rank in (0, 1):
+        [line] = [x for x in (run / "logs" / f"rank{rank}.log").read_text().splitlines() if "user packages:" in x]
+        assert line.split("user packages: ", 1)[1].split() == [
+            "the", "user", "runner", str(work / "tasks/__init__.py"), str(work / "tasks/mydata.py"),
+            str(work / "lib/runner/__init__.py"), str(work / "conf/__init__.py")]
+    manifest = json.loads((run / "run.json").read_text())
+    assert manifest["command"][-3:-1] == ["-m", "ddp_runner.tasks"], manifest["command"]

@@ -1,5 +1,6 @@
 """The house rules, checked on the import graph: no import circles, imports point one way, and the only module
-the driver (runner/) and the workers (tasks/) share is the contract (runner/contract/)."""
+the driver (runner/, the package ``ddp_runner``) and the workers (tasks/, ``ddp_runner.tasks``) share is the contract
+(runner/contract/, ``ddp_runner.contract``)."""
 
 from __future__ import annotations
 
@@ -9,22 +10,37 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("runner", "tasks")
-CONTRACT = "runner.contract"
+# The checkout's folders and the import packages they install as (pyproject.toml's package-dir).
+PACKAGES = {"runner": "ddp_runner", "tasks": "ddp_runner.tasks"}
+TOP = "ddp_runner"
+WORKER = "ddp_runner.tasks"
+CONTRACT = "ddp_runner.contract"
 # Floors of the driver, lowest first: a room imports only from its own floor or below.
-FLOORS = {"runner.contract": 0, "runner.config": 1, "runner.data": 2, "runner.rundir": 2,
-          "runner.diagnostics": 3, "runner.launch": 4, "runner.report": 4, "runner.job": 5, "runner.cli": 6,
-          "runner.__main__": 7}
+FLOORS = {"ddp_runner.contract": 0, "ddp_runner.config": 1, "ddp_runner.data": 2, "ddp_runner.rundir": 2,
+          "ddp_runner.diagnostics": 3, "ddp_runner.launch": 4, "ddp_runner.report": 4, "ddp_runner.job": 5,
+          "ddp_runner.cli": 6, "ddp_runner.__main__": 7}
 # Task-side modules that the driver runs before launch (a task's `task.checks` hook), not the workers.
-DRIVER_HOOKS = ("tasks.smoke_checks", "tasks.gpt.checks")
+DRIVER_HOOKS = ("ddp_runner.tasks.smoke_checks", "ddp_runner.tasks.gpt.checks")
+
+
+def within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def is_worker(module: str) -> bool:
+    return within(module, WORKER)
+
+
+def is_driver(module: str) -> bool:
+    return within(module, TOP) and not is_worker(module)
 
 
 def module_names() -> dict[str, Path]:
-    """Every module of the two packages, by dotted name."""
+    """Every module of the two folders, by its installed dotted name."""
     out = {}
-    for pkg in PACKAGES:
-        for path in (ROOT / pkg).rglob("*.py"):
-            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    for folder, pkg in PACKAGES.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = [pkg, *path.relative_to(ROOT / folder).with_suffix("").parts]
             if parts[-1] == "__init__":
                 parts.pop()
             out[".".join(parts)] = path
@@ -49,7 +65,7 @@ def imports_of(path: Path, name: str, known: set[str]) -> set[str]:
         for t in targets:
             while t and t not in known:
                 t = t.rpartition(".")[0]
-            if t and t != name and t.split(".")[0] in PACKAGES:
+            if t and t != name and within(t, TOP):
                 found.add(t)
     return found
 
@@ -113,9 +129,9 @@ def test_the_contract_is_the_only_shared_module() -> None:
     nothing of the project outside itself."""
     g = graph()
     crossing = sorted(f"{a} -> {b}" for a, targets in g.items() for b in targets
-                      if (a.startswith("tasks") and b.startswith("runner") and not b.startswith(CONTRACT))
-                      or (a.startswith("runner") and b.startswith("tasks"))
-                      or (a.startswith(CONTRACT) and not b.startswith(CONTRACT)))
+                      if (is_worker(a) and is_driver(b) and not within(b, CONTRACT))
+                      or (is_driver(a) and is_worker(b))
+                      or (within(a, CONTRACT) and not within(b, CONTRACT)))
     assert crossing == []
 
 
@@ -123,7 +139,7 @@ def test_imports_point_down_the_floors() -> None:
     g = graph()
     upward = []
     for a, targets in g.items():
-        if not a.startswith("runner.") or room(a) is None:
+        if not is_driver(a) or room(a) is None:
             continue
         for b in targets:
             rb = room(b)
@@ -133,7 +149,7 @@ def test_imports_point_down_the_floors() -> None:
 
 
 def test_every_driver_module_has_a_room() -> None:
-    homeless = [m for m in module_names() if m.startswith("runner.") and room(m) is None]
+    homeless = [m for m in module_names() if is_driver(m) and m != TOP and room(m) is None]
     assert homeless == []
 
 
@@ -145,7 +161,7 @@ def test_no_reach_into_private_names() -> None:
         tree = ast.parse(path.read_text())
         imported_modules: dict[str, str] = {}
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in PACKAGES:
+            if isinstance(node, ast.ImportFrom) and within(node.module or "", TOP):
                 for a in node.names:
                     full = f"{node.module}.{a.name}"
                     if full in mods:
@@ -180,15 +196,15 @@ def _import_with_blocked(modules: list[str], blocked: list[str], allowed: list[s
 
 def test_the_workers_import_with_the_driver_blocked() -> None:
     """What torchrun starts on a rank (tasks/__main__, the engine, the built-in tasks) imports with every module of
-    runner/ but the contract blocked (the package ``runner`` itself is empty)."""
-    workers = sorted(m for m in module_names() if m.startswith("tasks") and m not in DRIVER_HOOKS)
-    proc = _import_with_blocked(workers, ["runner"], [CONTRACT])
+    runner/ but the contract blocked (the package ``ddp_runner`` itself, runner/__init__.py, is empty)."""
+    workers = sorted(m for m in module_names() if is_worker(m) and m not in DRIVER_HOOKS)
+    proc = _import_with_blocked(workers, [TOP], [CONTRACT, WORKER])
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 def test_the_driver_imports_with_the_engine_blocked() -> None:
-    driver = sorted(m for m in module_names() if m.startswith("runner") and m != "runner.__main__")
-    proc = _import_with_blocked(driver, ["tasks"], [])
+    driver = sorted(m for m in module_names() if is_driver(m) and m != "ddp_runner.__main__")
+    proc = _import_with_blocked(driver, [WORKER], [])
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
@@ -196,7 +212,9 @@ def test_the_graph_checker_sees_a_circle() -> None:
     """The checks above can fail: a two-module circle and a deep one are found."""
     assert cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert room("runner.config.plan") == "runner.config" and room("runner.cli") == "runner.cli"
+    assert room("ddp_runner.config.plan") == "ddp_runner.config" and room("ddp_runner.cli") == "ddp_runner.cli"
+    assert is_worker("ddp_runner.tasks.engine") and not is_driver("ddp_runner.tasks")
+    assert is_driver("ddp_runner.contract") and is_driver("ddp_runner") and not is_driver("ddp_runner_x")
 
 
 def test_the_cli_stays_a_thin_shell_and_no_driver_function_needs_a_scroll_bar() -> None:
@@ -204,12 +222,12 @@ def test_the_cli_stays_a_thin_shell_and_no_driver_function_needs_a_scroll_bar() 
     assert len((ROOT / "runner" / "cli.py").read_text().splitlines()) <= 250
     long = []
     for name, path in module_names().items():
-        if not name.startswith("runner"):
+        if not is_driver(name):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 lines = node.end_lineno - node.lineno + 1
-                if lines > (60 if name == "runner.cli" else 80):
+                if lines > (60 if name == "ddp_runner.cli" else 80):
                     long.append(f"{name}.{node.name}: {lines} lines")
     assert long == []
 
@@ -219,5 +237,7 @@ def test_every_package_ships_in_the_wheel() -> None:
     import tomllib
 
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    found = {".".join(p.parent.relative_to(ROOT).parts) for pkg in PACKAGES for p in (ROOT / pkg).rglob("__init__.py")}
+    found = {".".join([pkg, *p.parent.relative_to(ROOT / folder).parts]) for folder, pkg in PACKAGES.items()
+             for p in (ROOT / folder).rglob("__init__.py")}
     assert found - listed == set()
+    assert TOP in listed and WORKER in listed and "ddp_runner.conf" in listed

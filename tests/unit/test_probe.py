@@ -3,6 +3,7 @@ next job with the same task and model, and nothing written for a refused plan or
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
 
@@ -26,6 +27,14 @@ def test_the_key_follows_the_model_config_torch_and_the_sources(tmp_path, monkey
     os.utime(src, (later, later))
     assert probe_mod.cache_key(cfg, ["model"], str(tmp_path)) != key
 
+
+
+def test_the_key_follows_the_probe_the_engine_and_the_built_in_tasks():
+    """Every source file of the worker package (tasks/, installed as ddp_runner.tasks) is in the key: an edited
+    engine or built-in model is probed again."""
+    sources = probe_mod._sources(None, None)
+    assert importlib.util.find_spec("ddp_runner.tasks.engine.driver_probe").origin in sources
+    assert any(s.endswith(os.path.join("tasks", "gpt", "model.py")) for s in sources)
 
 def test_gpt_counts_its_parameters_as_the_model_built_on_the_meta_device_does():
     from tasks.engine.config import Config
