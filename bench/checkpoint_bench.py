@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tasks.engine import checkpoint as ck  # noqa: E402
+from ddp_runner.tasks.engine import checkpoint as ck  # noqa: E402
 
 
 def gpt2_small_shapes(vocab: int = 50257, ctx: int = 1024, d: int = 768, layers: int = 12) -> list[tuple]:

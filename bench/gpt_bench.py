@@ -33,8 +33,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tasks.engine.diagnostics.profiling import format_summary  # noqa: E402
-from tasks.engine.diagnostics.telemetry import POWER_BITS  # noqa: E402
+from ddp_runner.tasks.engine.diagnostics.profiling import format_summary  # noqa: E402
+from ddp_runner.tasks.engine.diagnostics.telemetry import POWER_BITS  # noqa: E402
 
 # clocks_event_reasons.active is NVML's clock event reason mask; its power bits (POWER_BITS, as in the runner's
 # own telemetry) mean the driver lowered the clocks to hold the board's power limit. Drivers without the field
@@ -154,7 +154,7 @@ def _estimated_span(t0: float, first_step_s: float, step_s: float, steps: int) -
 
 
 def _ours_cmd(world: int, steps: int, root: str, extra: list[str]) -> list[str]:
-    return [sys.executable, "-m", "runner", "task=gpt2_small", f"world_size={world}", "batch.per_rank=16",
+    return [sys.executable, "-m", "ddp_runner", "task=gpt2_small", f"world_size={world}", "batch.per_rank=16",
             "batch.global=64", f"train.max_steps={steps}", "train.log_every=5", "train.val_every=0",
             f"output.root={root}", *extra]
 

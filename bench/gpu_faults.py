@@ -43,7 +43,7 @@ def case(name: str, overrides: list[str], root: Path, stop_rank: int | None, fau
     """One run; ``stop_rank``: SIGSTOP that rank from outside once it has passed ``fault_step``."""
     env = {**os.environ, **GPU_ENV}
     t_start = time.monotonic()
-    driver = subprocess.Popen([sys.executable, "-m", "runner", *overrides, f"output.root={root}"], env=env,
+    driver = subprocess.Popen([sys.executable, "-m", "ddp_runner", *overrides, f"output.root={root}"], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     pids: set[int] = set()
     t_fault = None

@@ -30,7 +30,7 @@ from pathlib import Path
 
 def micro(step_ms: float, micro_steps: int) -> dict[str, float]:
     """ns per progress call with the writer running, and the share of a ``step_ms`` step it costs."""
-    from tasks.engine.diagnostics import heartbeat
+    from ddp_runner.tasks.engine.diagnostics import heartbeat
 
     out = tempfile.mkdtemp(prefix="heartbeat-")
     for sub in ("logs/progress", "logs/stacks"):
@@ -53,7 +53,7 @@ def micro(step_ms: float, micro_steps: int) -> dict[str, float]:
 def median_step_s(overrides: list[str], out: str, watchdog: str) -> float:
     """One run's median step time (seconds) from its summary.json."""
     root = tempfile.mkdtemp(dir=out)
-    subprocess.run([sys.executable, "-m", "runner", *overrides, f"watchdog.timeout_s={watchdog}",
+    subprocess.run([sys.executable, "-m", "ddp_runner", *overrides, f"watchdog.timeout_s={watchdog}",
                     f"output.root={root}"], check=True, stdout=subprocess.DEVNULL)
     [summary] = Path(root).rglob("summary.json")
     return float(json.loads(summary.read_text())["median"]["step_time_s"])

@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tasks.gpt import fused_ce  # noqa: E402
-from tasks.gpt.fused_ce import linear_cross_entropy  # noqa: E402
-from tasks.gpt.model import lm_loss  # noqa: E402
+from ddp_runner.tasks.gpt import fused_ce  # noqa: E402
+from ddp_runner.tasks.gpt.fused_ce import linear_cross_entropy  # noqa: E402
+from ddp_runner.tasks.gpt.model import lm_loss  # noqa: E402
 
 
 def time_fwd_bwd(fn, h: torch.Tensor, w: torch.Tensor, t: torch.Tensor, iters: int) -> tuple[float, list]:

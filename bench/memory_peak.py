@@ -1,6 +1,6 @@
 """Where rank 0's peak CUDA memory goes (issue 18, the memory planner's calibration), for one ``ddp-run``.
 
-Runs ``python -m runner <overrides>`` with ``bench/memsnap`` on PYTHONPATH: rank 0's worker records the CUDA
+Runs ``python -m ddp_runner <overrides>`` with ``bench/memsnap`` on PYTHONPATH: rank 0's worker records the CUDA
 allocator's history (``torch.cuda.memory._record_memory_history``) and writes the snapshot at exit. The history
 is then replayed: the moment of the most allocated bytes, and the blocks alive then, grouped by the innermost
 frame of this project's code and the innermost frame of all (compiled graphs show as inductor's generated
@@ -87,7 +87,7 @@ def main() -> None:
     root = tempfile.mkdtemp(prefix="memory_peak_")
     env = {**os.environ, **ENV, "DDP_BENCH_MEMSNAP": snap_dir,
            "PYTHONPATH": os.pathsep.join(p for p in (str(HERE / "memsnap"), os.environ.get("PYTHONPATH")) if p)}
-    proc = subprocess.run([sys.executable, "-m", "runner", *a.overrides, f"output.root={root}"], env=env,
+    proc = subprocess.run([sys.executable, "-m", "ddp_runner", *a.overrides, f"output.root={root}"], env=env,
                           capture_output=True, text=True, timeout=900)
     out: dict[str, Any] = {"overrides": a.overrides, "rc": proc.returncode}
     if proc.returncode != 0:

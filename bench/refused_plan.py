@@ -1,6 +1,6 @@
 """A new user's path through a plan that does not fit (issue 18, "done when"), on the GPUs of this host.
 
-1. Runs ``python -m runner <overrides>``: a plan over its memory cap must be refused (exit 2) with no run directory.
+1. Runs ``python -m ddp_runner <overrides>``: a plan over its memory cap must be refused (exit 2) with no run directory.
 2. Takes the fix the refusal names (``use strategy=…`` and, where given, ``batch.per_rank=…``/``batch.global=…``).
 3. Runs the fixed plan uninterrupted (``--steps``, a checkpoint every ``--every`` steps) twice, then again with
    rank 0 SIGKILLed after step ``--kill``, and resumes that run in place (``resume=<run dir>``).
@@ -33,7 +33,7 @@ FIX = re.compile(r"fix:\s+use (strategy=\w+(?: strategy\.accumulate_unsharded=fa
 def ddp_run(args: list[str], root: Path) -> tuple[subprocess.CompletedProcess[str], float]:
     """One ``ddp-run`` under ``root``; the process and its wall time."""
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "runner", *args, f"output.root={root}"], env={**os.environ, **ENV},
+    proc = subprocess.run([sys.executable, "-m", "ddp_runner", *args, f"output.root={root}"], env={**os.environ, **ENV},
                           capture_output=True, text=True, timeout=1200)
     return proc, time.perf_counter() - t0
 

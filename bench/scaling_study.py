@@ -97,7 +97,7 @@ def _run(cmd: list[str], timeout: float, **kw: Any) -> subprocess.CompletedProce
 
 def ddp_run(args: list[str], root: Path, timeout: float) -> tuple[subprocess.CompletedProcess, float]:
     t0 = time.time()
-    proc = _run([sys.executable, "-m", "runner", *args, f"output.root={root}"], timeout, env=_env())
+    proc = _run([sys.executable, "-m", "ddp_runner", *args, f"output.root={root}"], timeout, env=_env())
     return proc, time.time() - t0
 
 
@@ -150,7 +150,7 @@ def run_study(scope: str, a: argparse.Namespace, work: Path) -> dict[str, Any]:
 def run_compare(study: dict[str, Any], out: Path) -> dict[str, Any]:
     """(c): ddp-compare over a study's sweep directory."""
     folder = out / f"compare-{study['scope']}"
-    proc = subprocess.run([sys.executable, "-m", "runner.report.compare", study["sweep_dir"], "--out", str(folder)],
+    proc = subprocess.run([sys.executable, "-m", "ddp_runner.report.compare", study["sweep_dir"], "--out", str(folder)],
                           capture_output=True, text=True, env=_env())
     return {"out": str(folder), "rc": proc.returncode, "report": proc.stdout[-6000:],
             "error": proc.stderr[-2000:] if proc.returncode else None}
@@ -158,8 +158,8 @@ def run_compare(study: dict[str, Any], out: Path) -> dict[str, Any]:
 
 def run_doctor(world: int, device: str, out: Path) -> dict[str, Any]:
     """(f): ddp-doctor's JSON report of this host, its all-reduce measured over ``world`` processes."""
-    proc = subprocess.run([sys.executable, "-m", "runner.diagnostics.doctor", "--json", "--device", device, "--nproc",
-                           str(world)], capture_output=True, text=True, env=_env(), timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "ddp_runner.diagnostics.doctor", "--json", "--device", device,
+                           "--nproc", str(world)], capture_output=True, text=True, env=_env(), timeout=600)
     (out / "doctor.json").write_text(proc.stdout)
     return {"rc": proc.returncode, "out": str(out / "doctor.json"),
             "error": proc.stderr[-2000:] if proc.returncode else None}

@@ -42,7 +42,7 @@ PRESETS = {
 
 
 def launch(args: list[str], root: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "runner", *args, f"output.root={root}"], stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "ddp_runner", *args, f"output.root={root}"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 
@@ -76,7 +76,7 @@ def one_stop(args: list[str], stop_at: int, out: str) -> dict[str, float]:
 def one_run(args: list[str], on_stop: bool, out: str) -> dict[str, float | None]:
     """A whole run: its median step time and (vote on) the vote's mean host time per step on rank 0."""
     root = tempfile.mkdtemp(dir=out)
-    subprocess.run([sys.executable, "-m", "runner", *args, f"checkpoint.on_stop={str(on_stop).lower()}",
+    subprocess.run([sys.executable, "-m", "ddp_runner", *args, f"checkpoint.on_stop={str(on_stop).lower()}",
                     f"output.root={root}"], check=True, stdout=subprocess.DEVNULL)
     summary = json.loads((run_dir(root) / "summary.json").read_text())
     vote = summary.get("stop_vote") or {}

@@ -36,9 +36,9 @@ BIG = ["task=gpt_6b", "batch.per_rank=8", "train.log_every=2", "train.val_every=
 
 
 def ddp_run(args: list[str], root: str, timeout: float = 540) -> tuple[subprocess.CompletedProcess, float]:
-    """``python -m runner <args>`` with the NVLS-off variables; returns the process and its wall time."""
+    """``python -m ddp_runner <args>`` with the NVLS-off variables; returns the process and its wall time."""
     t0 = time.time()
-    proc = subprocess.run([sys.executable, "-m", "runner", *args, f"output.root={root}"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "ddp_runner", *args, f"output.root={root}"], capture_output=True,
                           text=True, env={**os.environ, **ENV}, timeout=timeout)
     return proc, time.time() - t0
 

@@ -1,1 +1,1 @@
-"""Hydra configs of ddp-run, shipped inside the package as ``ddp_runner_conf`` (see pyproject.toml)."""
+"""Hydra configs of ddp-run, shipped inside the package as ``ddp_runner.conf`` (see pyproject.toml)."""

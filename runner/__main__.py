@@ -1,5 +1,5 @@
-"""``python -m runner`` is ``ddp-run``."""
+"""``python -m ddp_runner`` is ``ddp-run``."""
 
-from runner.cli import main
+from ddp_runner.cli import main
 
 main()

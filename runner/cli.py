@@ -21,17 +21,17 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from runner.contract import layout
-from runner.contract.errors import PlanError
+from ddp_runner.contract import layout
+from ddp_runner.contract.errors import PlanError
 
 if TYPE_CHECKING:
-    from runner.config.plan import Plan
-    from runner.report.sweep import SweepRecord
-    from runner.rundir.run_dir import RunDir
+    from ddp_runner.config.plan import Plan
+    from ddp_runner.report.sweep import SweepRecord
+    from ddp_runner.rundir.run_dir import RunDir
 
 # The configs ship inside the package (conf/ in the checkout): found from any working directory. A checkout used
 # without installing it (PYTHONPATH=<checkout>) reads its conf/ directly.
-CONFIG_PATH = ("pkg://ddp_runner_conf" if importlib.util.find_spec("ddp_runner_conf") is not None
+CONFIG_PATH = ("pkg://ddp_runner.conf" if importlib.util.find_spec("ddp_runner.conf") is not None
                else str(Path(__file__).resolve().parent.parent / "conf"))
 # Hydra writes nothing of its own and never changes directory, whichever primary config is composed (a run
 # directory's saved config.yaml, rerun with --config-dir, has no hydra section of its own).
@@ -56,15 +56,15 @@ _run = _Invocation()
 
 def refuse(err: PlanError) -> int:
     """Print a refusal the user can act on; return the refusal exit code."""
-    from runner.job.execute import refuse as refusal
+    from ddp_runner.job.execute import refuse as refusal
 
     return refusal(err).code
 
 
 def _sweep_run_dir(hc: Any) -> Any:
     """Where a sweep job's run directory goes: ``<sweep dir>/<job>_<task>_w<ws>_<swept values>``."""
-    from runner.report.sweep import job_dir_name, job_values
-    from runner.rundir.run_dir import create_run_dir
+    from ddp_runner.report.sweep import job_dir_name, job_values
+    from ddp_runner.rundir.run_dir import create_run_dir
 
     def make(conf: dict[str, Any], plan: Plan, started: datetime) -> RunDir:
         assert _run.sweep is not None
@@ -79,8 +79,8 @@ def _sweep_run_dir(hc: Any) -> Any:
 
 def _how(hc: Any) -> Any:
     """How this job was asked for, from Hydra's record of it."""
-    from runner.job.execute import Invocation
-    from runner.report.sweep import job_values
+    from ddp_runner.job.execute import Invocation
+    from ddp_runner.report.sweep import job_values
 
     multirun = hc.mode == RunMode.MULTIRUN
     return Invocation(argv=_run.argv, overrides=list(hc.overrides.task), task_preset=hc.runtime.choices.get("task"),
@@ -93,8 +93,8 @@ def _how(hc: Any) -> Any:
 
 @hydra.main(version_base=None, config_path=CONFIG_PATH, config_name="config")
 def _app(cfg: DictConfig) -> None:
-    from runner.config import overrides
-    from runner.job.execute import execute
+    from ddp_runner.config import overrides
+    from ddp_runner.job.execute import execute
 
     sys.stderr.write(_restore_stderr())  # what Hydra said while composing (warnings), now that it succeeded
     _run.jobs += 1
@@ -133,7 +133,7 @@ def version() -> str:
 def _hydra_args(args: list[str]) -> tuple[Any, list[str], str]:
     """The parsed command line, the arguments Hydra gets, and the primary config's path (PlanError on a bad
     ``--config-dir`` or a sweep over a group that does not exist)."""
-    from runner.config import overrides, task_module
+    from ddp_runner.config import overrides, task_module
 
     cli = overrides.parse(args)
     config_path = CONFIG_PATH
@@ -150,7 +150,7 @@ def _hydra_args(args: list[str]) -> tuple[Any, list[str], str]:
     if cli.multirun:
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
-        from runner.report.sweep import SweepRecord, swept_keys
+        from ddp_runner.report.sweep import SweepRecord, swept_keys
 
         _run.swept = swept_keys(OverridesParser.create().parse_overrides(cli.overrides))
         # Hydra's own record of the sweep (multirun.yaml) goes to a private folder, then into the sweep directory.
@@ -162,7 +162,7 @@ def _hydra_args(args: list[str]) -> tuple[Any, list[str], str]:
 
 def main() -> None:
     """Console entry point of ``ddp-run``."""
-    from runner.config import overrides, task_module
+    from ddp_runner.config import overrides, task_module
 
     task_module.register_resolver()
     args = sys.argv[1:]
@@ -171,11 +171,11 @@ def main() -> None:
         print(f"ddp-run {version()}")
         sys.exit(0)
     if "-h" in args or "--help" in args:  # the runner's own help, from the validation table (Hydra's: --hydra-help)
-        from runner.config.cli_help import print_help
+        from ddp_runner.config.cli_help import print_help
 
         print_help(args, CONFIG_PATH)
         sys.exit(0)
-    from runner.config.cli_help import info_args
+    from ddp_runner.config.cli_help import info_args
 
     args = info_args(args)
     try:
@@ -204,7 +204,7 @@ def main() -> None:
         if _run.sweep is not None:
             _run.sweep.write()
     if cli.cfg == "job":  # Hydra printed the composed config; the plan changes some of it
-        from runner.config.cli_help import derived
+        from ddp_runner.config.cli_help import derived
 
         print(derived(args, CONFIG_PATH))
     sys.exit(_run.exit)

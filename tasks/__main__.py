@@ -1,4 +1,4 @@
-"""Worker entry point, started by torchrun on every rank: ``python -m tasks <run dir>``.
+"""Worker entry point, started by torchrun on every rank: ``python -m ddp_runner.tasks <run dir>``.
 
 Reads the resolved config from the run directory (workers never run Hydra), then hands over to the one
 training engine. Only the driver creates directories.
@@ -15,9 +15,9 @@ import signal
 import socket
 import sys
 
-from runner.contract import layout, netbind, osutil
-from tasks.engine import progress, startup, worker_io
-from tasks.engine.diagnostics import termination
+from ddp_runner.contract import layout, netbind, osutil
+from ddp_runner.tasks.engine import progress, startup, worker_io
+from ddp_runner.tasks.engine.diagnostics import termination
 
 
 def main() -> int:
@@ -30,7 +30,7 @@ def main() -> int:
     console = worker_io.redirect_output(local_dir, rank)
     progress.stage(console, "importing torch")  # the driver's bar says what the start-up is doing
     if os.environ.get(layout.ENV_DEBUG):  # before torch is imported: its C++ logs go to the private debug log
-        from tasks.engine.diagnostics import debug
+        from ddp_runner.tasks.engine.diagnostics import debug
 
         debug.apply(local_dir, rank)
     if os.environ.get("LOCAL_WORLD_SIZE", "1") != os.environ.get("WORLD_SIZE", "1"):  # several nodes
@@ -46,7 +46,7 @@ def main() -> int:
     with contextlib.suppress(FileNotFoundError):
         os.remove(os.path.join(local_dir, layout.rank_error(rank)))
     try:
-        from tasks.engine.trainer import run
+        from ddp_runner.tasks.engine.trainer import run
 
         startup.mark("imports")
         run(run_dir, local_dir, console)

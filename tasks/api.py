@@ -24,8 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from runner.contract.errors import PlanError as ConfigError
-from tasks.engine.config import Config
+from ddp_runner.contract.errors import PlanError as ConfigError
+from ddp_runner.tasks.engine.config import Config
 
 if TYPE_CHECKING:
     import torch

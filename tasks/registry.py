@@ -17,13 +17,13 @@ from collections.abc import Callable
 from types import ModuleType, TracebackType
 from typing import TYPE_CHECKING
 
-from runner.contract import layout
+from ddp_runner.contract import layout
 
 if TYPE_CHECKING:
     import torch
 
-    from tasks.api import TaskParts
-    from tasks.engine.config import Config
+    from ddp_runner.tasks.api import TaskParts
+    from ddp_runner.tasks.engine.config import Config
 
 _task: dict[str, str] = {}  # the task module this process imports (one per worker): its name and file
 # This package's folders (the engine's frames are never the task's) and the interpreter's library folders.
@@ -58,7 +58,8 @@ def task_home(name: str, origin: str) -> tuple[str, ...]:
     own file or sub-package."""
     origin = os.path.realpath(origin)
     package = origin.endswith("__init__.py")
-    if origin.startswith(_PRODUCT[0]):  # a task shipped in this package (tasks.smoke, tasks.gpt.task)
+    if origin.startswith(_PRODUCT[0]):  # a task shipped in this package (ddp_runner.tasks.smoke,
+                                        # ddp_runner.tasks.gpt.task)
         return (os.path.dirname(origin) + os.sep,) if name.count(".") > 1 else (origin,)
     root = os.path.dirname(origin)
     for _ in range(name.count(".") + package):

@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 from torch.utils.data import TensorDataset
 
-from tasks.api import TaskParts
-from tasks.engine.config import Config
+from ddp_runner.tasks.api import TaskParts
+from ddp_runner.tasks.engine.config import Config
 
 
 class Regression(torch.nn.Module):

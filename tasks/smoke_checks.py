@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from runner.contract.rules import check_keys, integer
-from tasks.api import ConfigError
+from ddp_runner.contract.rules import check_keys, integer
+from ddp_runner.tasks.api import ConfigError
 
 # tasks/smoke.py reads these (and data.num_samples / data.seed, which the driver checks as the data group's).
 RULES = (integer("task.in_features", lo=1, example="8"), integer("task.out_features", lo=1, example="1"))

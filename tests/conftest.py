@@ -4,7 +4,7 @@
 - ``tests/integration/``: in-process gloo groups (threads, ``torch.multiprocessing``), Hydra's ``compose``, the CLI's
   ``main()`` called in this process (``cli_in_process``), helper subprocesses that are not the CLI, a real S3
   server on loopback.
-- ``tests/e2e/``: the real CLI (``python -m runner``: Hydra → torchrun → gloo workers) in a subprocess.
+- ``tests/e2e/``: the real CLI (``python -m ddp_runner``: Hydra → torchrun → gloo workers) in a subprocess.
 
 Each item gets the marker of its tier (``-m unit``, ``-m "not e2e"``, …). Reference runs that several tests read
 (never write) are made once per session, across xdist workers too (``shared_run``).
@@ -78,20 +78,20 @@ if importlib.util.find_spec("xdist") is not None:
 
 def ddp_run(args: list[str], root: Path | str, timeout: float = 240, env: dict[str, str] | None = None,
             ) -> subprocess.CompletedProcess[str]:
-    """``python -m runner <args> output.root=<root>`` as a user would type it."""
+    """``python -m ddp_runner <args> output.root=<root>`` as a user would type it."""
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "runner", *args, f"output.root={root}"], cwd=tempfile.gettempdir(),
+    return subprocess.run([sys.executable, "-m", "ddp_runner", *args, f"output.root={root}"], cwd=tempfile.gettempdir(),
                           env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
 def cli_in_process(args: list[str], root: Path | str, monkeypatch: pytest.MonkeyPatch,
                    env: dict[str, str] | None = None, cwd: Path | str | None = None,
                    ) -> subprocess.CompletedProcess[str]:
-    """``ddp-run <args> output.root=<root>`` through ``runner.cli.main()`` in this process: for refusals and dry
+    """``ddp-run <args> output.root=<root>`` through ``ddp_runner.cli.main()`` in this process: for refusals and dry
     runs, which end before anything is launched (a fraction of a second instead of a new interpreter). The exit
     code is main()'s ``SystemExit``; stdout and stderr are what it printed. Any other exception propagates (a
     traceback is a failure, as it would be on a user's console). ``cwd``: where it runs (default: the temp dir)."""
-    from runner import cli
+    from ddp_runner import cli
 
     monkeypatch.setattr(cli, "_run", cli._Invocation())  # what one ddp-run process carries across its jobs
     for k, v in (env or {}).items():

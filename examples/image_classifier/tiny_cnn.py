@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import TensorDataset
 
-from tasks.api import Config, TaskParts
+from ddp_runner.tasks.api import Config, TaskParts
 
 
 class TinyCNN(torch.nn.Module):

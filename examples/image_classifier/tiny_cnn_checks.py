@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from runner.contract.rules import check_keys, integer, number
-from tasks.api import ConfigError
+from ddp_runner.contract.rules import check_keys, integer, number
+from ddp_runner.tasks.api import ConfigError
 
 # Every task.* key tiny_cnn.build reads.
 RULES = (

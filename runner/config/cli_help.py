@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import shlex
 
-from runner.config import overrides as ov
-from runner.config import reference
-from runner.config.reference import INFO_CHOICES, compose_values, conf_dirs, without_info
-from runner.contract.rules import global_batch
+from ddp_runner.config import overrides as ov
+from ddp_runner.config import reference
+from ddp_runner.config.reference import INFO_CHOICES, compose_values, conf_dirs, without_info
+from ddp_runner.contract.rules import global_batch
 
 
 def print_help(args: list[str], config_path: str) -> None:

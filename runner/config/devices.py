@@ -9,7 +9,7 @@ import os
 import shutil
 import subprocess
 
-from runner.config.plan import Gpu
+from ddp_runner.config.plan import Gpu
 
 
 def all_gpus() -> list[Gpu]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from runner.contract.errors import PlanError
+from ddp_runner.contract.errors import PlanError
 
 FAULT_KINDS = ("exception", "oom", "sigkill", "hang", "slow")
 def _number(value: Any) -> bool:

@@ -39,10 +39,10 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from runner.config.plan import Plan
-from runner.config.probe import Probe, ProbeError
-from runner.contract.errors import PlanError
-from runner.contract.rules import asked_cap_gb
+from ddp_runner.config.plan import Plan
+from ddp_runner.config.probe import Probe, ProbeError
+from ddp_runner.contract.errors import PlanError
+from ddp_runner.contract.rules import asked_cap_gb
 
 GIB = 2**30
 STRATEGIES = ("ddp", "zero1", "fsdp")

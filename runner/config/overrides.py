@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from runner.contract.errors import PlanError
-from runner.contract.rules import flatten
+from ddp_runner.contract.errors import PlanError
+from ddp_runner.contract.rules import flatten
 
 # Sections whose keys the driver and the engine define: adding one with `+` is a misspelling, not a new setting.
 OWNED = ("batch", "train", "checkpoint", "output", "launcher", "world_size", "device", "backend", "seed",
@@ -267,7 +267,7 @@ def _check_sweep_groups(o: Any, loader: Any) -> None:
 
 def task_fix(option: str, presets: Sequence[str]) -> str:
     """How to run a task that has no preset: its module named directly, or its YAML in a config folder."""
-    from runner.config.task_module import CUSTOM_PRESET, findable
+    from ddp_runner.config.task_module import CUSTOM_PRESET, findable
 
     found = findable(option) if option.isidentifier() else False
     # A folder here that holds the YAML: the user forgot --config-dir.

@@ -11,10 +11,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from runner.contract.errors import (
+from ddp_runner.contract.errors import (
     PlanError,
 )
-from runner.contract.rules import explain, flatten, global_batch
+from ddp_runner.contract.rules import explain, flatten, global_batch
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ def make_plan(
     ``inductor_settings`` torch._inductor's settings and their defaults (checked only when ``train.inductor``
     sets any).
     """
-    from runner.config import validate
+    from ddp_runner.config import validate
 
     validate.check_engine(cfg)  # types, ranges and choices of every engine key; the rest here needs devices
     world_size, nnodes, nproc = _ranks(cfg, gpus)

@@ -1,6 +1,6 @@
-"""The driver's one torch subprocess (``tasks.engine.driver_probe``): started as soon as the config is checked, so
-it runs while the driver does the rest of its checks, and its answer kept in the output root's cache so that the
-next job with the same task, model and torch skips it (the jobs of a sweep, reruns). It is not started at all when
+"""The driver's one torch subprocess (``ddp_runner.tasks.engine.driver_probe``): started as soon as the config is
+checked, so it runs while the driver does the rest of its checks, and its answer kept in the output root's cache so that
+the next job with the same task, model and torch skips it (the jobs of a sweep, reruns). It is not started at all when
 the driver can answer without torch: ``train.inductor`` keys from torch's config source
 (runner/config/inductor_settings.py), a model's counts from its task's ``memory_facts(cfg)`` (task=gpt has one).
 
@@ -23,8 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from runner.config import bytecode
-from runner.contract import layout
+from ddp_runner.config import bytecode
+from ddp_runner.contract import layout
 
 CACHE_SUBDIR = "driver-probe"
 TIMEOUT_S = 300
@@ -98,7 +98,8 @@ class Probe:
         if task_dir:
             env[layout.ENV_TASK_PATH] = os.pathsep.join(filter(None, [env.get(layout.ENV_TASK_PATH), task_dir]))
         self.request = json.dumps({"config": cfg, "want": ask, "inductor_keys": inductor_keys or []})
-        self.proc = subprocess.Popen([sys.executable, "-m", "tasks.engine.driver_probe"], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-m", "ddp_runner.tasks.engine.driver_probe"],
+                                     stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
         # The request goes in now (a config is far below a pipe's buffer): the probe works while the driver does.
         assert self.proc.stdin is not None

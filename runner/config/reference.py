@@ -1,7 +1,7 @@
 """The config reference, generated from the validation table so that it never drifts: each key's type and
-allowed values come from its :class:`~runner.contract.rules.Rule` (runner/config/validate.py), its one line from
-:data:`~runner.config.key_docs.KEY_DOCS`, and each preset's line from the first sentence of the comment that opens
-its YAML. ``ddp-run --help`` prints it as text; ``python -m runner.config.reference > docs/config.md`` writes the
+allowed values come from its :class:`~ddp_runner.contract.rules.Rule` (runner/config/validate.py), its one line from
+:data:`~ddp_runner.config.key_docs.KEY_DOCS`, and each preset's line from the first sentence of the comment that opens
+its YAML. ``ddp-run --help`` prints it as text; ``python -m ddp_runner.config.reference > docs/config.md`` writes the
 docs page (a test fails when the committed page is stale).
 
 Pure apart from reading the preset YAMLs, and composing the config (Hydra) for the values it shows.
@@ -15,10 +15,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from runner.config import overrides as ov
-from runner.config.key_docs import KEY_DOCS
-from runner.config.validate import DATA_RULES, ENGINE_RULES
-from runner.contract.rules import Rule, flatten
+from ddp_runner.config import overrides as ov
+from ddp_runner.config.key_docs import KEY_DOCS
+from ddp_runner.config.validate import DATA_RULES, ENGINE_RULES
+from ddp_runner.contract.rules import Rule, flatten
 
 GROUPS = ("task", "data", "strategy", "launcher", "experiment")
 _KINDS = {"int": "int", "number": "float", "bool": "bool", "str": "string", "choice": "choice",
@@ -134,7 +134,7 @@ def markdown(conf_dirs: Iterable[Path], values: Mapping[str, Any]) -> str:
     """docs/config.md: the same reference as tables (``values``: the default config, flattened)."""
     out = ["# Config reference", "",
            "Generated from the validation table (`runner/config/validate.py`, `runner/config/key_docs.py`) and the",
-           "presets' YAML by `python -m runner.config.reference > docs/config.md`; a test fails when this page is",
+           "presets' YAML by `python -m ddp_runner.config.reference > docs/config.md`; a test fails when this page is",
            "stale. `ddp-run --help` prints the same, with the values of the config your overrides compose.", "",
            "## Presets", "", "Pick one per group with `group=option`, e.g. `ddp-run task=gpt strategy=zero1`.", ""]
     for group, options in presets(conf_dirs).items():
@@ -163,7 +163,7 @@ def conf_dirs(config_dir: str | None, config_path: str | None = None) -> list[Pa
     """The config folders on the search path: the user's ``--config-dir`` first, then the package's."""
     if config_path is None or config_path.startswith("pkg://"):
         try:
-            package = Path(str(importlib.resources.files("ddp_runner_conf")))
+            package = Path(str(importlib.resources.files("ddp_runner.conf")))
         except ModuleNotFoundError:  # a checkout used without installing it
             package = Path(__file__).resolve().parents[2] / "conf"
     else:

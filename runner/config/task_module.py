@@ -17,7 +17,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from runner.contract.errors import PlanError
+from ddp_runner.contract.errors import PlanError
 
 _FIX = ("set task.module to an importable module that defines build(cfg, device) -> TaskParts"
         " (installed, on PYTHONPATH, or in the directory you run ddp-run from)")
@@ -128,7 +128,7 @@ def locate(module: Any, cwd: str | None = None, extra: list[str] | None = None) 
                         f"fix {origin}") from exc
     if "build" not in _top_level_names(tree):
         raise PlanError("task.module", module, f"defines no build() ({origin})",
-                        "define build(cfg, device) -> tasks.api.TaskParts at the module's top level")
+                        "define build(cfg, device) -> ddp_runner.tasks.api.TaskParts at the module's top level")
     missing = [m for m in _top_level_imports(tree, module) if _find_spec(m, [where] if where else []) is None]
     if missing:
         raise PlanError("task.module", module,

@@ -1,7 +1,7 @@
 """Every key the engine reads, checked before launch from one declarative table.
 
 Each :class:`Rule` says what one key may hold (type, range, choices, whether null is allowed); :func:`check_keys`
-refuses the first value that breaks its rule with a :class:`~runner.config.plan.PlanError` naming the key, the value
+refuses the first value that breaks its rule with a :class:`~ddp_runner.config.plan.PlanError` naming the key, the value
 and the fix. Rules that join several keys follow the table in :func:`check_engine`; :func:`warnings` says what
 is allowed but likely not meant.
 Tasks check their own keys through their ``task.checks`` hook, with the same :class:`Rule` and
@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from runner.contract import stops
-from runner.contract.errors import (
+from ddp_runner.contract import stops
+from ddp_runner.contract.errors import (
     BACKENDS,
     COMPILE_MODES,
     COMPILE_SCOPES,
@@ -29,7 +29,7 @@ from runner.contract.errors import (
     STRATEGIES,
     PlanError,
 )
-from runner.contract.rules import Rule, check_keys, choice, flag, get, integer, number, stop_signal, text
+from ddp_runner.contract.rules import Rule, check_keys, choice, flag, get, integer, number, stop_signal, text
 
 # Seeds feed torch, numpy and Python generators alike (seed + rank, seed + epoch): numpy takes 32 bits.
 SEED_MAX = 2**32 - 1024

@@ -17,7 +17,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from runner.contract import layout
+from ddp_runner.contract import layout
 
 STATE_FILE = layout.CKPT_STATE
 MARKER_FILE = layout.CKPT_MARKER

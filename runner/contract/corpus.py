@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runner.contract import layout
-from runner.contract.osutil import atomic_write
+from ddp_runner.contract import layout
+from ddp_runner.contract.osutil import atomic_write
 
 # Bytes per token of each on-disk format, and the vocabulary a format implies (None: the format implies none).
 ITEMSIZE: dict[str, int] = {"bytes": 1, "uint16": 2}
@@ -112,7 +112,7 @@ def count_samples(
 
     ``path`` and ``val_path`` are fsspec URLs; ``path=None`` means the default corpus, ``val_path=None`` the
     ``val_fraction`` tail of ``path``. The counts equal ``len()`` of the datasets that
-    ``tasks.gpt.data.make_datasets`` builds from the same arguments (a val of 0 is its ``None``).
+    ``ddp_runner.tasks.gpt.data.make_datasets`` builds from the same arguments (a val of 0 is its ``None``).
     """
     train, val = token_ranges(path, fmt, val_fraction, val_path)
     return num_windows(train.n_tokens, context), num_windows(val.n_tokens, context)

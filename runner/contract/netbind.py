@@ -19,7 +19,7 @@ import socket
 import sys
 from typing import Any
 
-from runner.contract import layout
+from ddp_runner.contract import layout
 
 _ARGS = ("host_name", "port", "world_size", "is_master", "timeout", "wait_for_workers", "multi_tenant",
          "master_listen_fd", "use_libuv")

@@ -12,8 +12,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from runner.contract import layout, stops
-from runner.contract.errors import PlanError
+from ddp_runner.contract import layout, stops
+from ddp_runner.contract.errors import PlanError
 
 _MISSING = object()
 

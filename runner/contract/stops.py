@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import signal
 
-from runner.contract import layout
+from ddp_runner.contract import layout
 
 DEFAULT_SIGNAL = "SIGUSR2"
 DEFAULT_GRACE_S = 20.0

@@ -11,8 +11,8 @@ import hashlib
 from datetime import UTC
 from typing import Any
 
-from runner.contract import corpus
-from runner.contract.errors import PlanError
+from ddp_runner.contract import corpus
+from ddp_runner.contract.errors import PlanError
 
 # Files up to this size are hashed at every launch (a fraction of a second); larger ones are identified by
 # size and modification time instead: hashing many GB per launch would cost more than it tells.
@@ -26,7 +26,7 @@ def prepare(data: dict[str, Any], task: dict[str, Any]) -> int | None:
     For ``data: text``: ``data.path`` (and ``data.val_path`` when set) must be non-empty files of whole tokens
     giving at least one sample of ``task.model.context`` each. Raises :class:`PlanError` naming the key.
     """
-    from runner.config import validate
+    from ddp_runner.config import validate
 
     validate.check_data(data)
     kind = data.get("name")
@@ -40,7 +40,7 @@ def prepare(data: dict[str, Any], task: dict[str, Any]) -> int | None:
 
 
 def _prepare_text(data: dict[str, Any], task: dict[str, Any]) -> int:
-    from runner.config import validate
+    from ddp_runner.config import validate
 
     # Samples are windows of the task's context + 1 tokens: the text data group reads this one task key.
     context = validate.get({"task": task}, "task.model.context")

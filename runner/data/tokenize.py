@@ -31,8 +31,8 @@ from typing import Any
 
 import fsspec
 
-from runner.contract import layout
-from runner.contract.errors import PlanError
+from ddp_runner.contract import layout
+from ddp_runner.contract.errors import PlanError
 
 PROG = "ddp-tokenize"
 DEFAULT_GLOBS = ("*.txt", "*.md", "*.rst", "*.py")

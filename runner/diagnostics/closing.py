@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from runner.diagnostics import breakdown
+from ddp_runner.diagnostics import breakdown
 
 # A run this short gets one closing line: its timing figures are mostly start-up and warm-up.
 SHORT_STEPS = 20

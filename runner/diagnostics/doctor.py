@@ -30,10 +30,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from runner.config.devices import all_gpus, select_visible
-from runner.config.plan import Gpu
-from runner.contract.layout import SAFE_ENV
-from runner.contract.osutil import atomic_write, die_with_parent
+from ddp_runner.config.devices import all_gpus, select_visible
+from ddp_runner.config.plan import Gpu
+from ddp_runner.contract.layout import SAFE_ENV
+from ddp_runner.contract.osutil import atomic_write, die_with_parent
 
 OK, WARN, FAIL, SKIPPED = "ok", "warn", "fail", "skipped"
 _SEVERITY = {SKIPPED: 0, OK: 0, WARN: 1, FAIL: 2}
@@ -166,7 +166,7 @@ def reference_for(gpu_name: str | None, nranks: int, nbytes: int, topology: dict
 
 
 def visible_mapping(gpus: Sequence[Gpu], visible: str | None) -> tuple[str, str, list[dict[str, Any]]]:
-    """Apply CUDA_VISIBLE_DEVICES (CUDA's rules, via :func:`runner.config.devices.select_visible`) and judge it.
+    """Apply CUDA_VISIBLE_DEVICES (CUDA's rules, via :func:`ddp_runner.config.devices.select_visible`) and judge it.
 
     Returns ``(status, summary, mapping)`` where mapping lists ``{"local_rank", "physical_index", "name", "uuid"}``.
     An entry that names no GPU, or repeats one, is a failure: CUDA silently stops at it, so fewer GPUs are
@@ -461,7 +461,7 @@ def measure_bandwidth(device: str, nproc: int, sizes: Sequence[int], warmup: int
     with tempfile.TemporaryDirectory(prefix="ddp-doctor-") as tmp:
         out = os.path.join(tmp, "bandwidth.json")
         args = (nproc, os.path.join(tmp, "store"), out, backend, list(sizes), warmup, iters, budget, bench_env())
-        from runner.diagnostics.doctor import _bench_worker as worker  # by its module name, also under `python -m`
+        from ddp_runner.diagnostics.doctor import _bench_worker as worker  # by its module name, also under `python -m`
 
         with _env_added(args[-1]):  # in the workers' environment from their first instruction
             ctx = mp.start_processes(worker, args=args, nprocs=nproc, join=False, start_method="spawn")
@@ -543,9 +543,9 @@ def cheap_report(gpu: bool = False, host_gpus: Sequence[Gpu] | None = None) -> d
     (a GPU run is planned) — nvidia-smi's devices, topology and the visible-device mapping.
 
     Never imports torch and measures nothing; its subprocesses are nvidia-smi alone (each well under 0.1 s on a
-    2×H200 host), and only with ``gpu``. ``host_gpus``: every GPU of the host as ``runner.config.devices.all_gpus()``
-    returns it, when the caller has it already (saves one nvidia-smi call). Returns
-    ``{"status": ok|warn|fail, "checks": [{"name", "status", "summary", "data"}, ...]}``, JSON-ready.
+    2×H200 host), and only with ``gpu``. ``host_gpus``: every GPU of the host as
+    ``ddp_runner.config.devices.all_gpus()`` returns it, when the caller has it already (saves one nvidia-smi call).
+    Returns ``{"status": ok|warn|fail, "checks": [{"name", "status", "summary", "data"}, ...]}``, JSON-ready.
     """
     checks = [host_check(), shm_check(), env_check(os.environ, gpu=gpu)]
     if gpu:

@@ -22,9 +22,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from runner.contract import layout
-from runner.rundir.mirror import Mirror
-from runner.rundir.run_dir import RunDir
+from ddp_runner.contract import layout
+from ddp_runner.rundir.mirror import Mirror
+from ddp_runner.rundir.run_dir import RunDir
 
 EVERY_S = 2.0
 # A record's copy is older than the rank's own file by at most: its writer's second, the other node's mirror

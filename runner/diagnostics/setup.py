@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from runner.contract import layout
+from ddp_runner.contract import layout
 
 # NCCL flight recorder entries kept per rank (torch's TORCH_NCCL_TRACE_BUFFER_SIZE; 0 = off): a few thousand
 # collectives are enough to see which one a rank never joined, at a negligible cost.

@@ -39,11 +39,11 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from runner.contract import layout
-from runner.contract.osutil import atomic_write
+from ddp_runner.contract import layout
+from ddp_runner.contract.osutil import atomic_write
 
 if TYPE_CHECKING:
-    from runner.diagnostics.peers import PeerRanks
+    from ddp_runner.diagnostics.peers import PeerRanks
 
 # Phases in the order a rank goes through them between two completed optimizer steps (heartbeat ``step`` counts
 # completed steps, so the bookkeeping after step k comes before the work of step k+1).

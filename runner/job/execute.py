@@ -1,6 +1,6 @@
 """One job: plan, refuse or launch through the job's launcher, and say how it ended.
 
-The flow, one direction: the composed config (or a continued run's own) → :func:`~runner.job.planning.plan_job`
+The flow, one direction: the composed config (or a continued run's own) → :func:`~ddp_runner.job.planning.plan_job`
 → dry run, or the launcher opens (or joins) the run directory → config.yaml and run.json recorded → the launcher
 launches and supervises → exit code.
 """
@@ -18,20 +18,20 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from runner.config import memory_plan
-from runner.config.diagnostic_keys import without_fault
-from runner.config.plan import Plan
-from runner.contract import layout
-from runner.contract.errors import PlanError
-from runner.data import prep as data_prep
-from runner.diagnostics.doctor import cheap_report
-from runner.job.planning import memory, plan_job
-from runner.launch import registry
-from runner.launch.base import Job
-from runner.rundir import resume as resume_checks
-from runner.rundir import run_dir as rundir
-from runner.rundir.lease import take_or_refuse
-from runner.rundir.manifest import initial_manifest
+from ddp_runner.config import memory_plan
+from ddp_runner.config.diagnostic_keys import without_fault
+from ddp_runner.config.plan import Plan
+from ddp_runner.contract import layout
+from ddp_runner.contract.errors import PlanError
+from ddp_runner.data import prep as data_prep
+from ddp_runner.diagnostics.doctor import cheap_report
+from ddp_runner.job.planning import memory, plan_job
+from ddp_runner.launch import registry
+from ddp_runner.launch.base import Job
+from ddp_runner.rundir import resume as resume_checks
+from ddp_runner.rundir import run_dir as rundir
+from ddp_runner.rundir.lease import take_or_refuse
+from ddp_runner.rundir.manifest import initial_manifest
 
 
 @dataclass

@@ -7,17 +7,17 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from runner.config import inductor_settings, memory_plan, task_module, validate
-from runner.config.devices import visible_gpus
-from runner.config.diagnostic_keys import check as check_diagnostics
-from runner.config.diagnostic_keys import resolve as resolve_diagnostics
-from runner.config.plan import Plan, cpu_oversubscribed, make_plan, usable_cores
-from runner.config.probe import Probe, ProbeError
-from runner.contract import layout
-from runner.contract.errors import PlanError
-from runner.contract.rules import flatten
-from runner.data import prep as data_prep
-from runner.launch.registry import launcher_check
+from ddp_runner.config import inductor_settings, memory_plan, task_module, validate
+from ddp_runner.config.devices import visible_gpus
+from ddp_runner.config.diagnostic_keys import check as check_diagnostics
+from ddp_runner.config.diagnostic_keys import resolve as resolve_diagnostics
+from ddp_runner.config.plan import Plan, cpu_oversubscribed, make_plan, usable_cores
+from ddp_runner.config.probe import Probe, ProbeError
+from ddp_runner.contract import layout
+from ddp_runner.contract.errors import PlanError
+from ddp_runner.contract.rules import flatten
+from ddp_runner.data import prep as data_prep
+from ddp_runner.launch.registry import launcher_check
 
 
 def start_probe(cfg: dict[str, Any], task_dir: str | None) -> Probe | None:

@@ -1,4 +1,4 @@
-"""torchrun's agent with its TCPStore servers bound to their host's address: ``python -m runner.launch.agent
+"""torchrun's agent with its TCPStore servers bound to their host's address: ``python -m ddp_runner.launch.agent
 <torchrun arguments>``.
 
 The same program as ``python -m torch.distributed.run`` (every option is torchrun's own); only the stores it
@@ -7,7 +7,7 @@ creates listen on one address instead of every interface (``runner/contract/netb
 
 from __future__ import annotations
 
-from runner.contract import netbind
+from ddp_runner.contract import netbind
 
 
 def main() -> None:

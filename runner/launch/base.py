@@ -12,10 +12,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from runner.config.plan import Plan
-from runner.launch import finalize
-from runner.launch.session import Session, environment
-from runner.rundir.run_dir import RunDir
+from ddp_runner.config.plan import Plan
+from ddp_runner.launch import finalize
+from ddp_runner.launch.session import Session, environment
+from ddp_runner.rundir.run_dir import RunDir
 
 
 @dataclass
@@ -52,7 +52,8 @@ class Launcher(Protocol):
         ...
 
     def command(self, plan: Plan, launcher: Mapping[str, Any], run_url: str) -> list[str]:
-        """The torchrun invocation for ``plan`` into ``run_url`` (the worker entry is ``python -P -m tasks``)."""
+        """The torchrun invocation for ``plan`` into ``run_url`` (the worker entry is ``python -P -m
+        ddp_runner.tasks``)."""
         ...
 
     def env(self, launcher: Mapping[str, Any]) -> dict[str, str]:

@@ -8,11 +8,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from runner.config.plan import Plan
-from runner.contract import layout, stops
-from runner.diagnostics import closing
-from runner.rundir.manifest import completion_check, read_rank_files
-from runner.rundir.run_dir import RunDir
+from ddp_runner.config.plan import Plan
+from ddp_runner.contract import layout, stops
+from ddp_runner.diagnostics import closing
+from ddp_runner.rundir.manifest import completion_check, read_rank_files
+from ddp_runner.rundir.run_dir import RunDir
 
 # torchrun's failure report: "rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 123)"
 _AGENT_FAILURE = re.compile(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
@@ -66,7 +66,7 @@ def agreed_stop(facts: dict[int, dict], world_size: int) -> dict[str, Any] | Non
 
 def resume_lines(rd: RunDir, stopped: dict[str, Any] | None, status: str) -> list[str]:
     """What the console says after a stop or a failure: what was saved, and the one command that continues."""
-    from runner.rundir.resume import newest_checkpoint
+    from ddp_runner.rundir.resume import newest_checkpoint
 
     if stopped is not None:
         saved = f"checkpoint {stopped['checkpoint']} committed, nothing lost"
@@ -89,8 +89,8 @@ def _exit_code(ok: bool, rc: int, interrupted: int | None) -> int:
 
 def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupted: int | None,
             step: list[str], watch: dict[str, Any], preempt: int | None) -> int:
-    from runner.diagnostics import rootcause
-    from runner.diagnostics.watchdog import read_progress
+    from ddp_runner.diagnostics import rootcause
+    from ddp_runner.diagnostics.watchdog import read_progress
 
     facts, errors, logs = read_rank_files(rd.local, plan.world_size)
     # torchrun's own log: one, or one per node of a multi-node run (each reports its node's ranks' exit codes)

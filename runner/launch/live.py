@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from runner.contract import layout
+from ddp_runner.contract import layout
 
 REFRESH_PER_S = 4
 

@@ -12,8 +12,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from runner.config.plan import Plan
-from runner.launch.base import BaseLauncher
+from ddp_runner.config.plan import Plan
+from ddp_runner.launch.base import BaseLauncher
 
 LOOPBACK = "127.0.0.1"
 
@@ -21,12 +21,12 @@ LOOPBACK = "127.0.0.1"
 def agent_prefix() -> list[str]:
     """How every launcher starts torchrun's agent (with bound stores). ``-P``: as for the workers, a stray
     ``runner.py`` in the user's working directory must not shadow this package."""
-    return [sys.executable, "-P", "-m", "runner.launch.agent"]
+    return [sys.executable, "-P", "-m", "ddp_runner.launch.agent"]
 
 
 def worker_tail(run_url: str) -> list[str]:
     """What torchrun runs on every rank."""
-    return ["--no-python", sys.executable, "-P", "-u", "-m", "tasks", run_url]
+    return ["--no-python", sys.executable, "-P", "-u", "-m", "ddp_runner.tasks", run_url]
 
 
 def command(plan: Plan, launcher: Mapping[str, Any], run_url: str) -> list[str]:

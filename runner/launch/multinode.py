@@ -25,14 +25,14 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from runner.config.plan import Plan
-from runner.contract import layout
-from runner.contract.errors import PlanError
-from runner.contract.rules import global_batch
-from runner.launch import finalize
-from runner.launch.base import BaseLauncher, Job
-from runner.launch.local import LOOPBACK, agent_prefix, loopback_interface, worker_tail
-from runner.rundir.run_dir import RunDir
+from ddp_runner.config.plan import Plan
+from ddp_runner.contract import layout
+from ddp_runner.contract.errors import PlanError
+from ddp_runner.contract.rules import global_batch
+from ddp_runner.launch import finalize
+from ddp_runner.launch.base import BaseLauncher, Job
+from ddp_runner.launch.local import LOOPBACK, agent_prefix, loopback_interface, worker_tail
+from ddp_runner.rundir.run_dir import RunDir
 
 POLL_S = 0.5
 # After its own agent ends, how long node 0 waits for the other nodes' drivers to record their end.
@@ -161,8 +161,8 @@ def create(url: str, rdzv_id: str) -> RunDir:
     import fsspec
     from fsspec.implementations.local import LocalFileSystem
 
-    from runner.rundir import run_dir as rundir
-    from runner.rundir.lease import Taken, take
+    from ddp_runner.rundir import run_dir as rundir
+    from ddp_runner.rundir.lease import Taken, take
 
     try:
         fs, path = fsspec.core.url_to_fs(url)
@@ -199,7 +199,7 @@ class Held(PlanError):
 def take_lease(rd: RunDir, rdzv_id: str) -> None:
     """Node 0 continuing its run directory (a restart): take its lease; :class:`Held` while another live driver
     holds it."""
-    from runner.rundir.lease import Taken, take
+    from ddp_runner.rundir.lease import Taken, take
 
     try:
         rd.lease = take(rd.fs, rd.path)
@@ -208,7 +208,7 @@ def take_lease(rd: RunDir, rdzv_id: str) -> None:
 
 
 def _held(url: str, rdzv_id: str, holder: dict[str, Any] | None) -> Held:
-    from runner.rundir import status
+    from ddp_runner.rundir import status
 
     d = holder or {}
     who = status.describe_driver({"driver": d})
@@ -222,8 +222,8 @@ def _held(url: str, rdzv_id: str, holder: dict[str, Any] | None) -> Held:
 def wait_to_join(url: str, root: str, timeout_s: float) -> RunDir:
     """Another node: wait until node 0's driver has opened the run directory for this attempt (run.json says
     running, with a live driver), then return it. Refuses with the reason when it cannot."""
-    from runner.rundir import run_dir as rundir
-    from runner.rundir import status
+    from ddp_runner.rundir import run_dir as rundir
+    from ddp_runner.rundir import status
 
     deadline = time.monotonic() + timeout_s
     said = False
@@ -280,8 +280,8 @@ def node_end(record: dict[str, Any], rc: int, interrupted: int | None) -> dict[s
 def follow(job: Job, rd: RunDir) -> int:
     """A node other than node 0: run this node's agent into the shared run directory, record its outcome in
     ``nodes/<node>.json`` and return the exit code. Node 0's driver writes run.json and summary.json."""
-    from runner.launch.session import Session, environment
-    from runner.rundir import run_dir as rundir
+    from ddp_runner.launch.session import Session, environment
+    from ddp_runner.rundir import run_dir as rundir
 
     launcher, plan = job.launcher, job.plan
     node = node_name(launcher)
@@ -425,9 +425,9 @@ def open_node0(conf: Mapping[str, Any], plan: Plan) -> RunDir | None:
     restart of the same command: ``continued`` set), holding its lease. None on the other nodes, and, with
     elastic ranks (``launcher.node_rank=null``, several drivers on the endpoint's host), on every driver
     but the one that took the lease first: exactly one driver opens the run directory."""
-    from runner.rundir import run_dir as rundir
-    from runner.rundir import status
-    from runner.rundir.resume import check_no_live_driver
+    from ddp_runner.rundir import run_dir as rundir
+    from ddp_runner.rundir import status
+    from ddp_runner.rundir.resume import check_no_live_driver
 
     launcher = conf["launcher"]
     if not is_creator(launcher):
@@ -492,7 +492,7 @@ class Multinode(BaseLauncher):
         """Node 0: this node's ranks under the judging session, then the run judged from every node's records."""
         if job.rd is not None:  # resume=<run dir>: that run is continued from this host alone
             return super().launch(job, rd, manifest)
-        from runner.config.plan import node_range
+        from ddp_runner.config.plan import node_range
 
         launcher = job.launcher
         node = node_name(launcher)

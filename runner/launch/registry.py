@@ -1,15 +1,15 @@
 """The one registry of launchers (``conf/launcher/<name>.yaml``): ``local``, ``multinode``, ``slurm``. Each
-implements :class:`~runner.launch.base.Launcher`; ``agent`` is the torchrun entry they all start."""
+implements :class:`~ddp_runner.launch.base.Launcher`; ``agent`` is the torchrun entry they all start."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from runner.config.plan import Plan
-from runner.contract.errors import PlanError
-from runner.launch import local, multinode, slurm
-from runner.launch.base import Launcher
+from ddp_runner.config.plan import Plan
+from ddp_runner.contract.errors import PlanError
+from ddp_runner.launch import local, multinode, slurm
+from ddp_runner.launch.base import Launcher
 
 LAUNCHERS: dict[str, Launcher] = {"local": local.LAUNCHER, "multinode": multinode.LAUNCHER, "slurm": slurm.LAUNCHER}
 
@@ -29,7 +29,8 @@ def launcher_check(launcher: Mapping[str, Any], output_root: str | None = None) 
 
 
 def torchrun_command(plan: Plan, launcher: Mapping[str, Any], run_url: str) -> list[str]:
-    """The torchrun invocation this host runs for ``plan``; the worker entry is ``python -P -m tasks <run dir>``.
+    """The torchrun invocation this host runs for ``plan``; the worker entry is ``python -P -m ddp_runner.tasks <run
+    dir>``.
 
     ``-P`` keeps the working directory off the workers' ``sys.path``: a stray ``tasks.py`` or ``runner.py`` where
     the user runs ddp-run cannot shadow this package (a task module found there comes through

@@ -15,17 +15,17 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from runner.config.plan import Plan
-from runner.contract import layout, stops
-from runner.diagnostics import setup
-from runner.diagnostics.peers import PeerRanks, Relay
-from runner.diagnostics.watchdog import Watchdog
-from runner.launch.live import Live
-from runner.launch.live import wanted as live_wanted
-from runner.launch.supervisor import Supervisor, worker_env
-from runner.rundir.heartbeat import Heartbeat
-from runner.rundir.mirror import Mirror
-from runner.rundir.run_dir import RunDir
+from ddp_runner.config.plan import Plan
+from ddp_runner.contract import layout, stops
+from ddp_runner.diagnostics import setup
+from ddp_runner.diagnostics.peers import PeerRanks, Relay
+from ddp_runner.diagnostics.watchdog import Watchdog
+from ddp_runner.launch.live import Live
+from ddp_runner.launch.live import wanted as live_wanted
+from ddp_runner.launch.supervisor import Supervisor, worker_env
+from ddp_runner.rundir.heartbeat import Heartbeat
+from ddp_runner.rundir.mirror import Mirror
+from ddp_runner.rundir.run_dir import RunDir
 
 
 def environment(rd: RunDir, conf: Mapping[str, Any], plan: Plan, t0: float, task_dir: str | None,
@@ -70,7 +70,7 @@ class Session:
 
     ``manifest``: this session judges the run (heartbeat and watchdog); None for another node's session.
     ``agent_log``: torchrun's log, relative to the run tree. ``staged``: what a remote tree holds already (see
-    :class:`~runner.rundir.mirror.Mirror`). ``peers``: read the other nodes' mirrored ranks too (multi-node run
+    :class:`~ddp_runner.rundir.mirror.Mirror`). ``peers``: read the other nodes' mirrored ranks too (multi-node run
     under a remote root). ``relay``: another node of a remote run: pass node 0's dump request to this node's ranks.
     ``stop_by_file``: a stop asks rank 0 through ``layout.STOP_REQUEST`` before any signal (Slurm: a signal to
     srun cancels the step).

@@ -10,7 +10,7 @@ Three parts:
 - the **submitting driver** (``ddp-run launcher=slurm …``, on a login node) plans the run, creates the run
   directory (status ``queued``), writes the script and submits it; with ``launcher.wait=true`` it then follows the
   job like a local run (console, outcome, exit code), and Ctrl-C cancels the job;
-- the **job's driver** (``python -m runner.launch.slurm <run dir>``, the batch step on the job's first node)
+- the **job's driver** (``python -m ddp_runner.launch.slurm <run dir>``, the batch step on the job's first node)
   marks the run running, starts one ``srun`` task per node, each a torchrun agent with a c10d rendezvous on the
   first node, supervises it and writes run.json and summary.json as a local driver does. A requeued job
   (preemption, ``scontrol requeue``) continues the same run directory from its newest checkpoint;
@@ -33,12 +33,12 @@ from typing import Any
 
 import fsspec
 
-from runner.config.plan import Gpu, Plan
-from runner.contract import layout, stops
-from runner.contract.errors import PlanError
-from runner.launch.base import BaseLauncher, Job
-from runner.launch.local import agent_prefix, worker_tail
-from runner.rundir.run_dir import RunDir
+from ddp_runner.config.plan import Gpu, Plan
+from ddp_runner.contract import layout, stops
+from ddp_runner.contract.errors import PlanError
+from ddp_runner.launch.base import BaseLauncher, Job
+from ddp_runner.launch.local import agent_prefix, worker_tail
+from ddp_runner.rundir.run_dir import RunDir
 
 POLL_S = 1.0
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL",
@@ -94,7 +94,7 @@ def command(plan: Plan, launcher: Mapping[str, Any], run_url: str, head: str = "
 
 def script(run_url: str, local_dir: str, launcher: Mapping[str, Any], job_name: str,
            stop_signal: int | None = None) -> str:
-    """The batch script: resources, then the job's driver (``python -m runner.launch.slurm <run dir>``).
+    """The batch script: resources, then the job's driver (``python -m ddp_runner.launch.slurm <run dir>``).
 
     ``stop_signal`` (``checkpoint.stop_signal``): Slurm sends it to the job's driver (the batch shell, which
     ``exec``s it) ``launcher.signal_before_s`` before the time limit; the ranks save a checkpoint, the run ends
@@ -113,7 +113,7 @@ def script(run_url: str, local_dir: str, launcher: Mapping[str, Any], job_name: 
     lines = ["#!/bin/bash", "# Written by ddp-run (launcher=slurm). Resubmit by hand with: sbatch <this file>",
              *(f"#SBATCH {o}" for o in opts), "",
              f"cd {shlex.quote(os.getcwd())}",
-             f"exec {shlex.quote(sys.executable)} -m runner.launch.slurm {shlex.quote(run_url)}", ""]
+             f"exec {shlex.quote(sys.executable)} -m ddp_runner.launch.slurm {shlex.quote(run_url)}", ""]
     return "\n".join(lines)
 
 
@@ -256,11 +256,11 @@ def job_main(run_url: str) -> int:
     """The job's driver (the batch step): run every node's agent through srun into ``run_url``, then finalise."""
     from omegaconf import OmegaConf
 
-    from runner.launch import finalize
-    from runner.launch.multinode import env as multinode_env
-    from runner.launch.session import Session, environment
-    from runner.rundir import run_dir as rundir
-    from runner.rundir.status import this_driver
+    from ddp_runner.launch import finalize
+    from ddp_runner.launch.multinode import env as multinode_env
+    from ddp_runner.launch.session import Session, environment
+    from ddp_runner.rundir import run_dir as rundir
+    from ddp_runner.rundir.status import this_driver
 
     t0 = time.time()
     rd = rundir.open_run_dir(run_url)

@@ -21,9 +21,9 @@ from typing import Any
 
 import psutil
 
-from runner.config import bytecode
-from runner.contract import layout, stops
-from runner.contract.osutil import die_with_parent
+from ddp_runner.config import bytecode
+from ddp_runner.contract import layout, stops
+from ddp_runner.contract.osutil import die_with_parent
 
 GRACE_S = stops.DEFAULT_GRACE_S + stops.DRIVER_MARGIN_S  # after SIGTERM, before SIGKILL (inside torchrun's 30 s)
 

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runner.contract import layout
-from runner.contract.rules import flatten
-from runner.diagnostics import breakdown
-from runner.rundir.status import status_of
+from ddp_runner.contract import layout
+from ddp_runner.contract.rules import flatten
+from ddp_runner.diagnostics import breakdown
+from ddp_runner.rundir.status import status_of
 
 DEFAULT_PRICE = 2.50  # USD per GPU-hour: a round on-demand figure for a data-centre GPU; --price sets yours
 # Keys that a fixed-global-batch study changes on purpose, or that only say where a run wrote.

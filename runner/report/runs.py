@@ -15,10 +15,10 @@ import time
 from collections.abc import Sequence
 from typing import IO, Any
 
-from runner.contract import layout
-from runner.diagnostics import rootcause
-from runner.rundir import listing
-from runner.rundir import status as run_status
+from ddp_runner.contract import layout
+from ddp_runner.diagnostics import rootcause
+from ddp_runner.rundir import listing
+from ddp_runner.rundir import status as run_status
 
 HEAD = ("RUN", "STATUS", "TASK", "WORLD", "GLOBAL BATCH", "STEP", "LAST LOSS", "THROUGHPUT", "AGE")
 # Options of ddp-run (Hydra's) that take the next word as their value.

@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from runner.contract import layout
+from ddp_runner.contract import layout
 
 SWEEP_JSON = "sweep.json"
 SWEEP_MD = "sweep.md"
@@ -103,7 +103,7 @@ class SweepRecord:
 
     def directory(self, root: str, now: datetime) -> str:
         """The sweep directory under ``root``, made on first use."""
-        from runner.rundir.run_dir import create_sweep_dir
+        from ddp_runner.rundir.run_dir import create_sweep_dir
 
         self.root = root
         if self.sweep_dir is None:
@@ -131,7 +131,7 @@ class SweepRecord:
         """sweep.json, sweep.md and Hydra's multirun.yaml into the sweep directory; a failure only warns."""
         import fsspec
 
-        from runner.contract.errors import PlanError
+        from ddp_runner.contract.errors import PlanError
 
         try:
             if not self.jobs:

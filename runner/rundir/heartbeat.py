@@ -6,9 +6,9 @@ import sys
 import time
 from typing import Any
 
-from runner.contract import layout
-from runner.rundir.run_dir import RunDir
-from runner.rundir.status import heartbeat_every_s
+from ddp_runner.contract import layout
+from ddp_runner.rundir.run_dir import RunDir
+from ddp_runner.rundir.status import heartbeat_every_s
 
 
 class Heartbeat:

@@ -33,9 +33,9 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from runner.contract import layout
-from runner.contract.errors import PlanError
-from runner.rundir import status
+from ddp_runner.contract import layout
+from ddp_runner.contract.errors import PlanError
+from ddp_runner.rundir import status
 
 
 class Taken(Exception):  # noqa: N818 - a condition, not a failure of this code

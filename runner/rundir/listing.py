@@ -22,8 +22,8 @@ from typing import Any
 
 import fsspec
 
-from runner.contract import layout
-from runner.rundir import status as run_status
+from ddp_runner.contract import layout
+from ddp_runner.rundir import status as run_status
 
 SWEEP_JSON = "sweep.json"  # runner/report/sweep.py writes it at the end of a sweep
 HYDRA_RECORD = "multirun.yaml"

@@ -12,9 +12,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from runner.config.plan import Plan
-from runner.contract import layout
-from runner.rundir.status import this_driver
+from ddp_runner.config.plan import Plan
+from ddp_runner.contract import layout
+from ddp_runner.rundir.status import this_driver
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent  # a checkout (conf/, tasks/, runner/), or site-packages
 COMPLETED_LINE = re.compile(r"^rank (\d+) device (\S+) completed$", re.M)

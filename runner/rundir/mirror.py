@@ -10,8 +10,8 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from runner.contract import layout
-from runner.rundir.run_dir import RunDir
+from ddp_runner.contract import layout
+from ddp_runner.rundir.run_dir import RunDir
 
 
 class Mirror:

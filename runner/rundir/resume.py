@@ -10,10 +10,10 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from runner.config.plan import Plan
-from runner.contract import checkpoints, layout
-from runner.contract.errors import PlanError
-from runner.rundir import status
+from ddp_runner.config.plan import Plan
+from ddp_runner.contract import checkpoints, layout
+from ddp_runner.contract.errors import PlanError
+from ddp_runner.rundir import status
 
 FIX = "use resume=auto, resume=last, resume=restart, a run directory or a checkpoints/step_<N> path"
 

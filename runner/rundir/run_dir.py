@@ -14,10 +14,10 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from runner.contract import layout
-from runner.contract.errors import PlanError
-from runner.contract.osutil import atomic_write
-from runner.rundir.lease import Lease, Taken, take
+from ddp_runner.contract import layout
+from ddp_runner.contract.errors import PlanError
+from ddp_runner.contract.osutil import atomic_write
+from ddp_runner.rundir.lease import Lease, Taken, take
 
 
 @dataclass
@@ -113,7 +113,7 @@ def open_run_dir(url: str) -> RunDir:
 def stage_logs(rd: RunDir) -> dict[str, tuple[int, int]]:
     """A remote run: copy the shared tree's ``logs/`` (error records aside) into this driver's staging directory,
     so that ranks started here append to their earlier lines. Returns what was staged, ``{relative path:
-    (mtime_ns, size)}``, for :class:`runner.rundir.mirror.Mirror`, which then uploads a staged file only once it has
+    (mtime_ns, size)}``, for :class:`ddp_runner.rundir.mirror.Mirror`, which then uploads a staged file only once it has
     changed: a node never pushes back its stale copy of a log that another node's rank writes now."""
     staged: dict[str, tuple[int, int]] = {}
     if not rd.is_remote:

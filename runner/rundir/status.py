@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from runner.contract import layout
+from ddp_runner.contract import layout
 
 # The driver refreshes its heartbeat every HEARTBEAT_S; a reader on another host calls the driver gone after
 # STALE_AFTER_S without one (several missed beats: a slow remote store or a busy machine is not a death).

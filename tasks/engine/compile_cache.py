@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from runner.contract.layout import compile_cache_dir as cache_dir
+from ddp_runner.contract.layout import compile_cache_dir as cache_dir
 
 ENV_INDUCTOR = "TORCHINDUCTOR_CACHE_DIR"
 ENV_TRITON = "TRITON_CACHE_DIR"

@@ -12,7 +12,7 @@ from typing import Any
 import fsspec
 import yaml
 
-from runner.contract import layout
+from ddp_runner.contract import layout
 
 
 class Config(dict):

@@ -1,7 +1,7 @@
 """What the driver must learn from torch before launch, in one subprocess (the driver itself never imports torch).
 
-``python -m tasks.engine.driver_probe`` reads ``{"config": <resolved config>, "want": [...]}`` as JSON on stdin
-and prints one JSON object with the parts asked for:
+``python -m ddp_runner.tasks.engine.driver_probe`` reads ``{"config": <resolved config>, "want": [...]}`` as JSON on
+stdin and prints one JSON object with the parts asked for:
 
 - ``model``: the task's model built on the meta device (no memory, no init cost), its trained parameters counted
   as a whole and per FSDP shard unit; a GPT-like model (``layers``, ``width``, ``heads``, ``context``, ``vocab``)
@@ -24,8 +24,8 @@ def model_facts(cfg: Any) -> dict[str, Any]:
     CUDA is never initialised here (the driver asks nvidia-smi for the GPU's memory)."""
     import torch
 
-    from tasks import registry
-    from tasks.engine.strategy.units import shard_units
+    from ddp_runner.tasks import registry
+    from ddp_runner.tasks.engine.strategy.units import shard_units
 
     # The task builds its model on the device it is given (its datasets stay real: their checks read values).
     model = registry.build(cfg, torch.device("meta")).model
@@ -56,7 +56,7 @@ def inductor_defaults(keys: list[str]) -> dict[str, Any]:
 
 def main() -> None:
     """Answer the driver's request on stdin with one JSON line on stdout."""
-    from tasks.engine.config import Config
+    from ddp_runner.tasks.engine.config import Config
 
     request = json.load(sys.stdin)
     out: dict[str, Any] = {}

@@ -11,10 +11,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from runner.contract import layout
-from runner.contract.rules import explain
-from tasks.engine import timing
-from tasks.engine.diagnostics import telemetry as gpu_telemetry
+from ddp_runner.contract import layout
+from ddp_runner.contract.rules import explain
+from ddp_runner.tasks.engine import timing
+from ddp_runner.tasks.engine.diagnostics import telemetry as gpu_telemetry
 
 
 def peak_memory_gb(device: torch.device) -> float:

@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-from runner.contract.errors import SCHEDULES
-from runner.contract.rules import flatten
-from tasks.engine.config import Config
+from ddp_runner.contract.errors import SCHEDULES
+from ddp_runner.contract.rules import flatten
+from ddp_runner.tasks.engine.config import Config
 
 
 def build_optimizer(t: Config, params: list[torch.Tensor]) -> torch.optim.Optimizer:

@@ -14,7 +14,7 @@ import os
 import time
 from typing import IO, Any
 
-from runner.contract import layout
+from ddp_runner.contract import layout
 
 # Progress records at most this often (the driver reads them twice a second); the last step always.
 RECORD_EVERY_S = 0.1

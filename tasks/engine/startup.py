@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 
-from runner.contract import layout
+from ddp_runner.contract import layout
 
 # (mark, what the time from the previous mark was spent on), in the order they happen
 PARTS = (("launch", "driver"), ("worker_start", "agent"), ("imports", "imports"),

@@ -20,7 +20,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from tasks.engine.diagnostics import termination
+from ddp_runner.tasks.engine.diagnostics import termination
 
 
 class StopAgreement:

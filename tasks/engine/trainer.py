@@ -1,5 +1,5 @@
 """The one training engine: set-up, then the loop as named steps (micro-step, optimizer step, log, validate,
-checkpoint). Every task supplies model, data and loss (``tasks.api.TaskParts``); the parallel strategy
+checkpoint). Every task supplies model, data and loss (``ddp_runner.tasks.api.TaskParts``); the parallel strategy
 (``strategy/``) wraps the model; this module owns the order of things.
 """
 
@@ -20,23 +20,23 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from runner.contract import layout, rules, stops
-from tasks import registry
-from tasks.api import TaskParts
-from tasks.engine import compile_cache, metrics, startup, task_metrics, timing, worker_io
-from tasks.engine import logging as tb
-from tasks.engine import progress as console_progress
-from tasks.engine.checkpoint.manager import CheckpointManager
-from tasks.engine.config import Config, batch_plan, load_config
-from tasks.engine.diagnostics import faults, heartbeat, profiling, termination
-from tasks.engine.diagnostics import telemetry as gpu_telemetry
-from tasks.engine.optim import apply_inductor_settings, build_optimizer, lr_factor
-from tasks.engine.progress import Progress
-from tasks.engine.sampler import ResumableDistributedSampler
-from tasks.engine.stop import StopAgreement
-from tasks.engine.strategy import factory, grad_sync
-from tasks.engine.strategy.base import Strategy
-from tasks.engine.train_state import TrainState
+from ddp_runner.contract import layout, rules, stops
+from ddp_runner.tasks import registry
+from ddp_runner.tasks.api import TaskParts
+from ddp_runner.tasks.engine import compile_cache, metrics, startup, task_metrics, timing, worker_io
+from ddp_runner.tasks.engine import logging as tb
+from ddp_runner.tasks.engine import progress as console_progress
+from ddp_runner.tasks.engine.checkpoint.manager import CheckpointManager
+from ddp_runner.tasks.engine.config import Config, batch_plan, load_config
+from ddp_runner.tasks.engine.diagnostics import faults, heartbeat, profiling, termination
+from ddp_runner.tasks.engine.diagnostics import telemetry as gpu_telemetry
+from ddp_runner.tasks.engine.optim import apply_inductor_settings, build_optimizer, lr_factor
+from ddp_runner.tasks.engine.progress import Progress
+from ddp_runner.tasks.engine.sampler import ResumableDistributedSampler
+from ddp_runner.tasks.engine.stop import StopAgreement
+from ddp_runner.tasks.engine.strategy import factory, grad_sync
+from ddp_runner.tasks.engine.strategy.base import Strategy
+from ddp_runner.tasks.engine.train_state import TrainState
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -9,8 +9,8 @@ import time
 import traceback
 from typing import IO, Any
 
-from runner.contract import layout
-from runner.contract.osutil import atomic_write
+from ddp_runner.contract import layout
+from ddp_runner.contract.osutil import atomic_write
 
 
 def redirect_output(local_dir: str, rank: int) -> IO[str] | None:
@@ -18,7 +18,7 @@ def redirect_output(local_dir: str, rank: int) -> IO[str] | None:
 
     Returns rank 0's console (its progress and messages for the user: see tasks/engine/progress.py), else None.
     """
-    from tasks.engine.progress import open_console
+    from ddp_runner.tasks.engine.progress import open_console
 
     path = os.path.join(local_dir, layout.rank_log(rank))
     console = open_console(local_dir) if rank == 0 else None
@@ -58,7 +58,7 @@ def mark_failure_time(exc: BaseException) -> None:
 def record_error(local_dir: str, rank: int, exc: BaseException) -> None:
     """Leave ``logs/rank<R>.error.json``: when (see :func:`mark_failure_time`), what type, the last traceback
     lines, and the line of the task's own code it came from (None when it did not)."""
-    from tasks.registry import where_in_task
+    from ddp_runner.tasks.registry import where_in_task
 
     lines = traceback.format_exception(exc)
     tail = "".join(lines).rstrip().splitlines()[-12:]

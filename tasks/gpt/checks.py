@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from runner.contract.rules import check_keys, choice, integer, number
-from tasks.api import ConfigError
+from ddp_runner.contract.rules import check_keys, choice, integer, number
+from ddp_runner.tasks.api import ConfigError
 
 ATTENTION = ("auto", "flash", "cudnn", "efficient")  # SDPA kernel on CUDA
 LOSSES = ("fused", "plain")  # LM head + loss as one op, or logits then loss
@@ -44,7 +44,7 @@ def check(cfg: Mapping[str, Any]) -> None:
     if data.get("name") != "text":
         raise ConfigError("data", data.get("name"), "task=gpt reads a token stream",
                           "use data=text (raw text or uint16 token files)")
-    from runner.contract import corpus
+    from ddp_runner.contract import corpus
 
     need = corpus.vocab_needed(data)
     if need is not None and need.size > model["vocab"]:

@@ -4,8 +4,8 @@ The stream is a file of tokens: raw text as byte-level tokens (vocabulary 256) o
 uint16 (nanoGPT-style ``.bin``, as ``ddp-tokenize`` writes). Sample ``i`` of a range is the window of
 ``context + 1`` tokens starting at ``i * context``: ``x`` is its first ``context`` tokens, ``y`` the same shifted
 by one. Train is the first ``1 - val_fraction`` of the stream and val the rest, or, with ``val_path``, train is
-all of ``path`` and val all of ``val_path``; the arithmetic lives in ``runner.contract.corpus`` so the driver's sample
-counts always equal these datasets' lengths.
+all of ``path`` and val all of ``val_path``; the arithmetic lives in ``ddp_runner.contract.corpus`` so the driver's
+sample counts always equal these datasets' lengths.
 
 Files larger than RAM are fine: local files are memory-mapped, any other URL (s3://, gs://, memory://, ...) is
 read window by window with seek + read. Nothing reads the whole file.
@@ -22,7 +22,7 @@ import torch
 from fsspec.implementations.local import LocalFileSystem
 from torch.utils.data import Dataset
 
-from runner.contract.corpus import ITEMSIZE, default_corpus_path, num_windows, token_count, token_ranges
+from ddp_runner.contract.corpus import ITEMSIZE, default_corpus_path, num_windows, token_count, token_ranges
 
 # Explicit little-endian: a .bin written on one machine must read the same on any other.
 _DTYPES = {"bytes": np.dtype(np.uint8), "uint16": np.dtype("<u2")}

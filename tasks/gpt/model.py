@@ -15,8 +15,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tasks.gpt.checks import LOSSES
-from tasks.gpt.fused_ce import linear_cross_entropy
+from ddp_runner.tasks.gpt.checks import LOSSES
+from ddp_runner.tasks.gpt.fused_ce import linear_cross_entropy
 
 
 def _dropout(p: float) -> nn.Module:

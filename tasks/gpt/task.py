@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from tasks.api import Config, TaskParts
-from tasks.gpt.checks import ATTENTION
-from tasks.gpt.data import make_datasets
-from tasks.gpt.model import GPT
+from ddp_runner.tasks.api import Config, TaskParts
+from ddp_runner.tasks.gpt.checks import ATTENTION
+from ddp_runner.tasks.gpt.data import make_datasets
+from ddp_runner.tasks.gpt.model import GPT
 
 
 def choose_attention(kind: str) -> None:

@@ -23,8 +23,8 @@ import psutil
 import pytest
 from conftest import ddp_run, load_json, run_dirs, wait_for
 
-from runner.contract import layout
-from runner.rundir.status import status_of
+from ddp_runner.contract import layout
+from ddp_runner.rundir.status import status_of
 from tests.support.s3_server import _free_port, _wait_until_up
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,7 +37,7 @@ KINDS = ("rank", "driver_kill", "driver_term", "storage")
 
 
 def _start(root: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "runner", *ARGS, f"output.root={root}"],
+    return subprocess.Popen([sys.executable, "-m", "ddp_runner", *ARGS, f"output.root={root}"],
                             cwd=tempfile.gettempdir(), env={**os.environ, **(env or {})}, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
@@ -163,7 +163,7 @@ def test_a_lost_object_store_ends_the_run_truthfully_with_no_process_left(tmp_pa
         _wait_until_up(server, endpoint)
         subprocess.run([sys.executable, "-c", "import fsspec; fsspec.filesystem('s3').mkdir('chaos')"],
                        env={**os.environ, **env}, check=True, timeout=60)
-        driver = subprocess.Popen([sys.executable, "-m", "runner", *ARGS, "train.max_steps=400",
+        driver = subprocess.Popen([sys.executable, "-m", "ddp_runner", *ARGS, "train.max_steps=400",
                                    "output.root=s3://chaos/out"], cwd=tempfile.gettempdir(),
                                   env={**os.environ, **env}, text=True, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE)

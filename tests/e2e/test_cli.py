@@ -1,4 +1,4 @@
-"""The CLI as a user meets it, through ``python -m runner``: a refusal is exit 2 of a real process with nothing
+"""The CLI as a user meets it, through ``python -m ddp_runner``: a refusal is exit 2 of a real process with nothing
 created (one of each kind: the plan's rules, Hydra's composition, a swept value), task modules found from the
 working directory, a dry run, help, and a run directory re-run from its own config. The rest of the refusals,
 dry runs and flags go through ``main()`` in process: tests/integration/test_cli_inproc.py."""
@@ -28,7 +28,7 @@ def test_dry_run_prints_plan_and_command_and_launches_nothing(out_root):
     r = ddp_run(["device=cpu", "batch.per_rank=4", "batch.global=32", "dry_run=true"], out_root)
     assert r.returncode == 0, r.stderr
     assert "global batch 32 = 4 per rank × 2 ranks × 4 accumulation" in r.stdout
-    assert "--nproc-per-node=2" in r.stdout and "-m tasks" in r.stdout
+    assert "--nproc-per-node=2" in r.stdout and "-m ddp_runner.tasks" in r.stdout
     assert not out_root.exists()
 
 
@@ -54,7 +54,8 @@ def test_task_module_problems_are_refused_before_launch(out_root, tmp_path, sour
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-m", "runner", "task.module=mytask", "device=cpu", f"output.root={out_root}"],
+    r = subprocess.run([sys.executable, "-m", "ddp_runner", "task.module=mytask", "device=cpu",
+                        f"output.root={out_root}"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr
     assert "key:   task.module" in r.stderr and problem in r.stderr, r.stderr
@@ -91,7 +92,8 @@ def test_an_object_store_without_credentials_is_refused_in_one_sentence(out_root
     import sys
 
     full = {k: v for k, v in {**os.environ, **env}.items() if v != ""}
-    r = subprocess.run([sys.executable, "-m", "runner", "device=cpu", "output.root=s3://ddp-runner-no-such-bucket/x"],
+    r = subprocess.run([sys.executable, "-m", "ddp_runner", "device=cpu",
+                        "output.root=s3://ddp-runner-no-such-bucket/x"],
                        capture_output=True, text=True, timeout=120, env=full, cwd=tmp_path)
     assert r.returncode == 2, r.stderr
     assert "key:   output.root" in r.stderr and "credentials" in r.stderr and "Traceback" not in r.stderr

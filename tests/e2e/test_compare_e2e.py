@@ -27,7 +27,7 @@ def test_report_over_a_fixed_global_batch_sweep_and_a_failed_run(tmp_path):
     (sweep,) = {p.parent for p in run_dirs(root)}
     (failed,) = run_dirs(failed_root)
     out = tmp_path / "report"
-    res = subprocess.run([sys.executable, "-m", "runner.report.compare", str(sweep), str(failed), "--out", str(out),
+    res = subprocess.run([sys.executable, "-m", "ddp_runner.report.compare", str(sweep), str(failed), "--out", str(out),
                           "--price", "3"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     for name in ("report.md", "report.csv", "throughput.png", "loss_vs_step.png", "loss_vs_time.png"):

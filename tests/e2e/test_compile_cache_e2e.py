@@ -9,7 +9,7 @@ import re
 import pytest
 from conftest import ddp_run, load_json, run_dirs
 
-from runner.contract import layout
+from ddp_runner.contract import layout
 
 
 @pytest.mark.timeout(1500)  # two CPU compiles through the CLI (minutes on a busy 2-core machine)

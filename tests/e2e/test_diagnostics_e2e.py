@@ -17,7 +17,7 @@ import psutil
 import pytest
 from conftest import ddp_run, load_json, run_dirs
 
-from runner.contract import layout
+from ddp_runner.contract import layout
 
 WATCHDOG_S = 5
 # A collective timeout far above the watchdog's: a hang must be named by the watchdog, not by a timeout.
@@ -43,8 +43,8 @@ def _last_lines(stderr: str) -> str:
 
 def _listed_as_failed(run: Path, root: Path) -> None:
     """ddp-runs lists a real failed run as failed, at the step it reached, and ``show`` names its cause."""
-    from runner.report import runs
-    from runner.rundir import listing
+    from ddp_runner.report import runs
+    from ddp_runner.rundir import listing
 
     [row] = listing.scan(str(root)).rows
     assert (row.status, row.step, row.max_steps) == ("failed", 3, 6), row
@@ -101,7 +101,7 @@ def test_a_slow_rank_below_the_watchdog_is_not_a_hang(tmp_path):
 def test_a_long_validation_is_progress_not_a_hang(tmp_path):
     # 32 validation batches of 0.25 s per rank (8 s) against a 3 s watchdog: each batch counts as progress.
     here = Path(__file__).resolve().parents[1] / "support" / "user_tasks"
-    r = subprocess.run([sys.executable, "-P", "-m", "runner", "device=cpu", "world_size=2", "train.max_steps=2",
+    r = subprocess.run([sys.executable, "-P", "-m", "ddp_runner", "device=cpu", "world_size=2", "train.max_steps=2",
                         "batch.per_rank=1", "task=smoke", "task.module=slow_validation", "watchdog.timeout_s=3",
                         "timeout_s=60",
                         f"output.root={tmp_path}"], cwd=here, capture_output=True, text=True, timeout=240)
@@ -112,7 +112,8 @@ def test_a_long_validation_is_progress_not_a_hang(tmp_path):
 
 
 def test_a_rank_stopped_from_outside_is_named_with_its_stack(tmp_path):
-    driver = subprocess.Popen([sys.executable, "-m", "runner", "device=cpu", "world_size=2", "train.max_steps=1000000",
+    driver = subprocess.Popen([sys.executable, "-m", "ddp_runner", "device=cpu", "world_size=2",
+                               "train.max_steps=1000000",
                                "train.log_every=1000", f"watchdog.timeout_s={WATCHDOG_S}", "timeout_s=90",
                                f"output.root={tmp_path}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -150,7 +151,7 @@ def test_debug_mode_names_a_collective_mismatch_and_keeps_its_logs_private(tmp_p
     here = Path(__file__).resolve().parents[1] / "support" / "user_tasks"
     # -P as the ddp-run script: the working directory is not on the driver's sys.path, so the task module is
     # found there and handed to the workers as a user's would be.
-    r = subprocess.run([sys.executable, "-P", "-m", "runner", "device=cpu", "world_size=2", "train.max_steps=2",
+    r = subprocess.run([sys.executable, "-P", "-m", "ddp_runner", "device=cpu", "world_size=2", "train.max_steps=2",
                         "task=smoke", "task.module=uneven_allreduce", "debug=true", "timeout_s=60",
                         f"output.root={tmp_path}"], cwd=here, capture_output=True, text=True, timeout=240)
     assert r.returncode not in (0, layout.EXIT_REFUSED), r.stdout + r.stderr

@@ -10,8 +10,8 @@ import pytest
 import torch
 from conftest import ddp_run, load_json, run_dirs
 
-from tasks.engine import checkpoint as ckpt
-from tasks.gpt.model import GPT
+from ddp_runner.tasks.engine import checkpoint as ckpt
+from ddp_runner.tasks.gpt.model import GPT
 
 # -- accumulation ≡ world size at a fixed global batch (real CLI, real gloo) -------------------------------
 #

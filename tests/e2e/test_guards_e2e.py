@@ -20,9 +20,9 @@ import torch
 from conftest import GPT_DROPOUT_STEPS, ddp_run, load_json, run_dirs, wait_for
 from torch.utils.data import DistributedSampler
 
-from runner.launch.supervisor import GRACE_S
-from tasks.engine import checkpoint as ckpt
-from tasks.smoke import Regression, synthetic_dataset
+from ddp_runner.launch.supervisor import GRACE_S
+from ddp_runner.tasks.engine import checkpoint as ckpt
+from ddp_runner.tasks.smoke import Regression, synthetic_dataset
 
 T = TypeVar("T")
 
@@ -176,7 +176,7 @@ class Launch:
 
 @pytest.fixture
 def launch(out_root: Path, tmp_path: Path) -> Iterator[tuple[Callable[..., Launch], list[psutil.Process]]]:
-    """``start(*overrides)`` runs ``python -m runner`` on a long smoke run and returns once both ranks train.
+    """``start(*overrides)`` runs ``python -m ddp_runner`` on a long smoke run and returns once both ranks train.
 
     The driver's output goes to files, not pipes: a leftover worker holding a pipe open must not be mistaken for
     a driver that has not exited.
@@ -189,7 +189,7 @@ def launch(out_root: Path, tmp_path: Path) -> Iterator[tuple[Callable[..., Launc
 
     def start(*args: str) -> Launch:
         with open(tmp_path / "driver.out", "wb") as out, open(tmp_path / "driver.err", "wb") as err:
-            driver = subprocess.Popen([sys.executable, "-m", "runner", "task=smoke", "world_size=2", "device=cpu",
+            driver = subprocess.Popen([sys.executable, "-m", "ddp_runner", "task=smoke", "world_size=2", "device=cpu",
                                        "train.max_steps=1000000", "train.log_every=1000", *args,
                                        f"output.root={out_root}"], stdout=out, stderr=err)
         drivers.append(driver)

@@ -14,8 +14,8 @@ from pathlib import Path
 import fsspec
 from conftest import ddp_run
 
-from runner.contract import layout
-from runner.rundir import lease
+from ddp_runner.contract import layout
+from ddp_runner.rundir import lease
 from tests.support.lease_taker import TAKER
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,8 +18,8 @@ import psutil
 import pytest
 from conftest import load_json, run_dirs
 
-from runner.contract import layout
-from runner.rundir.lease import Taken, take
+from ddp_runner.contract import layout
+from ddp_runner.rundir.lease import Taken, take
 
 GPT = ["task=gpt", "train.max_steps=4", "data.val_fraction=0.01", "checkpoint.async_save=false"]
 
@@ -33,7 +33,7 @@ def free_port() -> int:
 def start_node(rank: int | None, root: Path | str, port: int, rdzv_id: str, *args: str,
                env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     """One node's ``ddp-run``, as the README has it (only the node rank differs between the nodes)."""
-    cmd = [sys.executable, "-m", "runner", "device=cpu", "world_size=2", "launcher=multinode",
+    cmd = [sys.executable, "-m", "ddp_runner", "device=cpu", "world_size=2", "launcher=multinode",
            "launcher.nnodes=2", f"launcher.node_rank={'null' if rank is None else rank}",
            f"launcher.rdzv_endpoint=127.0.0.1:{port}", f"launcher.rdzv_id={rdzv_id}", "timeout_s=60", *args,
            f"output.root={root}"]
@@ -136,11 +136,11 @@ def test_a_rank_killed_on_node_1_is_named_with_its_exit_code(out_root):
 
 
 def test_multinode_refuses_missing_endpoint_and_a_node_that_cannot_join(out_root):
-    r = subprocess.run([sys.executable, "-m", "runner", "device=cpu", "world_size=2", "launcher=multinode",
+    r = subprocess.run([sys.executable, "-m", "ddp_runner", "device=cpu", "world_size=2", "launcher=multinode",
                         "launcher.rdzv_id=x", f"output.root={out_root}"], capture_output=True, text=True,
                        cwd=tempfile.gettempdir(), timeout=120)
     assert r.returncode == 2 and "launcher.rdzv_endpoint" in r.stderr, r.stderr
-    r = subprocess.run([sys.executable, "-m", "runner", "device=cpu", "world_size=3", "launcher=multinode",
+    r = subprocess.run([sys.executable, "-m", "ddp_runner", "device=cpu", "world_size=3", "launcher=multinode",
                         "launcher.rdzv_id=x", "launcher.rdzv_endpoint=127.0.0.1:1234", f"output.root={out_root}"],
                        capture_output=True, text=True, cwd=tempfile.gettempdir(), timeout=120)
     assert r.returncode == 2 and "world_size=3" in r.stderr and "launcher.nnodes=2" in r.stderr, r.stderr
@@ -166,7 +166,8 @@ def _listening(pids: list[int]) -> set[str]:
 @pytest.mark.parametrize("restarts", [0, 1])
 def test_a_local_job_listens_on_loopback_only(out_root, restarts):
     # restarts=0: the workers use the agent's store; 1: rank 0 hosts its own (TORCH_DISABLE_SHARE_RDZV_TCP_STORE).
-    driver = subprocess.Popen([sys.executable, "-m", "runner", "device=cpu", "world_size=2", "train.max_steps=1000000",
+    driver = subprocess.Popen([sys.executable, "-m", "ddp_runner", "device=cpu", "world_size=2",
+                               "train.max_steps=1000000",
                                "train.log_every=1000", f"launcher.max_restarts={restarts}", f"output.root={out_root}"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tempfile.gettempdir())
     try:

@@ -21,7 +21,7 @@ from tests.support.doc_commands import shown_files
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "own-task.md"
 MAIN = "ddp-run --config-dir conf task=mytask device=cpu world_size=2"
-TOOLS = {"ddp-run": ["-P", "-m", "runner"], "ddp-compare": ["-P", "-m", "runner.report.compare"], "python": []}
+TOOLS = {"ddp-run": ["-P", "-m", "ddp_runner"], "ddp-compare": ["-P", "-m", "ddp_runner.report.compare"], "python": []}
 NOT_RUN = ("tensorboard",)  # a server: the scalars it would show are read from the event files below
 
 

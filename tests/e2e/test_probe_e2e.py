@@ -8,7 +8,7 @@ import re
 
 from conftest import ddp_run, run_dirs
 
-from runner.config import probe as probe_mod
+from ddp_runner.config import probe as probe_mod
 
 # The smoke task computes no memory_facts of its own: torch's probe counts its model.
 TINY = ["task=smoke", "device=cpu", "world_size=1", "train.max_steps=1", "strategy.memory_cap_gb=100",
@@ -68,5 +68,5 @@ def test_a_plan_refused_after_the_probe_started_leaves_no_probe_running(tmp_path
             return False
 
     probes = [p for p in psutil.process_iter(["cmdline"])
-              if "tasks.engine.driver_probe" in (p.info["cmdline"] or []) and ours(p)]
+              if "ddp_runner.tasks.engine.driver_probe" in (p.info["cmdline"] or []) and ours(p)]
     assert probes == []

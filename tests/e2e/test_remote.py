@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tasks.engine import checkpoint as ck  # noqa: E402
+from ddp_runner.tasks.engine import checkpoint as ck  # noqa: E402
 from tests.support.s3_server import files, only_remote_run, read_json, s3  # noqa: E402
 
 SMOKE = SMOKE_CKPT2

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tasks.engine import checkpoint as ck  # noqa: E402
+from ddp_runner.tasks.engine import checkpoint as ck  # noqa: E402
 
 # smoke: 64 samples / (8 per rank × 2 ranks) = 4 optimizer steps per epoch, 2 epochs = 8 steps. With a
 # checkpoint every 2 steps, killing rank 1 after step 7 leaves step_6 (epoch 1, 2 of 4 micro-batches done).

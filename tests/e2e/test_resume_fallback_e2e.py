@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tasks.engine import checkpoint as ck  # noqa: E402
+from ddp_runner.tasks.engine import checkpoint as ck  # noqa: E402
 
 
 def truncate(ckpt: Path) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, load_json
 
-from runner.contract import layout
+from ddp_runner.contract import layout
 
 
 def _variant(reference: Path, root: Path, name: str, status: str, minutes_ago: int) -> Path:
@@ -51,7 +51,7 @@ def root(smoke_reference: Path, tmp_path: Path) -> Path:
 
 
 def _ddp_runs(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "runner.report.runs", *args], cwd=tempfile.gettempdir(),
+    return subprocess.run([sys.executable, "-m", "ddp_runner.report.runs", *args], cwd=tempfile.gettempdir(),
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
 
 
@@ -88,7 +88,7 @@ def test_show_names_the_cause_and_the_command_that_continues_it(root: Path) -> N
 
 def test_a_terminal_gets_a_rich_table(root: Path) -> None:
     leader, follower = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "runner.report.runs", str(root)], cwd=tempfile.gettempdir(),
+    proc = subprocess.Popen([sys.executable, "-m", "ddp_runner.report.runs", str(root)], cwd=tempfile.gettempdir(),
                             env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "160"}, stdout=follower,
                             stderr=follower, stdin=follower)
     os.close(follower)

@@ -20,7 +20,7 @@ import psutil
 import pytest
 from conftest import ddp_run, load_json, run_dirs
 
-from runner.contract import layout
+from ddp_runner.contract import layout
 from tests.support import slurm_cluster
 
 # One local Slurm per session: every test of this file on the same xdist worker (--dist loadgroup).
@@ -72,7 +72,7 @@ def test_a_two_node_job_runs_the_smoke_task_to_completion(slurm, out_root):
     job = load_json(run / layout.SLURM_JOB)
     assert f"submitted Slurm job {job['job_id']}" in r.stdout and "completed: 4 steps, 2 ranks" in r.stdout
     script = (run / layout.SLURM_SCRIPT).read_text()
-    assert "#SBATCH --nodes=2" in script and "-m runner.launch.slurm" in script
+    assert "#SBATCH --nodes=2" in script and "-m ddp_runner.launch.slurm" in script
     manifest, summary = load_json(run / "run.json"), load_json(run / "summary.json")
     assert manifest["status"] == summary["status"] == "completed"
     assert manifest["slurm"]["job_id"] == job["job_id"] and manifest["slurm"]["nodes"] == ["n1", "n2"]
@@ -97,7 +97,7 @@ def test_a_sweep_submits_separate_jobs(slurm, out_root):
 
 
 def test_scancel_mid_run_ends_every_rank_and_leaves_a_truthful_run_dir(slurm, out_root):
-    driver = subprocess.Popen([sys.executable, "-m", "runner", *SMOKE, "train.max_steps=1000000",
+    driver = subprocess.Popen([sys.executable, "-m", "ddp_runner", *SMOKE, "train.max_steps=1000000",
                                "train.log_every=1000", f"output.root={out_root}"], cwd=tempfile.gettempdir(),
                               env={**os.environ, **slurm}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -119,7 +119,8 @@ def test_scancel_mid_run_ends_every_rank_and_leaves_a_truthful_run_dir(slurm, ou
 
 
 def test_ctrl_c_while_waiting_cancels_the_job(slurm, out_root):
-    driver = subprocess.Popen([sys.executable, "-m", "runner", *SMOKE, "launcher.nodes=1", "train.max_steps=1000000",
+    driver = subprocess.Popen([sys.executable, "-m", "ddp_runner", *SMOKE, "launcher.nodes=1",
+                               "train.max_steps=1000000",
                                "train.log_every=1000", f"output.root={out_root}"], cwd=tempfile.gettempdir(),
                               env={**os.environ, **slurm}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -36,7 +36,7 @@ def test_smoke_two_ranks_gloo_tree_and_manifest(out_root):
     assert manifest["status"] == "completed"
     assert {k: manifest["plan"][k] for k in ("world_size", "per_rank_batch", "accumulation", "global_batch")} == {
         "world_size": 2, "per_rank_batch": 8, "accumulation": 2, "global_batch": 32}
-    assert manifest["command"][-3:] == ["-m", "tasks", str(run)]
+    assert manifest["command"][-3:] == ["-m", "ddp_runner.tasks", str(run)]
     assert manifest["exit_codes"] == {"0": 0, "1": 0}
     assert manifest["versions"]["torch"] and manifest["versions"]["python"]
     assert manifest["host"] and manifest["started"] and manifest["ended"]
@@ -85,7 +85,8 @@ def test_runs_in_the_same_second_get_distinct_dirs(tmp_path):
     # "started", which names the directory). Two drivers started together usually do; if not, try again.
     for attempt in range(3):
         root = tmp_path / f"outputs{attempt}"
-        procs = [subprocess.Popen([sys.executable, "-m", "runner", "device=cpu", "world_size=1", "train.max_steps=1",
+        procs = [subprocess.Popen([sys.executable, "-m", "ddp_runner", "device=cpu", "world_size=1",
+                                   "train.max_steps=1",
                                    f"output.root={root}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for _ in range(2)]
         for p in procs:
@@ -124,7 +125,7 @@ def test_private_run_directories_are_owner_only_whatever_the_umask(tmp_path, pri
     import stat
 
     root = tmp_path / "outputs"
-    cmd = [sys.executable, "-m", "runner", "device=cpu", "world_size=2", "checkpoint.every_steps=4",
+    cmd = [sys.executable, "-m", "ddp_runner", "device=cpu", "world_size=2", "checkpoint.every_steps=4",
            f"output.private={str(private).lower()}", f"output.root={root}"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path,
                        preexec_fn=lambda: os.umask(0o022))

@@ -22,8 +22,8 @@ import psutil
 import pytest
 from conftest import ddp_run, load_json, run_dirs, wait_for
 
-from runner.contract import layout
-from runner.rundir.status import status_of
+from ddp_runner.contract import layout
+from ddp_runner.rundir.status import status_of
 
 # ------------------------------------------------------------------------------------------------ end to end
 
@@ -37,7 +37,7 @@ _started: list[subprocess.Popen[str]] = []
 
 
 def start_driver(args: list[str], root: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    _started.append(subprocess.Popen([sys.executable, "-m", "runner", *args, f"output.root={root}"],
+    _started.append(subprocess.Popen([sys.executable, "-m", "ddp_runner", *args, f"output.root={root}"],
                             cwd=tempfile.gettempdir(), env={**os.environ, **(env or {})},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     return _started[-1]
@@ -74,8 +74,8 @@ def test_sigkilled_driver_reads_as_lost_and_its_run_resumes(tmp_path):
     assert recorded["status"] == "running" and recorded["driver"]["pid"] == driver.pid
     assert status_of(recorded) == "lost"
     # ddp-runs says so, and gives the command that continues it: the one run next
-    from runner.report import runs
-    from runner.rundir import listing
+    from ddp_runner.report import runs
+    from ddp_runner.rundir import listing
 
     assert [row.status for row in listing.scan(str(root)).rows] == ["lost"]
     shown = runs.describe(str(run))
@@ -113,7 +113,7 @@ def test_second_driver_is_refused_heartbeat_refreshes_and_sigint_reads_interrupt
     manifest_, summary = load_json(run / layout.MANIFEST), load_json(run / layout.SUMMARY)
     assert manifest_["status"] == summary["status"] == "interrupted"
     assert status_of(manifest_) == "interrupted"
-    from runner.rundir import listing
+    from ddp_runner.rundir import listing
 
     assert [row.status for row in listing.scan(str(root)).rows] == ["interrupted"]  # as ddp-runs lists it
 

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tasks.engine import checkpoint as ck  # noqa: E402
+from ddp_runner.tasks.engine import checkpoint as ck  # noqa: E402
 
 DEFAULT_CKPT = {"checkpoint.every_steps": "0", "checkpoint.keep_last": "2", "checkpoint.async_save": "true"}
 SLOW = ["fault.kind=slow", "fault.rank=0", "fault.step=1", "fault.slow_s=0.4"]
@@ -42,7 +42,8 @@ def stop_mid_run(args: list[str], root: Path, at_step: int, how: str) -> tuple[i
     """Launch, and once step ``at_step`` is printed send SIGINT to the driver (``how="driver"``) or SIGTERM to
     rank 1 (``how="worker"``); returns the exit code, stdout and stderr."""
     env = {**os.environ}
-    proc = subprocess.Popen([sys.executable, "-m", "runner", *args, f"output.root={root}"], cwd=tempfile.gettempdir(),
+    proc = subprocess.Popen([sys.executable, "-m", "ddp_runner", *args, f"output.root={root}"],
+                            cwd=tempfile.gettempdir(),
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen = []
     assert proc.stdout is not None
@@ -126,7 +127,7 @@ def test_sigterm_to_a_worker_saves_and_resume_last_continues_it(tmp_path, text_f
     assert load_json(run / "run.json")["invocation"]["paths_given"] == {"data.path": relative}
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    r = subprocess.run([sys.executable, "-m", "runner", "resume=last", f"output.root={tmp_path / 'out'}"],
+    r = subprocess.run([sys.executable, "-m", "ddp_runner", "resume=last", f"output.root={tmp_path / 'out'}"],
                        cwd=elsewhere, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"resume=last: continuing {run}" in r.stdout

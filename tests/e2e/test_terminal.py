@@ -25,12 +25,12 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 def run_in_pty(args: list[str], root: Path, timeout: float = 240) -> tuple[int, list[tuple[float, bytes]]]:
-    """``python -m runner <args>`` with stdin, stdout and stderr on a 120×40 pseudo-terminal; its exit code and
+    """``python -m ddp_runner <args>`` with stdin, stdout and stderr on a 120×40 pseudo-terminal; its exit code and
     what it wrote, in the chunks it arrived in, each with its arrival time (seconds from the start)."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
     env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "120"}
-    proc = subprocess.Popen([sys.executable, "-m", "runner", *args, f"output.root={root}"], stdin=slave,
+    proc = subprocess.Popen([sys.executable, "-m", "ddp_runner", *args, f"output.root={root}"], stdin=slave,
                             stdout=slave, stderr=slave, cwd=tempfile.gettempdir(), env=env, start_new_session=True)
     os.close(slave)
     t0, chunks = time.monotonic(), []

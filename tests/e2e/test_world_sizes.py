@@ -65,7 +65,7 @@ def test_fixed_global_batch_sweep_over_one_to_four_ranks_and_its_report(tmp_path
         assert sorted(p.name for p in (run / "logs").glob("rank*.log")) == [f"rank{r}.log" for r in range(world)]
     (sweep,) = {p.parent for p in runs}
     out = tmp_path / "report"
-    res = subprocess.run([sys.executable, "-m", "runner.report.compare", str(sweep), "--out", str(out)],
+    res = subprocess.run([sys.executable, "-m", "ddp_runner.report.compare", str(sweep), "--out", str(out)],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     table = list(csv.DictReader((out / "report.csv").open()))

@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # the repo root, so that `tasks` and `tests` import however pytest is started
     sys.path.insert(0, str(ROOT))
 
-from runner.contract import layout  # noqa: E402
-from tasks.engine import checkpoint as ck  # noqa: E402
+from ddp_runner.contract import layout  # noqa: E402
+from ddp_runner.tasks.engine import checkpoint as ck  # noqa: E402
 
 
 @pytest.fixture(params=["local", "memory", "s3"])
@@ -47,8 +47,8 @@ def _names(root: str) -> set[str]:
 
 _CRASH_SCRIPT = textwrap.dedent("""
     import os, sys, torch
-    from tasks.engine import checkpoint as ck
-    from tasks.engine.diagnostics import faults
+    from ddp_runner.tasks.engine import checkpoint as ck
+    from ddp_runner.tasks.engine.diagnostics import faults
     root = sys.argv[1]
     ck.save(root, 1, {"w": torch.full((4096,), 1.0), "step": 1}, keep_last=0)
     faults.use(faults.Faults(commit_pause_s=120))  # the next save stops between payload and commit

@@ -24,8 +24,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
-from tasks.engine import checkpoint as ck  # noqa: E402
-from tasks.engine.checkpoint import storage  # noqa: E402
+from ddp_runner.tasks.engine import checkpoint as ck  # noqa: E402
+from ddp_runner.tasks.engine.checkpoint import storage  # noqa: E402
 
 OLD_SHARDS = {"shards/__0_0.distcp": b"old rank 0 shard", "shards/__1_0.distcp": b"old rank 1 shard"}
 NEW_SHARDS = {"shards/__0_0.distcp": b"new rank 0 shard, one rank only"}

@@ -1,6 +1,6 @@
-"""The CLI as a user meets it, through ``runner.cli.main()`` in this process (the ``cli`` fixture): refusals (exit 2,
-the key, the value and the fix, nothing created), dry runs, help and the version. Each call ends before anything is
-launched, so no interpreter is started for it; tests/e2e/test_cli.py proves the same through ``python -m runner``
+"""The CLI as a user meets it, through ``ddp_runner.cli.main()`` in this process (the ``cli`` fixture): refusals (exit
+2, the key, the value and the fix, nothing created), dry runs, help and the version. Each call ends before anything is
+launched, so no interpreter is started for it; tests/e2e/test_cli.py proves the same through ``python -m ddp_runner``
 for a few of them (the exit code of a real process, no run directory)."""
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def test_dry_run_prints_plan_and_command_and_launches_nothing(out_root, cli):
     r = cli(["device=cpu", "batch.per_rank=4", "batch.global=32", "dry_run=true"], out_root)
     assert r.returncode == 0, r.stderr
     assert "global batch 32 = 4 per rank × 2 ranks × 4 accumulation" in r.stdout
-    assert "--nproc-per-node=2" in r.stdout and "-m tasks" in r.stdout
+    assert "--nproc-per-node=2" in r.stdout and "-m ddp_runner.tasks" in r.stdout
     assert not out_root.exists()
 
 
@@ -134,7 +134,7 @@ def test_hydra_searchpath_adds_groups_too(out_root, tmp_path, cli):
 
 
 def test_refused_on_the_command_line_before_anything_starts(tmp_path, cli):
-    from runner.contract import layout
+    from ddp_runner.contract import layout
 
     r = cli(["device=cpu", "fault.kind=hang", "fault.rank=2"], tmp_path / "out")
     assert r.returncode == layout.EXIT_REFUSED, r.stderr

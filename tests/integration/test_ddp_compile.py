@@ -13,8 +13,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from tasks.engine.strategy.ddp_compile import compiled_forwards
-from tasks.gpt.model import GPT
+from ddp_runner.tasks.engine.strategy.ddp_compile import compiled_forwards
+from ddp_runner.tasks.gpt.model import GPT
 
 
 def _gpt() -> GPT:

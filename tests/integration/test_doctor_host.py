@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from runner.diagnostics import doctor
-from runner.diagnostics.doctor import FAIL, OK, SKIPPED, WARN, MiB
+from ddp_runner.diagnostics import doctor
+from ddp_runner.diagnostics.doctor import FAIL, OK, SKIPPED, WARN, MiB
 from tests.support.fake_smi import check_named
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _doctor(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    return subprocess.run([sys.executable, "-m", "runner.diagnostics.doctor", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "ddp_runner.diagnostics.doctor", *args], cwd=ROOT, env=env,
                           capture_output=True,
                           text=True, timeout=timeout)
 
@@ -65,7 +65,7 @@ def test_table_on_this_host(capsys: pytest.CaptureFixture[str], monkeypatch: pyt
 
 
 def test_workers_run_with_nvlink_multicast_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    from runner.contract.layout import SAFE_ENV
+    from ddp_runner.contract.layout import SAFE_ENV
 
     for k in SAFE_ENV:
         monkeypatch.delenv(k, raising=False)
@@ -87,7 +87,7 @@ def test_a_failing_or_hanging_rank_is_a_failed_check() -> None:
 
 CHEAP = """
 import json, sys
-from runner.diagnostics.doctor import cheap_report
+from ddp_runner.diagnostics.doctor import cheap_report
 report = cheap_report(gpu={gpu})
 print(json.dumps({{"torch": "torch" in sys.modules, "report": report}}))
 """

@@ -9,7 +9,7 @@ from pathlib import Path
 
 
 def test_driver_imports_stay_light() -> None:
-    code = ("import sys, runner.data.prep, runner.contract.corpus, runner.data.tokenize; "
+    code = ("import sys, ddp_runner.data.prep, ddp_runner.contract.corpus, ddp_runner.data.tokenize; "
             "print(sorted(m for m in ('torch', 'numpy', 'tokenizers') if m in sys.modules))")
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)

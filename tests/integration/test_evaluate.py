@@ -13,10 +13,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils.data import Dataset
 
-from tasks.engine.trainer import Context, evaluate
-from tasks.gpt.data import TokenWindows
-from tasks.gpt.model import GPT
-from tasks.smoke import Regression, synthetic_dataset
+from ddp_runner.tasks.engine.trainer import Context, evaluate
+from ddp_runner.tasks.gpt.data import TokenWindows
+from ddp_runner.tasks.gpt.model import GPT
+from ddp_runner.tasks.smoke import Regression, synthetic_dataset
 
 # -- evaluate: exact mean across ranks ---------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 TRITON_CHECK = textwrap.dedent("""
     import torch
-    from tasks.gpt import fused_ce
+    from ddp_runner.tasks.gpt import fused_ce
     kernel = fused_ce._triton_kernel()
     torch.manual_seed(0)
     # Rows shorter than one block, several blocks with a ragged tail, and GPT-2's padded vocabulary.

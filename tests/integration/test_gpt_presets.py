@@ -43,8 +43,8 @@ def test_gpt2_small_preset_composes() -> None:
 
 
 def test_build_tiny_preset(tmp_path: Path) -> None:
-    from runner.contract.corpus import count_samples
-    from tasks.gpt import task as gpt
+    from ddp_runner.contract.corpus import count_samples
+    from ddp_runner.tasks.gpt import task as gpt
 
     text = tmp_path / "corpus.txt"
     text.write_bytes(bytes(range(256)) * 40)  # 10240 byte tokens
@@ -59,8 +59,8 @@ def test_build_tiny_preset(tmp_path: Path) -> None:
 
 
 def test_checks_refuse_data_vocab_larger_than_model(tmp_path: Path) -> None:
-    from runner.contract.errors import PlanError
-    from tasks.gpt.checks import check
+    from ddp_runner.contract.errors import PlanError
+    from ddp_runner.tasks.gpt.checks import check
 
     text = tmp_path / "corpus.txt"
     text.write_bytes(b"hello world\n" * 100)

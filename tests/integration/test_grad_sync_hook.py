@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from tasks.engine.strategy import grad_sync
+from ddp_runner.tasks.engine.strategy import grad_sync
 
 
 def _model() -> torch.nn.Module:

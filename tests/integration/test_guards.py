@@ -20,8 +20,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from torch.utils.data import DistributedSampler
 
-from tasks.engine.config import Config
-from tasks.engine.trainer import Context, Trainer
+from ddp_runner.tasks.engine.config import Config
+from ddp_runner.tasks.engine.trainer import Context, Trainer
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 

@@ -10,8 +10,8 @@ import textwrap
 
 from conftest import ROOT
 
-from runner.contract import layout
-from runner.diagnostics.watchdog import read_progress, top_frame
+from ddp_runner.contract import layout
+from ddp_runner.diagnostics.watchdog import read_progress, top_frame
 
 # ------------------------------------------------------------------------------------------------ worker side
 
@@ -21,7 +21,7 @@ def test_heartbeat_writes_progress_and_stacks_on_sigusr1(tmp_path):
         (tmp_path / rel).mkdir(parents=True)
     script = textwrap.dedent(f"""\
         import os, signal, time
-        from tasks.engine.diagnostics import heartbeat
+        from ddp_runner.tasks.engine.diagnostics import heartbeat
         heartbeat.start({str(tmp_path)!r}, 1, 4, enabled=True)
         heartbeat.phase("forward_backward")
         heartbeat.step(5)
@@ -41,7 +41,7 @@ def test_heartbeat_writes_progress_and_stacks_on_sigusr1(tmp_path):
 
 def test_heartbeat_off_writes_nothing(tmp_path):
     (tmp_path / layout.STACKS).mkdir(parents=True)
-    script = ("from tasks.engine.diagnostics import heartbeat\n"
+    script = ("from ddp_runner.tasks.engine.diagnostics import heartbeat\n"
               f"heartbeat.start({str(tmp_path)!r}, 0, 0, enabled=False)\nheartbeat.step(1)\nheartbeat.flush()\n")
     subprocess.run([sys.executable, "-c", script], cwd=ROOT, check=True, timeout=60)
     assert read_progress(str(tmp_path), 1) == {}
@@ -52,7 +52,7 @@ def test_debug_logs_are_owner_only_whatever_the_umask(tmp_path):
     script = textwrap.dedent(f"""\
         import os, sys
         os.umask(0)
-        from tasks.engine.diagnostics import debug
+        from ddp_runner.tasks.engine.diagnostics import debug
         debug.apply({str(tmp_path)!r}, 3)
         os.write(2, b"c-level line\\n")
         print("python line", file=sys.stderr, flush=True)

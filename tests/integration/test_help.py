@@ -11,9 +11,9 @@ from pathlib import Path
 
 from conftest import ROOT, run_dirs
 
-from runner.config import reference
-from runner.config.cli_help import compose_values, conf_dirs
-from runner.config.key_docs import KEY_DOCS
+from ddp_runner.config import reference
+from ddp_runner.config.cli_help import compose_values, conf_dirs
+from ddp_runner.config.key_docs import KEY_DOCS
 
 
 def test_help_covers_every_key_of_the_validation_table_and_every_preset(out_root, cli) -> None:
@@ -80,7 +80,7 @@ def test_the_dry_run_prints_the_command_that_launches_its_plan(out_root, cli) ->
     launch = lines[lines.index("ddp-run: dry run, nothing launched. To launch this plan, run:") + 1].strip()
     assert shlex.split(launch) == ["ddp-run", "task=smoke", "device=cpu", "batch.per_rank=4",
                                    f"output.root={out_root}"]
-    started = next(ln for ln in lines if "-m tasks" in ln)
+    started = next(ln for ln in lines if "-m ddp_runner.tasks" in ln)
     assert _shell_words(started)[-1] == "/runs/a b" and "<run dir>" not in r.stdout
     assert not out_root.exists()
 
@@ -110,7 +110,7 @@ def _shell_words(line: str) -> list[str]:
 def test_the_config_reference_page_is_up_to_date() -> None:
     page = (ROOT / "docs" / "config.md").read_text()
     assert page == reference.markdown(conf_dirs(None), compose_values([])), (
-        "docs/config.md is stale: python -m runner.config.reference > docs/config.md")
+        "docs/config.md is stale: python -m ddp_runner.config.reference > docs/config.md")
 
 
 def test_the_docs_site_builds_strictly(tmp_path: Path) -> None:

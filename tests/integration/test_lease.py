@@ -15,9 +15,9 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from runner.contract import layout
-from runner.rundir import lease
-from runner.rundir import run_dir as rundir
+from ddp_runner.contract import layout
+from ddp_runner.rundir import lease
+from ddp_runner.rundir import run_dir as rundir
 from tests.support.lease_taker import TAKER
 
 ROOT = Path(__file__).resolve().parents[2]

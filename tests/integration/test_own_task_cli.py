@@ -12,7 +12,7 @@ def test_a_module_alone_is_its_own_task(out_root, tmp_path, monkeypatch, cli):
     r = cli(["task.module=mytask", "device=cpu", "dry_run=true"], out_root)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("ddp-run: mytask: global batch 16 = 8 per rank × 2 ranks"), r.stdout
-    # A data group of the user's own: smoke's checks (tasks.smoke_checks) refuse it, a module alone has none.
+    # A data group of the user's own: smoke's checks (ddp_runner.tasks.smoke_checks) refuse it, a module alone has none.
     (tmp_path / "conf" / "data").mkdir(parents=True)
     (tmp_path / "conf" / "data" / "mine.yaml").write_text("name: mine\n")
     args = ["--config-dir", str(tmp_path / "conf"), "data=mine", "task.module=mytask", "device=cpu", "dry_run=true"]
@@ -35,8 +35,8 @@ def test_the_neutral_preset_holds_no_other_tasks_keys():
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from runner.cli import CONFIG_PATH
-    from runner.config.task_module import register_resolver
+    from ddp_runner.cli import CONFIG_PATH
+    from ddp_runner.config.task_module import register_resolver
 
     register_resolver()
     conf_dir = CONFIG_PATH.removeprefix("pkg://")

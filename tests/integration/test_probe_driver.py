@@ -6,16 +6,17 @@ from __future__ import annotations
 
 
 def test_the_driver_answers_gpt_and_inductor_questions_without_a_subprocess(tmp_path):
-    from runner.job import planning
+    from ddp_runner.job import planning
 
-    cfg = {"task": {"name": "gpt", "module": "tasks.gpt.task", "checks": "tasks.gpt.checks",
+    cfg = {"task": {"name": "gpt", "module": "ddp_runner.tasks.gpt.task", "checks": "ddp_runner.tasks.gpt.checks",
                     "model": {"layers": 2, "heads": 2, "width": 64, "context": 64, "vocab": 256}},
            "data": {"name": "text"}, "device": "cpu", "strategy": {"memory_cap_gb": 1},
            "train": {"inductor": {"triton": {"cudagraphs": False}}}, "output": {"root": str(tmp_path)}}
     probe = planning.start_probe(cfg, None)
     assert probe.proc is None and set(probe.result()) == {"model", "inductor"}
     assert probe.result()["inductor"] == {"triton.cudagraphs": True}  # a boolean setting (its placeholder)
-    smoke = {**cfg, "task": {"name": "smoke", "module": "tasks.smoke", "checks": "tasks.smoke_checks",
+    smoke = {**cfg, "task": {"name": "smoke", "module": "ddp_runner.tasks.smoke",
+                             "checks": "ddp_runner.tasks.smoke_checks",
                              "in_features": 8, "out_features": 1}, "data": {"name": "synthetic", "num_samples": 8,
                                                                             "seed": 0}}
     probe = planning.start_probe(smoke, None)

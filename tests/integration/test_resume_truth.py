@@ -1,4 +1,4 @@
-"""A resume that tells the truth, through ``runner.cli.main()`` in this process (refusals end before any launch):
+"""A resume that tells the truth, through ``ddp_runner.cli.main()`` in this process (refusals end before any launch):
 a completed run is left byte-identical and the fix (raise train.max_steps) is named; a run without a checkpoint
 asks for a decision (resume=restart) instead of silently starting over; resume=last with nothing unfinished is
 refused; a bad checkpoint.stop_signal is refused."""
@@ -57,7 +57,7 @@ def test_a_run_without_checkpoint_asks_for_a_decision(completed_copy: Path, tmp_
 def test_resume_auto_names_an_unfinished_run(completed_copy: Path, cli):
     manifest = json.loads((completed_copy / "run.json").read_text())
     (completed_copy / "run.json").write_text(json.dumps({**manifest, "status": "interrupted"}))
-    from runner.rundir import resume
+    from ddp_runner.rundir import resume
 
     assert resume.unfinished_runs(str(completed_copy.parent.parent)) == [(str(completed_copy), "interrupted",
                                                                           "step_8")]

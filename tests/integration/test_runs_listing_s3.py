@@ -8,9 +8,9 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from runner.contract import layout
-from runner.report import runs
-from runner.rundir import listing
+from ddp_runner.contract import layout
+from ddp_runner.report import runs
+from ddp_runner.rundir import listing
 
 
 def _tree(local: Path) -> None:

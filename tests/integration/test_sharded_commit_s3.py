@@ -26,15 +26,15 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from runner.contract import layout  # noqa: E402
-from tasks.engine import checkpoint as ck  # noqa: E402
-from tasks.engine.checkpoint import sharded, storage  # noqa: E402
+from ddp_runner.contract import layout  # noqa: E402
+from ddp_runner.tasks.engine import checkpoint as ck  # noqa: E402
+from ddp_runner.tasks.engine.checkpoint import sharded, storage  # noqa: E402
 from tests.support.s3_server import files  # noqa: E402
 
 _CRASH_SCRIPT = textwrap.dedent("""
     import sys, torch, torch.distributed as dist
-    from tasks.engine.checkpoint import sharded
-    from tasks.engine.diagnostics import faults
+    from ddp_runner.tasks.engine.checkpoint import sharded
+    from ddp_runner.tasks.engine.diagnostics import faults
     root, store = sys.argv[1], sys.argv[2]
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     def shards(v):
@@ -47,7 +47,7 @@ _CRASH_SCRIPT = textwrap.dedent("""
 
 _RESAVE_SCRIPT = textwrap.dedent("""
     import sys, torch, torch.distributed as dist
-    from tasks.engine.checkpoint import sharded
+    from ddp_runner.tasks.engine.checkpoint import sharded
     root, store = sys.argv[1], sys.argv[2]
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     shards = {"model": {"w": torch.full((4096,), 2.5)}, "optim": {"m": torch.full((8,), 2.5)}}

@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tasks.engine import checkpoint as ck  # noqa: E402
-from tasks.engine.checkpoint import storage  # noqa: E402
+from ddp_runner.tasks.engine import checkpoint as ck  # noqa: E402
+from ddp_runner.tasks.engine.checkpoint import storage  # noqa: E402
 
 
 @pytest.fixture(params=["local", "s3"])

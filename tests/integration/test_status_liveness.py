@@ -16,7 +16,7 @@ import time
 
 import psutil
 
-from runner.rundir.status import local_pid_alive, status_of, this_driver
+from ddp_runner.rundir.status import local_pid_alive, status_of, this_driver
 
 
 def test_local_liveness_knows_this_process_a_dead_one_and_a_reused_pid():

@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tasks.engine import stop as stop_vote
-from tasks.engine.diagnostics import termination
+from ddp_runner.tasks.engine import stop as stop_vote
+from ddp_runner.tasks.engine.diagnostics import termination
 
 
 def _worker(rank: int, world: int, store: str, out: str, request: str) -> None:

@@ -11,8 +11,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils.data import TensorDataset
 
-from tasks.engine import logging as tb
-from tasks.engine.trainer import Context, evaluate
+from ddp_runner.tasks.engine import logging as tb
+from ddp_runner.tasks.engine.trainer import Context, evaluate
 
 
 class MeanOfY(torch.nn.Module):

@@ -11,11 +11,11 @@ import threading
 import time
 from pathlib import Path
 
-from tasks.engine.diagnostics import termination
+from ddp_runner.tasks.engine.diagnostics import termination
 
 PROGRAM = textwrap.dedent("""
     import os, sys, threading, time
-    from tasks.engine.diagnostics import termination
+    from ddp_runner.tasks.engine.diagnostics import termination
 
     out = sys.argv[1]
     termination.install(grace_s=float(sys.argv[2]))

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from tasks.gpt.data import make_datasets
+from ddp_runner.tasks.gpt.data import make_datasets
 
 
 def data_cfg(path: str | None, fmt: str = "auto", val_fraction: float = 0.1, val_path: str | None = None):

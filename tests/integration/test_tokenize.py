@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from conftest import load_json
 
-from runner.data import tokenize
+from ddp_runner.data import tokenize
 from tests.support.tokenized import MODULES, STDLIB, tokenize_cli
 
 

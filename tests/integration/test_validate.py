@@ -21,9 +21,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from runner.config.validate import ENGINE_RULES
-from runner.contract import layout
-from runner.contract.errors import PlanError
+from ddp_runner.config.validate import ENGINE_RULES
+from ddp_runner.contract import layout
+from ddp_runner.contract.errors import PlanError
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "image_classifier"
@@ -132,7 +132,7 @@ def bases(tmp_path_factory) -> dict[str, dict[str, Any]]:
 
 def _driver_plan(cfg: dict[str, Any]) -> Any:
     """What the driver does before it creates anything (runner/job/planning.py), in this process."""
-    from runner.job import planning
+    from ddp_runner.job import planning
 
     sys.path.append(str(EXAMPLE)) if str(EXAMPLE) not in sys.path else None
     plan, task_dir, probe = planning.plan_job(cfg, [str(EXAMPLE)])
@@ -186,9 +186,9 @@ def _train_briefly(cfg: dict[str, Any], run_dir: Path) -> None:
 
     import torch
 
-    from tasks.engine import logging as tb
-    from tasks.engine.config import Config
-    from tasks.engine.trainer import Context, Trainer
+    from ddp_runner.tasks.engine import logging as tb
+    from ddp_runner.tasks.engine.config import Config
+    from ddp_runner.tasks.engine.trainer import Context, Trainer
 
     cfg = copy.deepcopy(cfg)
     t = cfg["train"]
@@ -269,7 +269,7 @@ def test_the_cli_refuses_with_exit_2_and_nothing_on_disk_or_accepts(drawn, tmp_p
 
 
 def test_every_key_of_the_default_config_the_engine_reads_has_a_rule():
-    from runner.contract.rules import flatten
+    from ddp_runner.contract.rules import flatten
 
     keys = set(flatten(_compose(["device=cpu"])))
     ruled = {r.key for r in ENGINE_RULES}

@@ -22,9 +22,9 @@ import psutil
 import pytest
 from conftest import wait_for
 
-from runner.contract import layout
-from runner.diagnostics import rootcause
-from runner.diagnostics.watchdog import Watchdog
+from ddp_runner.contract import layout
+from ddp_runner.diagnostics import rootcause
+from ddp_runner.diagnostics.watchdog import Watchdog
 
 TIMEOUT_S = 0.3
 # A rank: ignores the watchdog's SIGUSR1 (its stack is written by the test), ends on SIGTERM.

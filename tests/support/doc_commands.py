@@ -1,5 +1,5 @@
 """The shell commands of README.md and docs/*.md, as the docs test checks them: every line of a fenced block that
-starts with one of the product's tools (``ddp-run``, ``python -m runner``, a console script of pyproject.toml) or
+starts with one of the product's tools (``ddp-run``, ``python -m ddp_runner``, a console script of pyproject.toml) or
 ``make``, with its ``\\`` continuations joined, a leading ``$ `` prompt dropped, and the ``cd`` lines before it in
 the same block applied. A command after a ``$ `` prompt must print the lines shown after it. A trailing
 ``# refused`` comment marks a command that must be refused (exit 2). A command
@@ -108,7 +108,7 @@ def commands(page: Path) -> list[Command]:
             if words[0] == "cd" and len(words) == 2:
                 cwd = str(Path(cwd) / words[1])
                 continue
-            if words[:3] == ["python", "-m", "runner"]:
+            if words[:3] == ["python", "-m", "ddp_runner"]:
                 code = "ddp-run" + code.split("runner", 1)[1]
             elif words[0] not in tools:
                 continue

@@ -9,7 +9,7 @@ import textwrap
 TAKER = textwrap.dedent("""
     import os, sys, time
     import fsspec
-    from runner.rundir import lease
+    from ddp_runner.rundir import lease
     url, go = sys.argv[1], sys.argv[2]
     fs, path = fsspec.core.url_to_fs(url)
     print("ready", flush=True)

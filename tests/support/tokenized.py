@@ -25,9 +25,9 @@ NOTES = "# Notes\n\nUnicode survives: café, naïve, 東京, 🙂.\nA literal <|
 
 def tokenize_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
                  ) -> subprocess.CompletedProcess[str]:
-    """``python -m runner.data.tokenize <args>`` as a user would run ddp-tokenize."""
+    """``python -m ddp_runner.data.tokenize <args>`` as a user would run ddp-tokenize."""
     full_env = {**os.environ, **CHECKOUT_ENV, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "runner.data.tokenize", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "ddp_runner.data.tokenize", *args], capture_output=True, text=True,
                           env=full_env, cwd=cwd or ROOT, timeout=120)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import py_compile
 
-from runner.config import bytecode
+from ddp_runner.config import bytecode
 
 
 def _package(root, name, compiled):

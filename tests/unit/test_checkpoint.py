@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # the repo root, so that `tasks` and `tests` import however pytest is started
     sys.path.insert(0, str(ROOT))
 
-from tasks.engine import checkpoint as ck  # noqa: E402
-from tasks.engine.checkpoint import storage  # noqa: E402
+from ddp_runner.tasks.engine import checkpoint as ck  # noqa: E402
+from ddp_runner.tasks.engine.checkpoint import storage  # noqa: E402
 
 
 @pytest.fixture(params=["local", "memory", "s3"])

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from runner.contract import checkpoints as rules
-from tasks.engine import checkpoint as ck
-from tasks.engine.checkpoint import compat, manager
-from tasks.engine.config import BatchPlan, Config, batch_plan
-from tasks.engine.diagnostics import faults
-from tasks.engine.strategy.base import Strategy
+from ddp_runner.contract import checkpoints as rules
+from ddp_runner.tasks.engine import checkpoint as ck
+from ddp_runner.tasks.engine.checkpoint import compat, manager
+from ddp_runner.tasks.engine.config import BatchPlan, Config, batch_plan
+from ddp_runner.tasks.engine.diagnostics import faults
+from ddp_runner.tasks.engine.strategy.base import Strategy
 
 # -- the contract: integrity ----------------------------------------------------------------------------------
 
@@ -178,9 +178,9 @@ def test_a_run_without_checkpoints_starts_where_resume_says(tmp_path: Path) -> N
 
 
 def test_every_strategy_extra_has_a_default() -> None:
-    from tasks.engine.strategy.ddp import DDPStrategy
-    from tasks.engine.strategy.fsdp import FSDPStrategy
-    from tasks.engine.strategy.zero1 import Zero1Strategy
+    from ddp_runner.tasks.engine.strategy.ddp import DDPStrategy
+    from ddp_runner.tasks.engine.strategy.fsdp import FSDPStrategy
+    from ddp_runner.tasks.engine.strategy.zero1 import Zero1Strategy
 
     base = Strategy()
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)

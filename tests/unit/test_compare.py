@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.report import compare
+from ddp_runner.report import compare
 
 
 def test_scaling_efficiency_is_per_rank_throughput_against_the_baseline():
@@ -51,7 +51,7 @@ def test_bottleneck_names_data_wait_and_the_slow_gpu():
 
 
 def test_sweep_job_names_carry_the_swept_values():
-    from runner.report import sweep
+    from ddp_runner.report import sweep
 
     assert sweep.job_values(["world_size=2", "train.lr=0.1", "device=cpu"], ["world_size", "train.lr"]) == {
         "world_size": "2", "train.lr": "0.1"}

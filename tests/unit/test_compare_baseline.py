@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from runner.contract import layout
-from runner.report import compare
+from ddp_runner.contract import layout
+from ddp_runner.report import compare
 
 
 def _run(name: str, status: str, world: int, step_time_s: float) -> compare.Run:

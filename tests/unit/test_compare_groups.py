@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from runner.contract import layout
-from runner.report import compare
+from ddp_runner.contract import layout
+from ddp_runner.report import compare
 
 
 def _write(root: Path, name: str, task: str, world: int, step_time_s: float, device: str = "cpu",

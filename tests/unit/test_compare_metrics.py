@@ -6,7 +6,7 @@ import csv
 import json
 from pathlib import Path
 
-from runner.report import compare
+from ddp_runner.report import compare
 
 
 def _run(root: Path, name: str, metrics: dict[str, float] | None) -> Path:

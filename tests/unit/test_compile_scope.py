@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from runner.config.plan import make_plan
-from runner.contract import layout
-from runner.contract.errors import PlanError
-from tasks.engine import compile_cache
-from tasks.engine.strategy.ddp import _SingleProcess
-from tasks.engine.strategy.ddp_compile import compiled_forwards, repeated_blocks
-from tasks.gpt.model import GPT
+from ddp_runner.config.plan import make_plan
+from ddp_runner.contract import layout
+from ddp_runner.contract.errors import PlanError
+from ddp_runner.tasks.engine import compile_cache
+from ddp_runner.tasks.engine.strategy.ddp import _SingleProcess
+from ddp_runner.tasks.engine.strategy.ddp_compile import compiled_forwards, repeated_blocks
+from ddp_runner.tasks.gpt.model import GPT
 
 
 def test_blocks_scope_compiles_one_block_once_and_every_block_reuses_it():

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.contract import corpus
+from ddp_runner.contract import corpus
 
 SMALL = 300_000  # a small cap keeps these tests fast; the default cap is exercised once below
 

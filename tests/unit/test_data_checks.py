@@ -13,10 +13,10 @@ import fsspec
 import numpy as np
 import pytest
 
-from runner.contract import corpus
-from runner.contract.errors import PlanError
-from runner.data import prep as data_prep
-from tasks.gpt import checks
+from ddp_runner.contract import corpus
+from ddp_runner.contract.errors import PlanError
+from ddp_runner.data import prep as data_prep
+from ddp_runner.tasks.gpt import checks
 
 TASK = {"model": {"context": 16}}
 

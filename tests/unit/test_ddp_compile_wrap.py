@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from tasks.engine.strategy.ddp_compile import compiled_forwards, ddp_forward_needed
-from tasks.gpt.model import GPT
+from ddp_runner.tasks.engine.strategy.ddp_compile import compiled_forwards, ddp_forward_needed
+from ddp_runner.tasks.gpt.model import GPT
 
 
 def _gpt() -> GPT:

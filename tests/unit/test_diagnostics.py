@@ -9,12 +9,12 @@ import textwrap
 
 import pytest
 
-from runner.config import diagnostic_keys
-from runner.contract import layout
-from runner.contract.errors import PlanError
-from runner.diagnostics import rootcause
-from runner.diagnostics import setup as diagnostics
-from runner.diagnostics.watchdog import top_frame
+from ddp_runner.config import diagnostic_keys
+from ddp_runner.contract import layout
+from ddp_runner.contract.errors import PlanError
+from ddp_runner.diagnostics import rootcause
+from ddp_runner.diagnostics import setup as diagnostics
+from ddp_runner.diagnostics.watchdog import top_frame
 
 BASE = {"timeout_s": 600, "watchdog": {"timeout_s": 120}, "debug": False, "train": {"max_steps": 10},
         "fault": {"kind": None, "rank": 1, "step": 3, "slow_s": 5.0, "also": []}}
@@ -164,7 +164,7 @@ def test_top_frame_is_the_main_threads_innermost_frame():
 def test_injected_exception_and_simulated_cpu_oom():
     import torch
 
-    from tasks.engine.diagnostics import faults
+    from ddp_runner.tasks.engine.diagnostics import faults
 
     saved = faults._active
     try:
@@ -214,7 +214,7 @@ def _memory_run(tmp_path):
 
     import fsspec
 
-    from runner.rundir.run_dir import RunDir
+    from ddp_runner.rundir.run_dir import RunDir
 
     fs, path = fsspec.filesystem("memory"), f"/peers-{uuid.uuid4().hex}"
     diagnostics.prepare(str(tmp_path), {})
@@ -222,7 +222,7 @@ def _memory_run(tmp_path):
 
 
 def test_node_0_reads_the_other_nodes_progress_from_the_run_tree_and_drops_an_earlier_launchs(tmp_path):
-    from runner.diagnostics.peers import PeerRanks
+    from ddp_runner.diagnostics.peers import PeerRanks
 
     rd = _memory_run(tmp_path)
     rd.fs.pipe_file(f"{rd.path}/{layout.rank_progress(1)}", json.dumps({"step": 3, "seq": 9}).encode())
@@ -243,7 +243,7 @@ def test_node_0_reads_the_other_nodes_progress_from_the_run_tree_and_drops_an_ea
 def test_the_mirror_copies_no_empty_stack_placeholder_only_written_stacks(tmp_path):
     """Every rank opens an empty stack file in case it is asked for its stacks: a mirror tick during the run must
     not put those placeholders in a remote tree (tidy removes them locally after the run, not remotely)."""
-    from runner.rundir.mirror import Mirror
+    from ddp_runner.rundir.mirror import Mirror
 
     rd = _memory_run(tmp_path)
     (tmp_path / layout.rank_stack(0)).write_text("")
@@ -257,8 +257,8 @@ def test_the_mirror_copies_no_empty_stack_placeholder_only_written_stacks(tmp_pa
 
 
 def test_another_node_relays_the_dump_request_only_once_this_launch_has_trained(tmp_path):
-    from runner.diagnostics.peers import Relay
-    from runner.rundir.mirror import Mirror
+    from ddp_runner.diagnostics.peers import Relay
+    from ddp_runner.rundir.mirror import Mirror
 
     rd = _memory_run(tmp_path)
     local_request = tmp_path / layout.DUMP_REQUEST
@@ -280,8 +280,8 @@ def test_another_node_relays_the_dump_request_only_once_this_launch_has_trained(
 
 
 def test_another_nodes_rank_is_judged_with_the_lag_of_its_copy(tmp_path):
-    from runner.diagnostics.peers import PeerRanks
-    from runner.diagnostics.watchdog import Watchdog
+    from ddp_runner.diagnostics.peers import PeerRanks
+    from ddp_runner.diagnostics.watchdog import Watchdog
 
     rd = _memory_run(tmp_path)
     (tmp_path / layout.rank_progress(0)).write_text(json.dumps({"step": 3, "start_step": 0, "phase": "log",

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from runner.config.devices import visible_gpus
-from runner.config.plan import Gpu
-from runner.diagnostics import doctor
-from runner.diagnostics.doctor import FAIL, OK, SKIPPED, WARN, MiB
+from ddp_runner.config.devices import visible_gpus
+from ddp_runner.config.plan import Gpu
+from ddp_runner.diagnostics import doctor
+from ddp_runner.diagnostics.doctor import FAIL, OK, SKIPPED, WARN, MiB
 from tests.support.fake_smi import SMI_L, TOPO_NVLINK, UUID0, UUID1, check_named
 
 TOPO_PCIE_NIC = ("\tGPU0\tGPU1\tGPU2\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"

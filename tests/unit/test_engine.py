@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from tasks.engine.optim import apply_inductor_settings, lr_factor
-from tasks.engine.sampler import ResumableDistributedSampler
+from ddp_runner.tasks.engine.optim import apply_inductor_settings, lr_factor
+from ddp_runner.tasks.engine.sampler import ResumableDistributedSampler
 
 # -- lr_factor ---------------------------------------------------------------------------------------------
 
@@ -93,7 +93,7 @@ def test_inductor_settings_reach_torch_inductor_config():
 
 def test_each_rank_sees_only_its_own_gpu_as_cuda0() -> None:
     """Local rank k keeps the k-th visible device (torchrun's --virtual-local-rank mapping), now as cuda:0."""
-    from tasks.engine.trainer import own_gpu
+    from ddp_runner.tasks.engine.trainer import own_gpu
 
     assert own_gpu(None, 1) == "1"
     assert own_gpu("3,5", 0) == "3" and own_gpu("3, 5", 1) == "5"
@@ -103,10 +103,10 @@ def test_each_rank_sees_only_its_own_gpu_as_cuda0() -> None:
 
 def test_a_memory_cap_becomes_the_processes_share_of_its_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """The cap the planner checked the run against is the most its ranks may allocate on a GPU."""
-    from runner.contract import layout
-    from runner.contract.rules import asked_cap_gb
-    from tasks.engine.config import Config
-    from tasks.engine.trainer import memory_fraction
+    from ddp_runner.contract import layout
+    from ddp_runner.contract.rules import asked_cap_gb
+    from ddp_runner.tasks.engine.config import Config
+    from ddp_runner.tasks.engine.trainer import memory_fraction
 
     monkeypatch.delenv(layout.ENV_MEMORY_CAP_GB, raising=False)
     assert asked_cap_gb(Config({"strategy": {"memory_cap_gb": None}}))[0] is None

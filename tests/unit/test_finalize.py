@@ -4,7 +4,7 @@ sentence about the rank with the most work, the note on a slow GPU, units on eve
 
 from __future__ import annotations
 
-from runner.diagnostics import breakdown, closing
+from ddp_runner.diagnostics import breakdown, closing
 
 
 def _gpu(clock: float, capped: float = 100.0, thermal: float = 0.0) -> dict[str, float]:

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tasks.gpt.fused_ce import linear_cross_entropy
-from tasks.gpt.model import GPT, lm_loss
+from ddp_runner.tasks.gpt.fused_ce import linear_cross_entropy
+from ddp_runner.tasks.gpt.model import GPT, lm_loss
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

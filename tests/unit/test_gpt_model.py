@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tasks.gpt.model import GPT, lm_loss
+from ddp_runner.tasks.gpt.model import GPT, lm_loss
 
 
 def tiny(**kw) -> GPT:
@@ -121,7 +121,7 @@ def test_lm_loss_equals_float32_cross_entropy_in_value_and_gradient(dtype):
 
 def test_validation_loss_in_chunks_equals_the_whole_batch_loss() -> None:
     """Without gradients (validation) the loss is made a few rows of logits at a time: same value."""
-    from tasks.gpt.model import chunked_lm_loss
+    from ddp_runner.tasks.gpt.model import chunked_lm_loss
 
     torch.manual_seed(0)
     model = GPT(vocab=97, context=16, layers=1, heads=2, width=16)

@@ -13,8 +13,8 @@ import pytest
 import torch
 from conftest import wait_for
 
-from tasks.engine.diagnostics import telemetry as gt
-from tasks.engine.diagnostics.telemetry import Sample
+from ddp_runner.tasks.engine.diagnostics import telemetry as gt
+from ddp_runner.tasks.engine.diagnostics.telemetry import Sample
 
 
 def test_window_means_and_shares():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tasks.engine.strategy import grad_sync
+from ddp_runner.tasks.engine.strategy import grad_sync
 
 
 def _model() -> torch.nn.Module:

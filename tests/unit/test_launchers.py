@@ -8,11 +8,11 @@ import signal
 import pytest
 from test_plan import cfg
 
-from runner.config.plan import make_plan, node_range
-from runner.contract import netbind
-from runner.contract.errors import PlanError
-from runner.launch import local, multinode, slurm
-from runner.launch.registry import launcher_check
+from ddp_runner.config.plan import make_plan, node_range
+from ddp_runner.contract import netbind
+from ddp_runner.contract.errors import PlanError
+from ddp_runner.launch import local, multinode, slurm
+from ddp_runner.launch.registry import launcher_check
 
 MN = {"name": "multinode", "nnodes": 2, "nproc_per_node": None, "node_rank": 0, "rdzv_endpoint": "127.0.0.1:29400",
       "rdzv_id": "exp1", "local_addr": None, "max_restarts": 0}
@@ -43,10 +43,10 @@ def test_world_size_must_be_nodes_times_processes():
 def test_local_command_is_a_c10d_rendezvous_on_loopback():
     plan = make_plan(cfg(), [])
     cmd = local.command(plan, {"name": "local", "max_restarts": 1}, "/runs/r")
-    assert cmd[1:4] == ["-P", "-m", "runner.launch.agent"] and "--standalone" not in cmd
+    assert cmd[1:4] == ["-P", "-m", "ddp_runner.launch.agent"] and "--standalone" not in cmd
     assert {"--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", "--local-addr=127.0.0.1", "--nnodes=1",
             "--nproc-per-node=2", "--max-restarts=1"} <= set(cmd)
-    assert cmd[-3:] == ["-m", "tasks", "/runs/r"]
+    assert cmd[-3:] == ["-m", "ddp_runner.tasks", "/runs/r"]
 
 
 def test_multinode_command_and_refusals():
@@ -90,7 +90,7 @@ def test_slurm_script_and_command():
     text = slurm.script("/shared/run", "/shared/run", launcher, "ddp-smoke")
     for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
                  "#SBATCH --partition=gpu", "#SBATCH --time=01:00:00", "#SBATCH --account=proj",
-                 "#SBATCH --qos=high", "#SBATCH --requeue", "-m runner.launch.slurm /shared/run"):
+                 "#SBATCH --qos=high", "#SBATCH --requeue", "-m ddp_runner.launch.slurm /shared/run"):
         assert line in text
     assert "cpus-per-task" not in text
     # The pre-emption signal (checkpoint.stop_signal) before the time limit, to the job's driver (B:)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import io
 import json
 
-from runner.launch import live
-from tasks.engine import progress
+from ddp_runner.launch import live
+from ddp_runner.tasks.engine import progress
 
 
 class _Pipe(io.StringIO):
@@ -115,8 +115,8 @@ def test_a_bar_only_on_a_terminal_that_can_redraw(monkeypatch):
 def test_the_judging_session_asks_rank_0_for_records_only_under_a_terminal_on_one_host(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    from runner.contract import layout
-    from runner.launch import session
+    from ddp_runner.contract import layout
+    from ddp_runner.launch import session
 
     class Tty(io.StringIO):
         def isatty(self) -> bool:

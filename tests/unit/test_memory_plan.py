@@ -12,9 +12,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from runner.config import memory_plan as mp  # noqa: E402
-from runner.config.plan import Plan  # noqa: E402
-from runner.contract.errors import PlanError  # noqa: E402
+from ddp_runner.config import memory_plan as mp  # noqa: E402
+from ddp_runner.config.plan import Plan  # noqa: E402
+from ddp_runner.contract.errors import PlanError  # noqa: E402
 
 GIB = 2**30
 N = 1_000_000_000  # a round parameter count: 4N bytes = 3.725 GiB

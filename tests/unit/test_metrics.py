@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
-from tasks.engine import metrics
-from tasks.gpt.model import GPT
+from ddp_runner.tasks.engine import metrics
+from ddp_runner.tasks.gpt.model import GPT
 
 
 @pytest.mark.parametrize(("name", "precision", "peak"), [
@@ -64,7 +64,7 @@ def test_gpt2_small_flops_per_token_is_about_855_mflop():
 
 
 def test_step_meter_windows_pauses_and_medians():
-    from tasks.engine.metrics import StepMeter
+    from ddp_runner.tasks.engine.metrics import StepMeter
 
     meter = StepMeter(samples_per_step=64, world_size=2, tokens_per_sample=1024, flops_per_sample=1e9, peak=1e15)
     meter.step_done()
@@ -94,7 +94,7 @@ def test_step_meter_windows_pauses_and_medians():
 def test_a_window_closed_late_carries_the_steps_queued_after_it():
     # The engine closes step k's window only after queueing step k+1 (so the GPU never drains): the window holds
     # k's steps, and k+1 starts the next one.
-    from tasks.engine.metrics import StepMeter
+    from ddp_runner.tasks.engine.metrics import StepMeter
 
     meter = StepMeter(samples_per_step=8, world_size=1, tokens_per_sample=None, flops_per_sample=None, peak=None)
     meter.step_done()
@@ -116,7 +116,7 @@ def test_a_window_closed_late_carries_the_steps_queued_after_it():
 
 
 def test_the_span_of_the_median_windows_is_recorded_in_wall_clock_time():
-    from tasks.engine.metrics import StepMeter
+    from ddp_runner.tasks.engine.metrics import StepMeter
 
     meter = StepMeter(samples_per_step=8, world_size=1, tokens_per_sample=None, flops_per_sample=None, peak=None)
     time.sleep(0.2)  # start-up: the first window, outside the span
@@ -138,7 +138,7 @@ def test_a_pause_first_waits_for_the_training_work_still_queued():
     be queued. Their device time is training time; it must not vanish into the pause (which once reported 575.6k
     tokens/s with checkpoints against 524.7k without). The device's queue is played here by a sync that takes
     0.3 s, the pause's own work by 0.2 s of sleep."""
-    from tasks.engine.metrics import StepMeter
+    from ddp_runner.tasks.engine.metrics import StepMeter
 
     drained = []
 
@@ -163,7 +163,7 @@ def test_a_pause_first_waits_for_the_training_work_still_queued():
 
 
 def test_goodput_shares_add_up_and_rates_use_the_whole_wall_clock():
-    from tasks.engine.metrics import goodput
+    from ddp_runner.tasks.engine.metrics import goodput
 
     g = goodput(wall_s=100.0, startup_s=10.0, first_step_s=20.0, excluded={"checkpoint": 5.0, "validation": 15.0},
                 samples=6400, tokens_per_sample=1024)
@@ -176,8 +176,8 @@ def test_goodput_shares_add_up_and_rates_use_the_whole_wall_clock():
 
 
 def test_startup_parts_run_from_the_driver_start_through_each_mark(monkeypatch):
-    from runner.contract import layout
-    from tasks.engine import startup
+    from ddp_runner.contract import layout
+    from ddp_runner.tasks.engine import startup
 
     monkeypatch.setattr(startup, "_marks", {})
     monkeypatch.setenv(layout.ENV_T0, "100.0")

@@ -10,16 +10,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from runner.config import overrides
-from runner.config.task_module import from_file, module_only, task_name
-from runner.contract.errors import PlanError
-from runner.diagnostics.rootcause import root_cause
-from tasks import registry
-from tasks.engine import worker_io
+from ddp_runner.config import overrides
+from ddp_runner.config.task_module import from_file, module_only, task_name
+from ddp_runner.contract.errors import PlanError
+from ddp_runner.diagnostics.rootcause import root_cause
+from ddp_runner.tasks import registry
+from ddp_runner.tasks.engine import worker_io
 
 
 @pytest.mark.parametrize("module, name", [
-    ("mytask", "mytask"), ("mypkg.image_cls", "image_cls"), ("tasks.gpt.task", "gpt"), ("task", "task"),
+    ("mytask", "mytask"), ("mypkg.image_cls", "image_cls"), ("ddp_runner.tasks.gpt.task", "gpt"), ("task", "task"),
     (None, "task"), ("my-odd.name", "name"), ("sub/dir/my_task.py", "my_task"), ("mytask.py", "mytask"),
 ])
 def test_a_module_names_its_task(module, name):

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runner.config.devices import select_visible
-from runner.config.plan import Gpu, derive_accumulation, make_plan
-from runner.contract.errors import PlanError
+from ddp_runner.config.devices import select_visible
+from ddp_runner.config.plan import Gpu, derive_accumulation, make_plan
+from ddp_runner.contract.errors import PlanError
 
 GPUS = [Gpu(0, "NVIDIA H200", "GPU-aaa"), Gpu(1, "NVIDIA H200", "GPU-bbb")]
 
@@ -149,7 +149,7 @@ def _gpt(**model):
 @pytest.mark.parametrize("key,value", [("attention", "fast"), ("loss", "chunked"), ("loss", 1), ("width", 0),
                                        ("heads", -2), ("dropout", 1.5)])
 def test_gpt_choices_are_checked_by_the_task_hook(key, value):
-    from tasks.gpt.checks import check
+    from ddp_runner.tasks.gpt.checks import check
 
     with pytest.raises(PlanError) as e:
         check(_gpt(**{key: value}))
@@ -158,7 +158,7 @@ def test_gpt_choices_are_checked_by_the_task_hook(key, value):
 
 
 def test_gpt_width_must_divide_into_heads():
-    from tasks.gpt.checks import check
+    from ddp_runner.tasks.gpt.checks import check
 
     with pytest.raises(PlanError) as e:
         check(_gpt(width=64, heads=3))
@@ -166,7 +166,7 @@ def test_gpt_width_must_divide_into_heads():
 
 
 def test_gpt_vocab_smaller_than_the_data_needs_is_refused():
-    from tasks.gpt.checks import check
+    from ddp_runner.tasks.gpt.checks import check
 
     with pytest.raises(PlanError) as e:
         check(_gpt(vocab=200))
@@ -174,7 +174,7 @@ def test_gpt_vocab_smaller_than_the_data_needs_is_refused():
 
 
 def test_more_cpu_ranks_than_cores_is_said_not_refused():
-    from runner.config.plan import cpu_oversubscribed, usable_cores
+    from ddp_runner.config.plan import cpu_oversubscribed, usable_cores
 
     four = make_plan(cfg(world_size=4), [])
     assert cpu_oversubscribed(four, 2) == (

@@ -7,7 +7,7 @@ import importlib.util
 import os
 import time
 
-from runner.config import probe as probe_mod
+from ddp_runner.config import probe as probe_mod
 
 
 def test_the_key_follows_the_model_config_torch_and_the_sources(tmp_path, monkeypatch):
@@ -37,11 +37,12 @@ def test_the_key_follows_the_probe_the_engine_and_the_built_in_tasks():
     assert any(s.endswith(os.path.join("tasks", "gpt", "model.py")) for s in sources)
 
 def test_gpt_counts_its_parameters_as_the_model_built_on_the_meta_device_does():
-    from tasks.engine.config import Config
-    from tasks.engine.driver_probe import model_facts
-    from tasks.gpt import checks
+    from ddp_runner.tasks.engine.config import Config
+    from ddp_runner.tasks.engine.driver_probe import model_facts
+    from ddp_runner.tasks.gpt import checks
 
-    base = {"task": {"name": "gpt", "module": "tasks.gpt.task", "model": {"layers": 2, "heads": 2, "width": 64,
+    base = {"task": {"name": "gpt", "module": "ddp_runner.tasks.gpt.task", "model": {"layers": 2, "heads": 2,
+                                                                                     "width": 64,
                                                                          "context": 64, "vocab": 256}},
             "data": {"name": "text", "path": None, "val_fraction": 0.1}, "seed": 0}
     for shape in ({}, {"layers": 3, "width": 96, "heads": 4, "vocab": 300, "context": 32},
@@ -54,7 +55,7 @@ def test_gpt_counts_its_parameters_as_the_model_built_on_the_meta_device_does():
 def test_inductor_settings_read_from_source_are_torchs_own():
     import torch._inductor.config as inductor_config
 
-    from runner.config import inductor_settings
+    from ddp_runner.config import inductor_settings
 
     real = inductor_config.get_config_copy()
     static = inductor_settings.settings()

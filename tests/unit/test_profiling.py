@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.engine.diagnostics.profiling import categorize, format_summary, summarize
+from ddp_runner.tasks.engine.diagnostics.profiling import categorize, format_summary, summarize
 
 
 def _k(name: str, ts: float, dur: float, cat: str = "kernel") -> dict:

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from runner.config import reference
-from runner.config.cli_help import conf_dirs, info_args
-from runner.config.key_docs import KEY_DOCS
-from runner.contract.rules import choice, flag, integer, number, text
+from ddp_runner.config import reference
+from ddp_runner.config.cli_help import conf_dirs, info_args
+from ddp_runner.config.key_docs import KEY_DOCS
+from ddp_runner.contract.rules import choice, flag, integer, number, text
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 

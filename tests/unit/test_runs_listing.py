@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from runner.contract import layout
-from runner.report import runs
-from runner.rundir import listing
-from runner.rundir.status import this_driver
+from ddp_runner.contract import layout
+from ddp_runner.report import runs
+from ddp_runner.rundir import listing
+from ddp_runner.rundir.status import this_driver
 
 NOW = time.time()
 
@@ -239,7 +239,7 @@ def test_a_continued_run_reads_as_running_with_its_live_figures(tmp_path: Path) 
     """A run continued in place: run.json says running (its new driver, alive), summary.json is still the earlier
     attempt's (interrupted, with figures): the listing and ddp-compare believe run.json, and the step is the live
     one."""
-    from runner.report import compare
+    from ddp_runner.report import compare
 
     earlier = {"status": "interrupted", "global_batch": 16, "steps": 3, "losses": [2.0, 1.0],
                "median": {"step_time_s": 0.01}}

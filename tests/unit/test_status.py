@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-from runner.rundir.status import effective_status
+from ddp_runner.rundir.status import effective_status
 
 NOW = 1_000_000.0
 

@@ -8,9 +8,9 @@ import signal
 
 import pytest
 
-from runner.contract import layout, stops
-from runner.job.execute import absolute_paths
-from runner.launch import finalize
+from ddp_runner.contract import layout, stops
+from ddp_runner.job.execute import absolute_paths
+from ddp_runner.launch import finalize
 
 
 @pytest.mark.parametrize("value, num", [("SIGUSR2", signal.SIGUSR2), ("usr2", signal.SIGUSR2), ("TERM", signal.SIGTERM),

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from runner.report import sweep
+from ddp_runner.report import sweep
 
 
 def _job(num: int, status: str) -> dict[str, Any]:

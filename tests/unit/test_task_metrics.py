@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tasks.engine.task_metrics import Sums, named, split_output
+from ddp_runner.tasks.engine.task_metrics import Sums, named, split_output
 
 
 def test_a_plain_loss_has_no_extra_metrics():

@@ -12,8 +12,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from runner.contract.corpus import count_samples, resolve_format
-from tasks.gpt.data import TokenWindows, make_datasets
+from ddp_runner.contract.corpus import count_samples, resolve_format
+from ddp_runner.tasks.gpt.data import TokenWindows, make_datasets
 
 
 def data_cfg(path: str | None, fmt: str = "auto", val_fraction: float = 0.1, val_path: str | None = None):

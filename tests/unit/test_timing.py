@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from runner.diagnostics import breakdown
-from runner.report import compare
-from tasks.engine import timing
+from ddp_runner.diagnostics import breakdown
+from ddp_runner.report import compare
+from ddp_runner.tasks.engine import timing
 
 
 def test_each_interval_counts_for_the_phase_its_end_names_and_they_add_up_to_the_step():

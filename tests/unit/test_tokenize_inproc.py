@@ -10,7 +10,7 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from runner.data import tokenize
+from ddp_runner.data import tokenize
 
 
 def test_fsspec_urls_in_and_out_and_rewrite_without_val() -> None:

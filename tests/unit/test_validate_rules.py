@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from runner.config.validate import check_engine
-from runner.contract.errors import PlanError
-from runner.contract.rules import check_keys, integer, number
+from ddp_runner.config.validate import check_engine
+from ddp_runner.contract.errors import PlanError
+from ddp_runner.contract.rules import check_keys, integer, number
 
 INF, NAN = math.inf, math.nan
 
@@ -53,7 +53,7 @@ def test_a_bad_value_is_refused_with_its_key_value_and_fix(key, value, words):
 
 
 def test_cross_key_rules():
-    from runner.config.validate import warnings
+    from ddp_runner.config.validate import warnings
 
     # A preset's warmup longer than a few benchmark steps is allowed (bench/gpt_bench.py runs gpt2_small so),
     # and said.
@@ -74,7 +74,7 @@ def test_rules_say_their_bounds():
 
 def test_accumulation_longer_than_an_epoch_is_refused_before_launch():
     # 64 samples over 2 ranks = 32 per rank = 4 micro-batches of 8: accumulation 5 would never step.
-    from runner.config.plan import make_plan
+    from ddp_runner.config.plan import make_plan
     from tests.unit.test_plan import cfg as plan_cfg
 
     with pytest.raises(PlanError) as e:

@@ -10,7 +10,7 @@ from conftest import load_json
 def test_error_record_keeps_the_time_of_failure_not_of_writing(tmp_path):
     # A failing rank tears its process group down before its error is written; a peer's collective fails at
     # once, so the failing rank's record must carry the earlier time or the wrong rank is named.
-    from tasks.engine import worker_io
+    from ddp_runner.tasks.engine import worker_io
 
     (tmp_path / "logs").mkdir()
     exc = RuntimeError("boom")

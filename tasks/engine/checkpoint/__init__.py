@@ -1,9 +1,9 @@
 """Checkpoints: the policy (``manager``: what, when, from where, whether), atomic storage on any fsspec URL,
 background saving, sharded saves, and every rank's RNG state."""
 
-from tasks.engine.checkpoint.async_saver import AsyncSaver
-from tasks.engine.checkpoint.rng import rng_state, set_rng_state
-from tasks.engine.checkpoint.storage import (
+from ddp_runner.tasks.engine.checkpoint.async_saver import AsyncSaver
+from ddp_runner.tasks.engine.checkpoint.rng import rng_state, set_rng_state
+from ddp_runner.tasks.engine.checkpoint.storage import (
     META_FILE,
     STATE_FILE,
     CheckpointError,

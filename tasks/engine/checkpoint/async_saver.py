@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from tasks.engine.checkpoint.storage import CheckpointError, SaveHooks, save, step_url
+from ddp_runner.tasks.engine.checkpoint.storage import CheckpointError, SaveHooks, save, step_url
 
 _Key = tuple[Any, ...]
 

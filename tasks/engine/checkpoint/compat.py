@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from runner.contract import checkpoints as rules
-from tasks.engine.config import BatchPlan
+from ddp_runner.contract import checkpoints as rules
+from ddp_runner.tasks.engine.config import BatchPlan
 
 Shapes = Mapping[str, Sequence[int]]
 

@@ -23,14 +23,14 @@ from typing import IO, Any
 import torch
 import torch.distributed as dist
 
-from runner.contract import layout
-from tasks.engine.checkpoint import compat, sharded, storage
-from tasks.engine.checkpoint.async_saver import AsyncSaver
-from tasks.engine.checkpoint.rng import rng_state, set_rng_state
-from tasks.engine.config import BatchPlan, Config
-from tasks.engine.diagnostics import faults, heartbeat, termination
-from tasks.engine.strategy.base import Strategy
-from tasks.engine.train_state import TrainState
+from ddp_runner.contract import layout
+from ddp_runner.tasks.engine.checkpoint import compat, sharded, storage
+from ddp_runner.tasks.engine.checkpoint.async_saver import AsyncSaver
+from ddp_runner.tasks.engine.checkpoint.rng import rng_state, set_rng_state
+from ddp_runner.tasks.engine.config import BatchPlan, Config
+from ddp_runner.tasks.engine.diagnostics import faults, heartbeat, termination
+from ddp_runner.tasks.engine.strategy.base import Strategy
+from ddp_runner.tasks.engine.train_state import TrainState
 
 
 @dataclass(frozen=True)

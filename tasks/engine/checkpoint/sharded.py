@@ -20,7 +20,7 @@ import fsspec
 import torch
 import torch.distributed as dist
 
-from tasks.engine.checkpoint import storage
+from ddp_runner.tasks.engine.checkpoint import storage
 
 SHARDS_DIR = "shards"
 EXPORT_FILE = "model.pt"

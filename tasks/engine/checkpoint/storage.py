@@ -39,7 +39,7 @@ import fsspec
 import torch
 from fsspec.implementations.local import LocalFileSystem
 
-from runner.contract import checkpoints as rules
+from ddp_runner.contract import checkpoints as rules
 
 STATE_FILE = rules.STATE_FILE
 META_FILE = rules.MARKER_FILE

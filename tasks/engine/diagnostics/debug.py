@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 
-from runner.contract import layout
+from ddp_runner.contract import layout
 
 
 def _private_fd(path: str) -> int:

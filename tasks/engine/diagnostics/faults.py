@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from runner.contract import layout
+from ddp_runner.contract import layout
 
 KINDS = ("exception", "oom", "sigkill", "hang", "slow")
 

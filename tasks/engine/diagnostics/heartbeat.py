@@ -25,7 +25,7 @@ import threading
 import time
 from typing import IO, Any
 
-from runner.contract import layout
+from ddp_runner.contract import layout
 
 WRITE_EVERY_S = 1.0
 
@@ -133,7 +133,7 @@ def start(local_dir: str, rank: int, start_step: int, enabled: bool, nccl: bool 
         faulthandler.register(signal.SIGUSR1, file=_stack_file, all_threads=True, chain=False)
     if not enabled or _writer is not None:
         return
-    from tasks.engine.diagnostics import termination
+    from ddp_runner.tasks.engine.diagnostics import termination
 
     termination.on_terminate(_terminated)
     _writer = _Writer(local_dir, rank, start_step, nccl)

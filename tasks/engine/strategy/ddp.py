@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from tasks.engine.strategy import ddp_compile, grad_sync
-from tasks.engine.strategy.base import Strategy
+from ddp_runner.tasks.engine.strategy import ddp_compile, grad_sync
+from ddp_runner.tasks.engine.strategy.base import Strategy
 
 CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes that capture CUDA graphs
 

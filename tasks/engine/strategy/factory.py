@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from tasks.engine.strategy.base import Strategy
+from ddp_runner.tasks.engine.strategy.base import Strategy
 
 NAMES = ("ddp", "zero1", "fsdp")
 
@@ -16,15 +16,15 @@ def build(cfg: Any, model: torch.nn.Module, device: torch.device, local_rank: in
     scfg = cfg.get("strategy") or {}
     name = scfg.get("name", "ddp")
     if name == "ddp":
-        from tasks.engine.strategy.ddp import DDPStrategy
+        from ddp_runner.tasks.engine.strategy.ddp import DDPStrategy
 
         return DDPStrategy(model, device, local_rank, world_size, cfg.train)
     if name == "zero1":
-        from tasks.engine.strategy.zero1 import Zero1Strategy
+        from ddp_runner.tasks.engine.strategy.zero1 import Zero1Strategy
 
         return Zero1Strategy(model, device, local_rank, world_size, cfg.train)
     if name == "fsdp":
-        from tasks.engine.strategy.fsdp import FSDPStrategy
+        from ddp_runner.tasks.engine.strategy.fsdp import FSDPStrategy
 
         return FSDPStrategy(model, device, local_rank, world_size, cfg.train, scfg)
     raise ValueError(f"strategy={name!r}: unknown strategy. Fix: use one of {', '.join(NAMES)}")

@@ -22,8 +22,8 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from tasks.engine.strategy.base import Strategy
-from tasks.engine.strategy.units import shard_units
+from ddp_runner.tasks.engine.strategy.base import Strategy
+from ddp_runner.tasks.engine.strategy.units import shard_units
 
 PARAM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -35,7 +35,8 @@ def mixed_precision(precision: str) -> MixedPrecisionPolicy:
 
 
 class FSDPStrategy(Strategy):
-    """FSDP2 ``fully_shard`` per block and at the root (see :class:`~tasks.engine.strategy.base.Strategy`)."""
+    """FSDP2 ``fully_shard`` per block and at the root (see
+    :class:`~ddp_runner.tasks.engine.strategy.base.Strategy`)."""
 
     full_state_on_rank0 = False  # every rank holds a shard: saving is collective (checkpoint/sharded.py)
     sharded_checkpoint = True

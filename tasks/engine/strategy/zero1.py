@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from tasks.engine.strategy.ddp import DDPStrategy
+from ddp_runner.tasks.engine.strategy.ddp import DDPStrategy
 
 
 class Zero1Strategy(DDPStrategy):

@@ -9,8 +9,8 @@ import time
 
 import torch
 
-from tasks.api import Config, TaskParts
-from tasks.smoke import Regression, synthetic_dataset
+from ddp_runner.tasks.api import Config, TaskParts
+from ddp_runner.tasks.smoke import Regression, synthetic_dataset
 
 SLEEP_S = 0.25
 

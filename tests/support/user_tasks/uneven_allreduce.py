@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from tasks.api import Config, TaskParts
-from tasks.smoke import Regression, synthetic_dataset
+from ddp_runner.tasks.api import Config, TaskParts
+from ddp_runner.tasks.smoke import Regression, synthetic_dataset
 
 
 class Mismatched(Regression):
