@@ -63,10 +63,14 @@ def one_stop(args: list[str], stop_at: int, out: str) -> dict[str, float]:
         raise SystemExit(f"the run ended before step {stop_at}: {proc.stderr.read() if proc.stderr else ''}")
     t_signal = time.time()
     proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=300)
+    rest, err = proc.communicate(timeout=300)
     t_exit = time.time()
     run = run_dir(root)
-    stopped = json.loads((run / "logs/rank0.json").read_text())["stopped"]
+    stopped = json.loads((run / "logs/rank0.json").read_text()).get("stopped")
+    if stopped is None:  # no stop was taken: say what the run did instead
+        log = (run / "logs/rank0.log").read_text()[-3000:]
+        raise SystemExit(f"no stop recorded (exit {proc.returncode}) in {run}\n--- stdout\n{rest[-2000:]}\n"
+                         f"--- stderr\n{err[-3000:]}\n--- rank0.log\n{log}")
     marker = run / "checkpoints" / stopped["checkpoint"] / "meta.json"
     return {"signal_to_commit_s": round(os.path.getmtime(marker) - t_signal, 3),
             "signal_to_exit_s": round(t_exit - t_signal, 3), "stopped_after_step": stopped["step"],

@@ -273,7 +273,7 @@ class Trainer:
         self.loader = DataLoader(
             self.parts.train_set, batch_size=self.per_rank, sampler=self.sampler, drop_last=True,
             num_workers=t.num_workers, pin_memory=ctx.device.type == "cuda",
-            persistent_workers=t.num_workers > 0, worker_init_fn=termination.reset_in_child,
+            persistent_workers=t.num_workers > 0, worker_init_fn=termination.shield_loader_worker,
             generator=self.loader_rng,
         )
         self.steps_per_epoch = (self.sampler.num_samples // self.per_rank) // self.accumulation

@@ -38,6 +38,16 @@ PROGRAM = textwrap.dedent("""
         os.kill(pid, 15)
         _, status = os.waitpid(pid, 0)
         open(out + ".child", "w").write(str(os.WIFSIGNALED(status) and os.WTERMSIG(status)))
+    if sys.argv[3] == "loader":  # a DataLoader worker: the stop is the rank's to take, SIGTERM leaves it running
+        pid = os.fork()
+        if pid == 0:
+            termination.shield_loader_worker()
+            time.sleep(3)
+            os._exit(7)
+        time.sleep(0.5)
+        os.kill(pid, 15)
+        _, status = os.waitpid(pid, 0)
+        open(out + ".child", "w").write(str(os.WIFEXITED(status) and os.WEXITSTATUS(status)))
     open(out + ".ready", "w").close()
     threading.Event().wait()  # blocked, like a rank inside a collective whose peer is gone
 """)
@@ -67,6 +77,14 @@ def test_a_forked_child_stopped_by_sigterm_does_not_stop_the_parent(tmp_path):
     assert proc.poll() is None and not Path(out + ".finished").exists(), "the parent's watcher stayed asleep"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=20) == -signal.SIGTERM and Path(out + ".finished").exists()
+
+
+def test_a_dataloader_worker_outlives_the_sigterm_its_rank_takes_as_a_stop(tmp_path):
+    """torchrun signals a rank's whole process group: a loader worker must not die of it mid-save."""
+    proc, out = _start(tmp_path, grace=15, mode="loader")
+    assert Path(out + ".child").read_text() == "7", "the worker ran to its own end, untouched by SIGTERM"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == -signal.SIGTERM
 
 
 def test_install_outside_the_main_thread_changes_nothing():

@@ -126,6 +126,16 @@ def reset_in_child(*_args: object) -> None:
         signal.signal(s, signal.SIG_DFL)
 
 
+def shield_loader_worker(*_args: object) -> None:
+    """``worker_init_fn`` of the DataLoader's workers: they ignore the stop signals. torchrun stops a rank by
+    signalling its whole process group, loader workers included, and a worker killed by it fails the rank (its
+    SIGCHLD check raises) while the rank saves its checkpoint on stop. They end with the rank instead: the
+    DataLoader shuts them down, and they exit by themselves once the rank is gone."""
+    signal.set_wakeup_fd(-1)
+    for s in _stop_signals:
+        signal.signal(s, signal.SIG_IGN)
+
+
 def _handler(signum: int, _frame: object) -> None:
     # Python-level handler. In the worker itself the watcher thread does the work. A forked child that has not
     # reset itself yet dies as it would have without this module.
