@@ -38,8 +38,14 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _make_venv(base: Path) -> Path:
     base.mkdir(parents=True, exist_ok=True)
     dist = base / "dist"
+    # From a copy of the sources: a checkout's own build/ may hold an older layout's modules, which setuptools
+    # would put in the wheel beside the new ones.
+    src = base / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "outputs", "site", ".whl", ".before", "*.egg-info", "__pycache__", ".*_cache",
+        ".hypothesis"))
     _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dist),
-          str(ROOT)], cwd=base)
+          str(src)], cwd=base)
     wheels = list(dist.glob("ddp_runner-*.whl"))
     assert len(wheels) == 1, wheels
     env = base / "venv"
