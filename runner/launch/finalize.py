@@ -97,7 +97,9 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
     agent_logs = [Path(rd.local, layout.AGENT_LOG), *sorted(Path(rd.local).glob(layout.node_agent_log("*")))]
     agent_log = "\n".join(p.read_text(errors="replace") for p in agent_logs if p.exists())
     check = completion_check(logs, plan.world_size)
-    stopped = agreed_stop(facts, plan.world_size)
+    # The hang watchdog ends a hung run with torchrun's SIGTERM: ranks that took it as a stop saved a checkpoint,
+    # but the run failed (a hang), and its root cause says so.
+    stopped = None if (watch or {}).get("hang") else agreed_stop(facts, plan.world_size)
     if stopped is not None and interrupted is None:  # the stop reached a worker, not this driver
         interrupted = stopped["signal"]
     ok = rc == 0 and interrupted is None and check["all_completed"]

@@ -139,8 +139,13 @@ def test_every_run_directory_resumes_bit_identically_or_says_why_not(reference, 
             if st != "lost":
                 assert load_json(run / layout.SUMMARY)["status"] == st
                 assert load_json(run / layout.SUMMARY)["root_cause"], "a failure names its cause"
-            # ... and resumes to the very same losses.
+            # ... and resumes to the very same losses; a run stopped before its first checkpoint asks for a
+            # decision (nothing to continue), and its fix, a restart from step 0, gives them too.
             r = ddp_run([f"resume={run}"], tmp_path / "unused")
+            if not list((run / "checkpoints").glob("step_*")):
+                assert r.returncode == 2 and "resume=restart" in r.stderr, (kind, r.stdout + r.stderr)
+                r = ddp_run([*ARGS, "resume=restart"], tmp_path / f"{i}-restart")
+                [run] = run_dirs(tmp_path / f"{i}-restart")
             assert r.returncode == 0, (kind, r.stdout + r.stderr)
         assert load_json(run / layout.MANIFEST)["status"] == layout.STATUS_COMPLETED
         assert load_json(run / layout.SUMMARY)["losses"] == losses, (kind, "per-step losses differ")

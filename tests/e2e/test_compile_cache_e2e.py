@@ -17,8 +17,9 @@ def test_a_second_run_under_the_same_root_hits_the_first_runs_compile_cache(tmp_
     for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):  # set by inductor in this process, maybe
         monkeypatch.delenv(var, raising=False)
     root = tmp_path / "outputs"
-    args = ["task=gpt", "world_size=1", "device=cpu", "train.compile=true", "train.compile_scope=blocks",
-            "train.max_steps=3", "train.val_every=0", "data.val_fraction=0.0", "checkpoint.async_save=false"]
+    args = ["task=gpt", "task.model.layers=1", "world_size=1", "device=cpu", "train.compile=true",
+            "train.compile_scope=blocks", "train.max_steps=3", "train.val_every=0", "data.val_fraction=0.0",
+            "checkpoint.async_save=false"]
     first = ddp_run(args, root, timeout=600)
     assert first.returncode == 0, first.stdout + first.stderr
     cache = root / layout.COMPILE_CACHE

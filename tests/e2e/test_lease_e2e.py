@@ -24,8 +24,8 @@ def test_a_second_driver_is_refused_naming_the_live_one(out_root, smoke_referenc
     run = smoke_reference  # a completed run (made once per session; the refusal must leave it as it is)
     manifest_before = (run / layout.MANIFEST).read_bytes()
     held = lease.take(fsspec.filesystem("file"), str(run))  # this process plays the live driver
-    try:
-        r = ddp_run([f"resume={run}"], out_root)
+    try:  # trained longer (a completed run continues only so), but another driver holds it
+        r = ddp_run([f"resume={run}", "train.max_steps=16"], out_root)
     finally:
         held.release()
     assert r.returncode == 2, r.stdout + r.stderr
@@ -46,11 +46,11 @@ def test_s3_resume_refused_while_a_live_driver_holds_it_and_free_after_it_dies(s
     (tmp_path / "go").touch()
     assert holder.stdout.readline().strip() == "ready"
     assert holder.stdout.readline().strip() == "won"
-    r = ddp_run([f"resume=s3://{run}"], tmp_path / "unused")
+    r = ddp_run([f"resume=s3://{run}", "train.max_steps=4"], tmp_path / "unused")  # trained longer
     assert r.returncode == 2 and f"pid {holder.pid} on host" in r.stderr, r.stderr
     holder.send_signal(signal.SIGKILL)
     holder.wait()
-    r = ddp_run([f"resume=s3://{run}"], tmp_path / "unused")
+    r = ddp_run([f"resume=s3://{run}", "train.max_steps=4"], tmp_path / "unused")
     assert r.returncode == 0, r.stderr
     fs.invalidate_cache()
     assert not fs.exists(f"{run}/{layout.DRIVER_LEASE}"), "released at the end of the run"

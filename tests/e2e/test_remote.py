@@ -97,7 +97,9 @@ def test_dry_run_of_a_remote_continue_leaves_no_local_staging(s3_url, tmp_path):
     run = only_remote_run(root)
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    r = ddp_run([f"resume={run}", "dry_run=true"], tmp_path / "unused", env={"TMPDIR": str(tmp)})
+    # (a completed run continues only when trained longer: train.max_steps above its 2 steps)
+    r = ddp_run([f"resume={run}", "train.max_steps=4", "dry_run=true"], tmp_path / "unused",
+                env={"TMPDIR": str(tmp)})
     assert r.returncode == 0 and "dry run, nothing launched" in r.stdout, r.stdout + r.stderr
     assert not [p for p in tmp.iterdir() if p.name.startswith("ddp-run-")]
 

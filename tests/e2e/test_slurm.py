@@ -153,8 +153,8 @@ def test_a_requeued_job_resumes_from_its_checkpoint(slurm, out_root):
     wait_for("the job to be requeued", lambda: "JobState=PENDING" in subprocess.run(
         ["scontrol", "show", "job", job_id], env=env, capture_output=True, text=True, timeout=60).stdout)
     subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env, check=True, timeout=60)
-    summary = wait_for("the requeued job to complete",
-                       lambda: (s := _json(run / "summary.json")).get("status") == "completed" and s)
+    summary = wait_for("the requeued job to complete",  # a whole job again (allocation, start-up): minutes if busy
+                       lambda: (s := _json(run / "summary.json")).get("status") == "completed" and s, timeout=400)
     assert summary["steps"] == 8
     manifest = load_json(run / "run.json")
     assert manifest["slurm"]["restarts"] >= 1 and len(manifest["continued"]) >= 1
@@ -183,7 +183,7 @@ def test_the_warning_signal_saves_and_the_job_requeues_itself(slurm, out_root):
     stopped = load_json(run / layout.rank_facts(0))["stopped"]
     assert (run / "checkpoints" / stopped["checkpoint"] / "meta.json").exists() and stopped["step"] < 30
     subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env, check=True, timeout=60)
-    summary = wait_for("the requeued job to complete",
-                       lambda: (s := _json(run / "summary.json")).get("status") == "completed" and s)
+    summary = wait_for("the requeued job to complete",  # a whole job again (allocation, start-up): minutes if busy
+                       lambda: (s := _json(run / "summary.json")).get("status") == "completed" and s, timeout=400)
     assert summary["steps"] == 30 and summary["resumed_from"].endswith(stopped["checkpoint"])
     assert len(summary["losses"]) == 30 and run_dirs(out_root) == [run]
