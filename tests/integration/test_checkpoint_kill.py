@@ -3,13 +3,8 @@ saves, refusal of unsafe pickles, RNG state."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
 import textwrap
-import time
-import uuid
 from pathlib import Path
 
 import fsspec
@@ -20,18 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # the repo root, so that `tasks` and `tests` import however pytest is started
     sys.path.insert(0, str(ROOT))
 
-from ddp_runner.contract import layout  # noqa: E402
 from ddp_runner.tasks.engine import checkpoint as ck  # noqa: E402
-
-
-@pytest.fixture(params=["local", "memory", "s3"])
-def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh checkpoint root on each kind of filesystem."""
-    if request.param == "local":
-        return str(tmp_path / "checkpoints")
-    if request.param == "memory":
-        return f"memory://ckpt-{uuid.uuid4().hex[:12]}/checkpoints"
-    return request.getfixturevalue("s3_url") + "/checkpoints"
+from tests.support.checkpoints import kill_at_commit_pause  # noqa: E402
 
 
 def _names(root: str) -> set[str]:
@@ -61,29 +46,7 @@ _CRASH_SCRIPT = textwrap.dedent("""
 def test_kill_during_save_leaves_previous_checkpoint(kind: str, tmp_path: Path,
                                                      request: pytest.FixtureRequest) -> None:
     root = str(tmp_path / "ck") if kind == "local" else request.getfixturevalue("s3_url") + "/ck"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-c", _CRASH_SCRIPT, root], env=env, cwd=ROOT,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        seen = []
-        while time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            if not line:
-                break
-            seen.append(line)
-            if layout.ENV_CKPT_TEST_PAUSE in line and "step 2" in line:
-                break
-        else:
-            pytest.fail("the saving subprocess never reached the pause")
-        assert seen and layout.ENV_CKPT_TEST_PAUSE in seen[-1], "".join(seen)
-        proc.send_signal(signal.SIGKILL)  # a real crash: no cleanup handlers, no finally blocks
-        proc.wait(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stderr.close()
+    kill_at_commit_pause(_CRASH_SCRIPT, [root], 2, timeout_s=60)
 
     # The partial step 2 is there on storage, but invisible.
     leftovers = {n for n in _names(root) if n != "step_1"}

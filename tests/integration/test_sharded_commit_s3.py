@@ -10,12 +10,9 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import fsspec
@@ -26,9 +23,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from ddp_runner.contract import layout  # noqa: E402
 from ddp_runner.tasks.engine import checkpoint as ck  # noqa: E402
 from ddp_runner.tasks.engine.checkpoint import sharded, storage  # noqa: E402
+from tests.support.checkpoints import kill_at_commit_pause, subprocess_env  # noqa: E402
 from tests.support.s3_server import files  # noqa: E402
 
 _CRASH_SCRIPT = textwrap.dedent("""
@@ -55,33 +52,9 @@ _RESAVE_SCRIPT = textwrap.dedent("""
 """)
 
 
-def _kill_at_pause(proc: subprocess.Popen, step: int) -> None:
-    deadline = time.monotonic() + 120
-    seen = []
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        seen.append(line)
-        if layout.ENV_CKPT_TEST_PAUSE in line and f"step {step}" in line:
-            proc.send_signal(signal.SIGKILL)  # a real crash: no cleanup handlers, no finally blocks
-            proc.wait(timeout=10)
-            return
-    pytest.fail("the saving subprocess never reached the pause:\n" + "".join(seen))
-
-
 def test_a_sharded_save_killed_before_its_commit_is_never_listed(s3_url, tmp_path):  # noqa: F811 - fixture
     root = f"{s3_url}/ck"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-c", _CRASH_SCRIPT, root, str(tmp_path / "store")], env=env,
-                            cwd=ROOT, stderr=subprocess.PIPE, text=True)
-    try:
-        _kill_at_pause(proc, 2)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stderr.close()
+    kill_at_commit_pause(_CRASH_SCRIPT, [root, str(tmp_path / "store")], 2)
 
     # step_2's shards and state.pt are in the bucket, but no meta.json: not a checkpoint.
     left = files(f"{root}/step_2")
@@ -107,8 +80,8 @@ def test_a_sharded_save_killed_before_its_commit_is_never_listed(s3_url, tmp_pat
         ck.load(url)
 
     # The run resumed from step_1 saves step 2 again: the leftover is replaced, then committed.
-    subprocess.run([sys.executable, "-c", _RESAVE_SCRIPT, root, str(tmp_path / "store2")], env=env, cwd=ROOT,
-                   check=True, timeout=120)
+    subprocess.run([sys.executable, "-c", _RESAVE_SCRIPT, root, str(tmp_path / "store2")], env=subprocess_env(),
+                   cwd=ROOT, check=True, timeout=120)
     assert [s for s, _ in ck.list_complete(root)] == [1, 2]
     url = ck.latest(root)
     got = {"model": {"w": torch.zeros(4096)}, "optim": {"m": torch.zeros(8)}}

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import fsspec
 import pytest
-import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -16,6 +15,7 @@ if str(ROOT) not in sys.path:
 
 from ddp_runner.tasks.engine import checkpoint as ck  # noqa: E402
 from ddp_runner.tasks.engine.checkpoint import storage  # noqa: E402
+from tests.support.checkpoints import staged_save  # noqa: E402
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -34,16 +34,8 @@ def _names(root: str) -> list[str]:
     return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(fsspec.core.url_to_fs(root)[1], detail=False))
 
 
-def _staged_save(root: str, step: int, payload: bytes = b"x" * 100) -> str:
-    tmp = storage.stage_dir(root, step)
-    assert step not in [s for s, _ in ck.list_complete(root)], "a staged directory is not a checkpoint"
-    with fsspec.open(f"{tmp}/shards/__0_0.distcp", "wb", auto_mkdir=True) as f:
-        f.write(payload)  # what DCP's ranks would write
-    return ck.save(root, step, {"sharded": "shards", "v": torch.tensor([step])}, keep_last=2, staged=tmp)
-
-
 def test_staged_files_are_committed_with_their_sizes_and_checked_on_load(root):
-    url = _staged_save(root, 3)
+    url = staged_save(root, 3)
     assert [u.rsplit("/", 1)[-1] for _, u in ck.list_complete(root)] == ["step_3"]
     assert ck.load(url)["sharded"] == "shards"
     assert _fs(url).cat_file(f"{fsspec.core.url_to_fs(url)[1]}/meta.json").count(b"shards/__0_0.distcp") == 1
@@ -58,10 +50,10 @@ def test_staged_files_are_committed_with_their_sizes_and_checked_on_load(root):
 
 def test_keep_last_counts_sharded_checkpoints_and_removes_dead_stages(root):
     for step in (1, 2, 3):
-        _staged_save(root, step)
+        staged_save(root, step)
     dead = storage.stage_dir(root, 2)  # a save that never committed (a rank died)
     with fsspec.open(f"{dead}/shards/__1_0.distcp", "wb", auto_mkdir=True) as f:
         f.write(b"partial")
-    _staged_save(root, 4)
+    staged_save(root, 4)
     assert _names(root) == ["step_3", "step_4"]
     assert not _fs(dead).exists(fsspec.core.url_to_fs(dead)[1])
