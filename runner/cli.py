@@ -7,13 +7,11 @@ command line, the held-back stderr, the sweep's record, the worst exit code) liv
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import sys
 import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 import hydra
@@ -29,10 +27,9 @@ if TYPE_CHECKING:
     from ddp_runner.report.sweep import SweepRecord
     from ddp_runner.rundir.run_dir import RunDir
 
-# The configs ship inside the package (conf/ in the checkout): found from any working directory. A checkout used
-# without installing it (PYTHONPATH=<checkout>) reads its conf/ directly.
-CONFIG_PATH = ("pkg://ddp_runner.conf" if importlib.util.find_spec("ddp_runner.conf") is not None
-               else str(Path(__file__).resolve().parent.parent / "conf"))
+# The configs ship inside the package (conf/ in the checkout, mapped there by an editable install): found from
+# any working directory.
+CONFIG_PATH = "pkg://ddp_runner.conf"
 # Hydra writes nothing of its own and never changes directory, whichever primary config is composed (a run
 # directory's saved config.yaml, rerun with --config-dir, has no hydra section of its own).
 HYDRA_QUIET = ("hydra.output_subdir=null", "hydra.run.dir=.", "hydra.sweep.dir=.", "hydra.sweep.subdir=.",

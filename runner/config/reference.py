@@ -162,10 +162,7 @@ def _short(line: str, limit: int = 96) -> str:
 def conf_dirs(config_dir: str | None, config_path: str | None = None) -> list[Path]:
     """The config folders on the search path: the user's ``--config-dir`` first, then the package's."""
     if config_path is None or config_path.startswith("pkg://"):
-        try:
-            package = Path(str(importlib.resources.files("ddp_runner.conf")))
-        except ModuleNotFoundError:  # a checkout used without installing it
-            package = Path(__file__).resolve().parents[2] / "conf"
+        package = Path(str(importlib.resources.files("ddp_runner.conf")))
     else:
         package = Path(config_path)
     return ([Path(config_dir)] if config_dir else []) + [package]

@@ -36,15 +36,12 @@ def test_the_neutral_preset_holds_no_other_tasks_keys():
     from omegaconf import OmegaConf
 
     from ddp_runner.cli import CONFIG_PATH
+    from ddp_runner.config import reference
     from ddp_runner.config.task_module import register_resolver
 
     register_resolver()
-    conf_dir = CONFIG_PATH.removeprefix("pkg://")
-    if CONFIG_PATH.startswith("pkg://"):
-        import importlib
-
-        conf_dir = list(importlib.import_module(conf_dir).__path__)[0]
-    with initialize_config_dir(config_dir=conf_dir, version_base=None):
+    conf_dir = reference.conf_dirs(None, CONFIG_PATH)[0]
+    with initialize_config_dir(config_dir=str(conf_dir), version_base=None):
         cfg = compose("config", ["task=custom", "task.module=mypkg.mytask"])
     task = OmegaConf.to_container(cfg, resolve=True)["task"]
     assert task == {"name": "mytask", "module": "mypkg.mytask", "checks": None}  # no in_features, no smoke checks
