@@ -191,6 +191,30 @@ def smoke_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return shared_run(tmp_path_factory, "smoke-ckpt2", make)
 
 
+# The tiny GPT at one global batch (24) on 1, 2, 3 and 4 gloo ranks: one `-m` sweep, 12 steps, a synchronous
+# checkpoint every 2. test_world_sizes.py (nothing assumes two ranks; a 3-rank kill resumes to its job's losses),
+# test_equivalence.py (every world size reaches the same weights) and test_compare_e2e.py (the report over a
+# fixed-global-batch sweep) read it. Validation on a sliver of the
+# default corpus (its 10 % tail is ~19k windows: seconds per validation on a CPU).
+GPT_WORLD_SWEEP = ["task=gpt", "device=cpu", "train.max_steps=12", "train.log_every=2", "batch.per_rank=2",
+                   "batch.global=24", "data.val_fraction=0.002", "checkpoint.every_steps=2",
+                   "checkpoint.async_save=false"]
+
+
+@pytest.fixture(scope="session")
+def gpt_world_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sweep directory of :data:`GPT_WORLD_SWEEP` at world_size=1,2,3,4; the sweep's console output is in
+    ``console.txt`` beside it."""
+    def make(root: Path) -> Path:
+        r = ddp_run(["-m", "world_size=1,2,3,4", *GPT_WORLD_SWEEP], root, timeout=900)
+        assert r.returncode == 0, r.stdout + r.stderr
+        (sweep,) = {p.parent for p in run_dirs(root)}
+        (sweep.parent / "console.txt").write_text(r.stdout)
+        return sweep
+
+    return shared_run(tmp_path_factory, "gpt-world-sweep", make)
+
+
 def gpt_dropout_args(text_file: Path) -> list[str]:
     """The tiny GPT on ``text_file`` at 2 gloo ranks: 8 optimizer steps per epoch, 2 epochs (16 steps), a
     checkpoint every 4 (all kept). AdamW, cosine schedule with warmup, grad clipping: all of it must carry over

@@ -1,5 +1,5 @@
-"""ddp-compare: the arithmetic on its own, and a report over real runs (a 1-vs-2-rank fixed-global-batch sweep
-of the tiny GPT, and a run that failed)."""
+"""ddp-compare: a report over real runs (the session's 1-2-3-4-rank fixed-global-batch sweep of the tiny GPT, and
+a run that failed), and a sweep's record of every job, a refused one too."""
 
 from __future__ import annotations
 
@@ -10,21 +10,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ddp_run, load_json, run_dirs
+from conftest import GPT_WORLD_SWEEP, ddp_run, load_json, run_dirs
 
 
-def test_report_over_a_fixed_global_batch_sweep_and_a_failed_run(tmp_path):
-    root = tmp_path / "outputs"
-    # Validation on a sliver of the default corpus (its 10 % tail is ~19k windows: seconds per validation on a CPU).
-    common = ["task=gpt", "device=cpu", "train.max_steps=12", "train.log_every=2", "batch.global=16",
-              "data.val_fraction=0.002"]
-    r = ddp_run(["-m", "world_size=1,2", *common], root)
-    assert r.returncode == 0, r.stderr
+def test_report_over_a_fixed_global_batch_sweep_and_a_failed_run(tmp_path, gpt_world_sweep):
+    sweep = gpt_world_sweep  # 1, 2, 3 and 4 ranks at a global batch of 24, 12 steps (tests/conftest.py)
+    console = (sweep.parent / "console.txt").read_text()
     failed_root = tmp_path / "failed"
-    f = ddp_run([*common, "world_size=2", "train.lr=0.002", "fault.kind=exception", "fault.rank=1", "fault.step=3"],
-                failed_root)
+    f = ddp_run([*GPT_WORLD_SWEEP, "world_size=2", "train.lr=0.002", "fault.kind=exception", "fault.rank=1",
+                 "fault.step=3"], failed_root)
     assert f.returncode != 0
-    (sweep,) = {p.parent for p in run_dirs(root)}
     (failed,) = run_dirs(failed_root)
     out = tmp_path / "report"
     res = subprocess.run([sys.executable, "-m", "ddp_runner.report.compare", str(sweep), str(failed), "--out", str(out),
@@ -34,12 +29,12 @@ def test_report_over_a_fixed_global_batch_sweep_and_a_failed_run(tmp_path):
         assert (out / name).stat().st_size > 0, name
     assert (out / "throughput.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = {row["run"]: row for row in csv.DictReader((out / "report.csv").open())}
-    assert set(table) == {p.name for p in run_dirs(root)} | {failed.name}
+    assert set(table) == {p.name for p in run_dirs(sweep)} | {failed.name}
     assert table[failed.name]["status"] == "failed" and "rank 1" in table[failed.name]["bottleneck"]
-    for run in run_dirs(root):  # the numbers are the runs' own
+    for run in run_dirs(sweep):  # the numbers are the runs' own
         summary, manifest = load_json(run / "summary.json"), load_json(run / "run.json")
         row = table[run.name]
-        assert int(row["world"]) == manifest["plan"]["world_size"] and int(row["global_batch"]) == 16
+        assert int(row["world"]) == manifest["plan"]["world_size"] and int(row["global_batch"]) == 24
         assert float(row["rate"]) == pytest.approx(summary["median"]["tokens_per_s"], rel=1e-6)
         assert float(row["final_loss"]) == pytest.approx(summary["losses"][-1])
         assert row["device"] == "cpu" and row["gpu_hours"] == row["cost"] == ""  # no GPU-hours on a CPU
@@ -49,7 +44,7 @@ def test_report_over_a_fixed_global_batch_sweep_and_a_failed_run(tmp_path):
     # Where each step's time goes, on every rank: summary.json, TensorBoard, the console, the bottleneck sentence.
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    for run in run_dirs(root):
+    for run in run_dirs(sweep):
         world = load_json(run / "run.json")["plan"]["world_size"]
         tb = load_json(run / "summary.json")["time_breakdown"]
         assert set(tb["per_rank"]) == {str(r) for r in range(world)}, tb
@@ -62,7 +57,7 @@ def test_report_over_a_fixed_global_batch_sweep_and_a_failed_run(tmp_path):
         assert {f"time/rank{r}/exposed_sync_ms" for r in range(world)} <= set(acc.Tags()["scalars"])
     # 12 steps: the console closes each run with one line pointing at summary.json, where the breakdown is (the
     # per-rank table of a longer run: tests/e2e/test_gpt.py).
-    assert r.stdout.count("ddp-run: completed: 12 steps, ") == 2 and r.stdout.count("/summary.json") == 2, r.stdout
+    assert console.count("ddp-run: completed: 12 steps, ") == 4 and console.count("/summary.json") == 4, console
     assert "of each step waits for gradient sync" in w2["bottleneck"] and w2["exposed_sync_share"]
     report = (out / "report.md").read_text()
     # The failed run used another learning rate (and a rehearsal fault): both are listed as differing settings.

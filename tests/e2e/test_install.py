@@ -53,9 +53,11 @@ def _make_venv(base: Path) -> Path:
     import torch
 
     # The torch of this suite first (the CPU wheel on disk here), so that the wheel's `torch>=…` is already met
-    # and nothing pulls a CUDA build.
-    _run([str(env / "bin/pip"), "install", "-q", f"torch=={torch.__version__.split('+')[0]}"], cwd=base)
-    _run([str(env / "bin/pip"), "install", "-q", str(wheels[0])], cwd=base)
+    # and nothing pulls a CUDA build. --no-compile: pip would byte-compile every module of torch, most of which no
+    # test imports (Python compiles the imported ones on first use).
+    _run([str(env / "bin/pip"), "install", "-q", "--no-compile", f"torch=={torch.__version__.split('+')[0]}"],
+         cwd=base)
+    _run([str(env / "bin/pip"), "install", "-q", "--no-compile", str(wheels[0])], cwd=base)
     return env
 
 

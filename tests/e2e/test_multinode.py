@@ -60,8 +60,9 @@ def finish(*procs: subprocess.Popen[str], timeout: float = 240) -> list[tuple[in
     return [(p.returncode, *o) for p, o in zip(procs, outputs, strict=True)]
 
 
-@pytest.mark.parametrize("task", [["task=smoke", "train.epochs=1"], GPT], ids=["smoke", "gpt"])
-def test_two_nodes_complete_with_a_checkpoint_and_record_every_node(out_root, task):
+def test_two_nodes_complete_with_a_checkpoint_and_record_every_node(out_root):
+    # The GPT task (data, validation, a checkpoint); the smoke task completes on two nodes below (s3 root, elastic).
+    task = GPT
     port = free_port()
     nodes = [start_node(r, out_root, port, "exp1", *task) for r in (0, 1)]
     results = finish(*nodes)
@@ -198,11 +199,13 @@ def test_an_elastic_range_runs_with_the_nodes_present(out_root):
     assert "--nnodes=1:2" in load_json(run / "run.json")["command"]
 
 
-def test_two_nodes_under_an_s3_root_are_judged_from_every_nodes_ranks(s3_url):  # noqa: F811 - fixture
+def test_two_nodes_under_an_s3_root_are_judged_from_every_nodes_ranks_and_a_restart_keeps_their_logs(
+        s3_url):  # noqa: F811 - fixture
     # No shared filesystem: each node stages its ranks' files on its own disk (two staging folders here) and
     # mirrors them to the bucket. Node 0 must judge the run from both nodes' ranks, not only its own.
     root, port = f"{s3_url}/runs", free_port()
-    nodes = [start_node(r, root, port, "s3job", "task=smoke", "train.max_steps=4") for r in (0, 1)]
+    args = ["task=smoke", "checkpoint.async_save=false"]
+    nodes = [start_node(r, root, port, "s3job", *args, "train.max_steps=4") for r in (0, 1)]
     fs = fsspec.filesystem("s3")
     run = f"{root}/s3job_smoke_w2".removeprefix("s3://")
     lease = f"{run}/{layout.DRIVER_LEASE}"
@@ -230,6 +233,20 @@ def test_two_nodes_under_an_s3_root_are_judged_from_every_nodes_ranks(s3_url):  
     for rank in (0, 1):
         assert fs.exists(f"{run}/logs/rank{rank}.json")
     assert not fs.exists(f"{run}/{layout.STACKS}"), fs.find(f"{run}/{layout.STACKS}")  # no hang: no stack files
+
+    # The same two commands with more steps continue the run. Each rank's log goes on across restarts: under s3://
+    # every node stages the earlier lines before its ranks append, and mirrors only what changed (no node pushes
+    # its stale copy of a log another node's rank writes).
+    results = finish(*[start_node(r, root, port, "s3job", *args, "train.max_steps=6") for r in (0, 1)])
+    for rc, out, err in results:
+        assert rc == 0, out + err
+    fs.invalidate_cache()
+    summary = json.loads(fs.cat_file(f"{run}/summary.json"))
+    assert summary["status"] == "completed" and summary["steps"] == 6, summary
+    for rank in (0, 1):
+        log = fs.cat_file(f"{run}/logs/rank{rank}.log").decode()
+        assert log.count(f"ddp-run: rank {rank} on node ") == 2, log
+        assert "resumed from" in log, log
 
 
 def test_a_hang_on_node_1_under_an_s3_root_is_named_there_with_its_stack(s3_url):  # noqa: F811 - fixture
@@ -302,23 +319,3 @@ def test_elastic_ranks_with_both_agents_on_one_host_open_one_run_directory(out_r
     host = socket.gethostname()
     assert sorted(manifest["nodes"]) == sorted(f"{host}-{p.pid}" for p in nodes)
     assert all(n["torchrun_exit_code"] == 0 and n["node_rank"] is None for n in manifest["nodes"].values())
-
-
-def test_a_restart_under_an_s3_root_keeps_every_ranks_earlier_log_lines(s3_url):  # noqa: F811 - fixture
-    # Each rank's log goes on across restarts. Under s3:// every node stages the earlier lines before its ranks
-    # append, and mirrors only what changed: no node pushes its stale copy of a log another node's rank writes.
-    root, port = f"{s3_url}/runs", free_port()
-    args = ["task=smoke", "train.max_steps=4", "checkpoint.async_save=false"]
-    for steps in (4, 6):
-        results = finish(*[start_node(r, root, port, "again", *args, f"train.max_steps={steps}") for r in (0, 1)])
-        for rc, out, err in results:
-            assert rc == 0, out + err
-    fs = fsspec.filesystem("s3")
-    fs.invalidate_cache()
-    run = f"{root}/again_smoke_w2".removeprefix("s3://")
-    summary = json.loads(fs.cat_file(f"{run}/summary.json"))
-    assert summary["status"] == "completed" and summary["steps"] == 6, summary
-    for rank in (0, 1):
-        log = fs.cat_file(f"{run}/logs/rank{rank}.log").decode()
-        assert log.count(f"ddp-run: rank {rank} on node ") == 2, log
-        assert "resumed from" in log, log

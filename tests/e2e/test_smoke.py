@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -85,6 +87,7 @@ def test_runs_in_the_same_second_get_distinct_dirs(tmp_path):
     # "started", which names the directory). Two drivers started together usually do; if not, try again.
     for attempt in range(3):
         root = tmp_path / f"outputs{attempt}"
+        time.sleep(math.ceil(time.time()) - time.time())  # both at the start of a second: a second to share
         procs = [subprocess.Popen([sys.executable, "-m", "ddp_runner", "device=cpu", "world_size=1",
                                    "train.max_steps=1",
                                    f"output.root={root}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
