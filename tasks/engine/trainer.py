@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from ddp_runner.contract import layout, rules, stops
+from ddp_runner.contract import layout, rules, series, stops
 from ddp_runner.tasks import registry
 from ddp_runner.tasks.api import TaskParts
 from ddp_runner.tasks.engine import compile_cache, metrics, startup, task_metrics, timing, val_compile, worker_io
@@ -184,6 +184,13 @@ def evaluate(model: torch.nn.Module, data: Dataset, ctx: Context, batch: int, pr
     if metrics is not None:
         metrics.update(zip(sums.names or (), (totals[2:] / totals[1]).tolist(), strict=True))
     return (totals[0] / totals[1]).item()
+
+
+def window_ends(start_step: int, last_step: int, log_every: int) -> list[int]:
+    """The optimizer step that ends each logging window of a launch that began after ``start_step`` and ended at
+    ``last_step``: every multiple of ``log_every``, and the last step."""
+    ends = list(range((start_step // log_every + 1) * log_every, last_step + 1, log_every))
+    return ends if ends and ends[-1] == last_step else [*ends, last_step]
 
 
 def _autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
@@ -632,8 +639,7 @@ class Trainer:
             "metrics": {**{k: v for k, v in loop.last.items() if k.startswith("train/") and k != "train/loss"},
                         **loop.val_metrics},
             "median": loop.meter.medians(),
-            "perf_windows": loop.meter.history,  # every logging window's figures but the first (start-up, compile)
-            "perf_span_unix": loop.meter.span_unix,  # when those windows ran: [start, end], Unix seconds
+            **self._series(loop),
             # Each rank's GPU: medians over the logging windows but the first (compilation); empty without NVML.
             "gpus": {str(r): gpu_telemetry.medians(ws[1:] or ws) for r, ws in sorted(self.gpu_windows.items())},
             "time_to_first_step_s": loop.first_step_s,
@@ -646,11 +652,26 @@ class Trainer:
             "resumed_from": self.resumed_from,
             "stopped": self.stopped,
             "stop_vote": self.stop_vote.stats() if self.stop_vote is not None else None,
-            "losses": self.state.losses,
         }
         if loop.writer is not None:
             loop.writer.close()
         return summary
+
+    def _series(self, loop: _Loop) -> dict[str, Any]:
+        """summary.json's series, each at most ``series.MAX_POINTS`` points with the step of each (the full ones are
+        in TensorBoard): ``losses`` (every logged train loss since step 0, a resume's earlier ones included) and
+        ``perf_windows`` (this launch's logging windows but the first: start-up and compilation)."""
+        every, done = self.cfg.train.log_every, self.state.step
+        losses, loss_steps = series.bounded(self.state.losses, series.log_steps(len(self.state.losses), every, done))
+        history = loop.meter.history
+        ends = window_ends(loop.start_step, done, every)[1:]
+        n = len(history["step_time_s"])
+        ends = (ends + [done] * n)[:n]  # a stop's last window ends off the log steps
+        keep = series.kept_indices(history["step_time_s"])
+        windows: dict[str, Any] = {k: [v[i] for i in keep] if len(v) == n else list(v) for k, v in history.items()}
+        windows.update(steps=[ends[i] for i in keep], count=n)
+        return {"perf_windows": windows, "perf_span_unix": loop.meter.span_unix,  # when those windows ran
+                "losses": losses, "loss_steps": loss_steps, "losses_logged": len(self.state.losses)}
 
     def _goodput(self, loop: _Loop) -> dict[str, Any]:
         """Throughput over this launch's whole wall-clock (from the driver's start), the shares of start-up,
