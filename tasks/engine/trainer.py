@@ -594,10 +594,11 @@ class Trainer:
         v["runs"], v["seconds"] = v["runs"] + 1, v["seconds"] + v["last_s"]
         extra = task_metrics.named(tuple(found), list(found.values()), "val")
         if writer is not None:
-            for k, val in {"val/loss": loss, **extra, "val/seconds": v["last_s"]}.items():
+            for k, val in {"val/loss": loss, **extra, "time/validation_s": v["last_s"]}.items():
                 writer.add_scalar(k, val, step)
-        self._say(f"step {step} val/loss {loss:.4f}" + "".join(f" {k} {val:.4g}" for k, val in extra.items())
-                  + f" ({v['last_s']:.2f} s, {v['compile_mode']}, {v['graphs_compiled']} graphs compiled so far)")
+        self._say(f"step {step} val/loss {loss:.4f}" + "".join(f" {k} {val:.4g}" for k, val in extra.items()))
+        self._say(f"validation: {v['last_s']:.2f} s ({v['compile_mode']}; graphs compiled in validations so far:"
+                  f" {v['graphs_compiled']})")
         if progress is not None:  # and on the user's console
             progress.validated(step, loss)
         if metrics is not None:
