@@ -170,6 +170,8 @@ def evaluate(model: torch.nn.Module, data: Dataset, ctx: Context, batch: int, pr
         batches += [None] * (most - len(batches))
     for i, xy in enumerate(batches):
         x, y = xy if xy is not None else filler
+        if compile_mode == "compiled":  # CUDA graphs (reduce-overhead): each batch is a new step of the tree
+            torch.compiler.cudagraph_mark_step_begin()
         with val_compile.stance(compile_mode, first_batch=i == 0), _autocast(ctx.device, precision):
             loss, extra = task_metrics.split_output(model(x.to(ctx.device), y.to(ctx.device)))
         if xy is None:
