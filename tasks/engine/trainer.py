@@ -669,7 +669,7 @@ class Trainer:
         history = loop.meter.history
         ends = window_ends(loop.start_step, done, every)[1:]
         n = len(history["step_time_s"])
-        ends = (ends + [done] * n)[:n]  # a stop's last window ends off the log steps
+        ends = (ends + [done] * n)[:n]  # as many ends as windows, whatever a stop left open
         keep = series.kept_indices(history["step_time_s"])
         windows: dict[str, Any] = {k: [v[i] for i in keep] if len(v) == n else list(v) for k, v in history.items()}
         windows.update(steps=[ends[i] for i in keep], count=n)
