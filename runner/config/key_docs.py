@@ -38,6 +38,8 @@ KEY_DOCS: dict[str, str] = {
     "train.gpu_telemetry": "log each rank's GPU clock, power and temperature (NVML; GPUs only)",
     "train.val_every": "optimizer steps between validations; 0: only at the end",
     "train.val_samples": "validate on the first N validation samples (null: all)",
+    "train.val_compile": "how validation runs a compiled model: eager (no compile), compiled (one graph, reused),"
+                         " auto (compiled when validating periodically)",
     "train.num_workers": "DataLoader worker processes per rank",
     "train.profile.steps": "optimizer steps to trace with torch.profiler into profile/ (0: off)",
     "train.profile.start": "steps run before tracing begins (warm-up stays out of the trace)",

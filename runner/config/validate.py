@@ -27,6 +27,7 @@ from ddp_runner.contract.errors import (
     PRECISIONS,
     SCHEDULES,
     STRATEGIES,
+    VAL_COMPILE,
     PlanError,
 )
 from ddp_runner.contract.rules import Rule, check_keys, choice, flag, get, integer, number, stop_signal, text
@@ -71,6 +72,7 @@ ENGINE_RULES: tuple[Rule, ...] = (
     flag("train.gpu_telemetry", null=True),
     integer("train.val_every", lo=0, example="100"),
     integer("train.val_samples", lo=1, null=True, example="2048"),
+    choice("train.val_compile", VAL_COMPILE, null=True),
     integer("train.num_workers", lo=0, example="2"),
     integer("train.profile.steps", lo=0, example="3"),
     integer("train.profile.start", lo=0, example="10"),

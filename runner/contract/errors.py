@@ -14,6 +14,7 @@ OPTIMIZERS = ("sgd", "adamw")
 DDP_COMM = ("fp32", "bf16")
 SCHEDULES = ("constant", "cosine")
 COMPILE_SCOPES = ("model", "blocks")  # tasks/engine/strategy/ddp_compile.py
+VAL_COMPILE = ("auto", "eager", "compiled")  # tasks/engine/val_compile.py
 
 
 STRATEGIES = ("ddp", "zero1", "fsdp")  # tasks/engine/strategy/

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddp_runner.contract import layout
+from ddp_runner.contract import layout, series
 from ddp_runner.contract.rules import flatten
 from ddp_runner.diagnostics import breakdown
 from ddp_runner.rundir.status import status_of
@@ -41,12 +41,13 @@ def scaling_efficiency(rate: float | None, world: int, base_rate: float | None, 
     return (rate / world) / (base_rate / base_world)
 
 
-def loss_at_steps(losses: Sequence[float], log_every: int, total_steps: int) -> list[tuple[int, float]]:
-    """(optimizer step, loss) pairs of a run's logged losses: one every ``log_every`` steps, the last one at
+def loss_at_steps(losses: Sequence[float], log_every: int, total_steps: int,
+                  steps: Sequence[int] | None = None) -> list[tuple[int, float]]:
+    """(optimizer step, loss) pairs of a run's logged losses: at ``steps`` where summary.json names them (a long
+    run's series is downsampled: runner/contract/series.py), else one every ``log_every`` steps, the last one at
     ``total_steps`` (the engine always logs the final step)."""
-    steps = [(i + 1) * log_every for i in range(len(losses))]
-    if steps and total_steps:
-        steps[-1] = min(steps[-1], total_steps)
+    if steps is None or len(steps) != len(losses):
+        steps = series.log_steps(len(losses), log_every, total_steps)
     return list(zip(steps, losses, strict=True))
 
 
@@ -143,6 +144,7 @@ class Run:
     task: str | None
     config: dict[str, Any] = field(default_factory=dict)
     losses: list[float] = field(default_factory=list)
+    loss_steps: list[int] | None = None  # the step of each loss (summary.json's loss_steps; older runs: none)
     log_every: int = 1
     steps: int = 0
     step_time_s: float | None = None
@@ -211,7 +213,7 @@ def load_run(path: Path) -> Run:
         path=path, name=path.name, status=status,
         world=int(plan.get("world_size") or 0), device=str(plan.get("device", "cpu")),
         global_batch=gb, task=manifest.get("task"), config=config,
-        losses=[v for v in (summary.get("losses") or []) if v is not None and math.isfinite(v)],
+        **_losses(summary),
         log_every=int((config.get("train") or {}).get("log_every") or 1), steps=int(summary.get("steps") or 0),
         step_time_s=step_s, data_wait_s=final.get("perf/data_wait_s"), tokens_per_sample=tokens,
         first_step_s=_first_step_seconds(summary), val_loss=summary.get("val_loss"),
@@ -219,6 +221,16 @@ def load_run(path: Path) -> Run:
         failure=failure,
         metrics={k: v for k, v in (summary.get("metrics") or {}).items() if isinstance(v, (int, float))},
     )
+
+
+def _losses(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """A run's finite logged losses and, where summary.json names them, their steps (both with the same points
+    left out)."""
+    values = summary.get("losses") or []
+    steps = summary.get("loss_steps")
+    ok = [i for i, v in enumerate(values) if v is not None and math.isfinite(v)]
+    named = isinstance(steps, list) and len(steps) == len(values)
+    return {"losses": [values[i] for i in ok], "loss_steps": [steps[i] for i in ok] if named else None}
 
 
 def _first_step_seconds(summary: Mapping[str, Any]) -> float | None:
@@ -272,7 +284,8 @@ def _group_rows(group: str, runs: Sequence[Run], target: float | None, price: fl
     out = []
     for r in sorted(runs, key=lambda r: (r.world, r.name)):
         eff = scaling_efficiency(r.rate, r.world, base.rate, base.world) if base and r is not base else None
-        t = time_to_target(loss_at_steps(r.losses, r.log_every, r.steps), target, r.step_time_s, r.first_step_s) \
+        t = time_to_target(loss_at_steps(r.losses, r.log_every, r.steps, r.loss_steps), target, r.step_time_s,
+                           r.first_step_s) \
             if target is not None and r.status == layout.STATUS_COMPLETED else None
         hours = gpu_hours(t, r.world) if r.device == "cuda" else None  # a CPU run has no GPU-hours to price
         out.append({
@@ -421,7 +434,7 @@ def plots(runs: Sequence[Run], table: Sequence[Mapping[str, Any]], out: Path) ->
 
 def _loss_panel(ax: Any, runs: Sequence[Run], timed: bool) -> None:
     for r in runs:
-        pts = loss_at_steps(r.losses, r.log_every, r.steps)
+        pts = loss_at_steps(r.losses, r.log_every, r.steps, r.loss_steps)
         if not pts or (timed and not r.step_time_s):
             continue
         xs = [(r.first_step_s or 0.0) + (s - 1) * r.step_time_s for s, _ in pts] if timed else [s for s, _ in pts]

@@ -6,6 +6,7 @@ import contextlib
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 # Dense peak FLOP/s by device name fragment and compute dtype (vendor datasheets, no sparsity).
 # A device or dtype not listed gets no MFU at all: never a guess.
@@ -44,8 +45,26 @@ def scaling_efficiency(tokens_per_s_1: float, tokens_per_s_n: float, n: int) -> 
     return tokens_per_s_n / (n * tokens_per_s_1)
 
 
+class HostClock:
+    """Window boundaries as host time (``perf_counter``): right where the host's work is the device's (the CPU)."""
+
+    def mark(self) -> float:
+        """A boundary now."""
+        return time.perf_counter()
+
+    def seconds(self, start: Any, end: Any) -> float:
+        """Seconds from boundary ``start`` to boundary ``end``."""
+        return end - start
+
+
 class StepMeter:
     """Times optimizer steps in logging windows and turns a window into the perf scalars.
+
+    A window runs from one boundary to the next, each marked by ``clock`` where the log step's work was queued
+    (:meth:`boundary`): on a GPU a CUDA event in stream order (``timing.DeviceClock``), so the window holds exactly
+    its steps' device work however far ahead or behind the host is when it closes the window. (Closed by host
+    time, a window lost the time the host spent queueing the step after its log step and gained the next window's:
+    harmless in the middle of a run, but the last window has no next step and read up to 36% fast, BENCHMARKS.md.)
 
     Time spent outside training steps (validation, checkpoint saves) is excluded with :meth:`paused`, and
     accounted by kind (:attr:`excluded`). On a GPU the host runs ahead of the device, so a pause first waits for
@@ -55,9 +74,10 @@ class StepMeter:
 
     def __init__(self, samples_per_step: int, world_size: int, tokens_per_sample: int | None,
                  flops_per_sample: float | None, peak: float | None,
-                 sync: Callable[[], None] | None = None) -> None:
+                 sync: Callable[[], None] | None = None, clock: Any = None) -> None:
         self.samples_per_step, self.world_size = samples_per_step, world_size
         self.sync = sync
+        self.clock = clock if clock is not None else HostClock()
         self.excluded: dict[str, float] = {}  # seconds left out of the step times, by kind
         self.tokens_per_sample, self.flops_per_sample, self.peak = tokens_per_sample, flops_per_sample, peak
         self.history: dict[str, list[float]] = {"step_time_s": [], "tokens_per_s": [], "mfu_pct": []}
@@ -65,10 +85,14 @@ class StepMeter:
         # (GPU clocks and power) of the same stretch of training.
         self.span_unix: list[float] = []
         self.first = True
-        self._open()
+        self.steps, self.wait, self.pause_s, self.start = 0, 0.0, 0.0, self.clock.mark()
+        self._pause_at_boundary = 0.0
 
-    def _open(self) -> None:
-        self.steps, self.wait, self.pause_s, self.t0 = 0, 0.0, 0.0, time.perf_counter()
+    def boundary(self) -> Any:
+        """Mark the end of the window at a log step, once that step's work is queued; hand the mark to
+        :meth:`close_window` later. Pauses after this mark belong to the next window."""
+        self._pause_at_boundary = self.pause_s
+        return self.clock.mark()
 
     def add_wait(self, seconds: float) -> None:
         """Count time spent waiting for data."""
@@ -98,16 +122,19 @@ class StepMeter:
             self.pause_s += dt
             self.excluded[kind] = self.excluded.get(kind, 0.0) + dt
 
-    def close_window(self, steps: int | None = None) -> dict[str, float]:
+    def close_window(self, steps: int | None = None, end: Any = None) -> dict[str, float]:
         """Perf scalars of the window since the last call (step time, throughput, MFU), then a new window.
 
-        ``steps``: how many of the steps counted so far the window holds (default: all). The engine closes a
-        window only once the GPU has finished its last step, by which time the host has already queued the
+        ``steps``: how many of the steps counted so far the window holds (default: all); ``end``: the window's
+        boundary from :meth:`boundary` (default: now, and every pause so far is this window's). The engine closes
+        a window only once the GPU has finished its last step, by which time the host has already queued the
         next one; that step is carried into the new window (its data wait, already counted, stays in this one).
         """
         steps = self.steps if steps is None else steps
-        now = time.perf_counter()
-        step_s = (now - self.t0 - self.pause_s) / steps
+        if end is None:
+            end, self._pause_at_boundary = self.clock.mark(), self.pause_s
+        paused = self._pause_at_boundary
+        step_s = (self.clock.seconds(self.start, end) - paused) / steps
         sps = self.samples_per_step / step_s
         out = {"perf/step_time_s": step_s, "perf/data_wait_s": self.wait / steps, "perf/samples_per_s": sps}
         if self.tokens_per_sample:
@@ -126,9 +153,8 @@ class StepMeter:
                 if f"perf/{key}" in out:
                     self.history[key].append(out[f"perf/{key}"])
         self.first = False
-        carried = self.steps - steps
-        self._open()
-        self.steps, self.t0 = carried, now
+        self.steps, self.wait, self.start = self.steps - steps, 0.0, end
+        self.pause_s, self._pause_at_boundary = self.pause_s - paused, 0.0
         return out
 
     def medians(self) -> dict[str, float | None]:

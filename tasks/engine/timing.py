@@ -125,6 +125,23 @@ class PhaseTimer:
         return out
 
 
+class DeviceClock:
+    """Logging-window boundaries as CUDA events on the compute stream (``metrics.StepMeter``'s clock on a GPU): the
+    time between two is the device's, idle gaps included, whatever the host was doing when it read them."""
+
+    def mark(self) -> Any:
+        """A boundary after the work queued so far."""
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def seconds(self, start: Any, end: Any) -> float:
+        """Seconds from ``start`` to ``end`` (waits for ``end``; the engine reads it after the log step's values,
+        queued after it, so it is done)."""
+        end.synchronize()
+        return start.elapsed_time(end) / 1000.0
+
+
 def phase_times(start: Any, marks: Sequence[tuple[str, Any]], elapsed_ms: Any) -> dict[str, float]:
     """``{data_ms, compute_ms, exposed_sync_ms, optimizer_ms, step_ms}`` of one step from its marks: each interval
     counts for the phase its ending mark names; ``step_ms`` is their sum (start to the last mark)."""

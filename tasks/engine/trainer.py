@@ -20,10 +20,10 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from ddp_runner.contract import layout, rules, stops
+from ddp_runner.contract import layout, rules, series, stops
 from ddp_runner.tasks import registry
 from ddp_runner.tasks.api import TaskParts
-from ddp_runner.tasks.engine import compile_cache, metrics, startup, task_metrics, timing, worker_io
+from ddp_runner.tasks.engine import compile_cache, metrics, startup, task_metrics, timing, val_compile, worker_io
 from ddp_runner.tasks.engine import logging as tb
 from ddp_runner.tasks.engine import progress as console_progress
 from ddp_runner.tasks.engine.checkpoint.manager import CheckpointManager
@@ -146,7 +146,7 @@ def _facts(ctx: Context, **extra: Any) -> dict[str, Any]:
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, data: Dataset, ctx: Context, batch: int, precision: str,
              lockstep: bool = False, metrics: dict[str, float] | None = None,
-             names: tuple[str, ...] | None = None) -> float:
+             names: tuple[str, ...] | None = None, compile_mode: str = "compiled") -> float:
     """Mean loss over the whole dataset, each sample counted exactly once across ranks.
 
     ``metrics``: filled with the task's extra metrics (``names``, the same on every rank) over the same samples,
@@ -155,6 +155,7 @@ def evaluate(model: torch.nn.Module, data: Dataset, ctx: Context, batch: int, pr
     DistributedSampler pads uneven splits with duplicates; here rank r takes samples r, r+W, r+2W, … with
     no padding, and the sums and counts are reduced across ranks. ``lockstep``: every forward is a collective
     (a sharded model gathers its parameters), so a rank with fewer batches runs extra forwards that count zero.
+    ``compile_mode``: ``eager`` or ``compiled``, how a compiled model runs here (tasks/engine/val_compile.py).
     """
     was_training = model.training
     model.eval()
@@ -167,9 +168,11 @@ def evaluate(model: torch.nn.Module, data: Dataset, ctx: Context, batch: int, pr
         most = math.ceil(math.ceil(len(data) / ctx.world_size) / batch)  # rank 0's batch count, the largest
         filler = next(iter(DataLoader(data, batch_size=1)))
         batches += [None] * (most - len(batches))
-    for xy in batches:
+    for i, xy in enumerate(batches):
         x, y = xy if xy is not None else filler
-        with _autocast(ctx.device, precision):
+        if compile_mode == "compiled":  # CUDA graphs (reduce-overhead): each batch is a new step of the tree
+            torch.compiler.cudagraph_mark_step_begin()
+        with val_compile.stance(compile_mode, first_batch=i == 0), _autocast(ctx.device, precision):
             loss, extra = task_metrics.split_output(model(x.to(ctx.device), y.to(ctx.device)))
         if xy is None:
             continue
@@ -183,6 +186,13 @@ def evaluate(model: torch.nn.Module, data: Dataset, ctx: Context, batch: int, pr
     if metrics is not None:
         metrics.update(zip(sums.names or (), (totals[2:] / totals[1]).tolist(), strict=True))
     return (totals[0] / totals[1]).item()
+
+
+def window_ends(start_step: int, last_step: int, log_every: int) -> list[int]:
+    """The optimizer step that ends each logging window of a launch that began after ``start_step`` and ended at
+    ``last_step``: every multiple of ``log_every``, and the last step."""
+    ends = list(range((start_step // log_every + 1) * log_every, last_step + 1, log_every))
+    return ends if ends and ends[-1] == last_step else [*ends, last_step]
 
 
 def _autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
@@ -204,6 +214,7 @@ class _Loop:
     logged_step: int
     extras: task_metrics.Sums       # the task's extra metrics since the last log step (tasks/api.py)
     pending: tb.PendingLog | None = None
+    window_end: Any = None              # the pending log step's window boundary (StepMeter.boundary)
     last: dict[str, float] = field(default_factory=dict)
     val_loss: float | None = None
     val_metrics: dict[str, float] = field(default_factory=dict)  # the last validation's extra metrics
@@ -243,6 +254,10 @@ class Trainer:
         self._build_data()
         self.state = TrainState()
         self.total_steps = self._total_steps()
+        # How validation runs the compiled model, and what each validation cost (summary.json "validation").
+        self.validation: dict[str, Any] = {
+            "compile_mode": val_compile.resolve(t.get("val_compile"), t.val_every, self.total_steps),
+            "runs": 0, "seconds": 0.0, "last_s": None, "graphs_compiled": 0}
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
             lambda s: lr_factor(s, self.total_steps, t.schedule, t.warmup_steps, t.min_lr_ratio),
@@ -297,6 +312,8 @@ class Trainer:
         if resumed is not None:
             self.state = resumed
             self.total_steps = self._total_steps()
+            t = self.cfg.train
+            self.validation["compile_mode"] = val_compile.resolve(t.get("val_compile"), t.val_every, self.total_steps)
 
     def checkpoint(self, final: bool = False, loop: _Loop | None = None) -> None:
         """Save a checkpoint of where training stands now (collective: every rank calls it); with ``loop``, the
@@ -427,7 +444,8 @@ class Trainer:
         meter = metrics.StepMeter(self.plan.global_batch, ctx.world_size,
                                   self.parts.tokens_per_sample, self.parts.flops_per_sample,
                                   metrics.peak_flops(ctx.device_name, t.precision),
-                                  sync=torch.cuda.synchronize if ctx.device.type == "cuda" else None)
+                                  sync=torch.cuda.synchronize if ctx.device.type == "cuda" else None,
+                                  clock=timing.DeviceClock() if ctx.device.type == "cuda" else None)
         prof_cfg = t.get("profile") or {}
         profiler = profiling.StepProfiler(
             os.path.join(ctx.local_dir, layout.PROFILE), ctx.rank, self.state.step + int(prof_cfg.get("start", 0)),
@@ -516,6 +534,7 @@ class Trainer:
         """Start gathering this log step's values (and the stop vote) from every rank; :meth:`_finish_log` writes
         them later."""
         heartbeat.phase("log")
+        loop.window_end = loop.meter.boundary()  # after this step's work, in the device's order
         loop.pending = tb.PendingLog.start(
             step, loop.loss_sum / self.accumulation / (step - loop.logged_step), grad_norm, lr, loop.meter.steps,
             self.ctx.world_size, self.telemetry.window() if self.telemetry else None, loop.timer.window(),
@@ -533,7 +552,7 @@ class Trainer:
         loop.stop_agreed = loop.stop_agreed or pending.stop_vote()
         last = {"train/loss": train_loss, **task_metrics.named(loop.extras.names, pending.extra_means(), "train"),
                 "lr": pending.lr, "grad_norm": gnorm,
-                **loop.meter.close_window(pending.window_steps),
+                **loop.meter.close_window(pending.window_steps, end=loop.window_end),
                 "memory/peak_gb": tb.peak_memory_gb(self.ctx.device)}
         self.state.losses.append(train_loss)
         for r, g in gpus.items():
@@ -568,13 +587,20 @@ class Trainer:
         if cap and cap < len(data):  # the same leading samples every time, each counted once
             data = Subset(data, range(cap))
         found: dict[str, float] = {}
-        loss = evaluate(self.model, data, self.ctx, self.per_rank, self.cfg.train.precision,
-                        lockstep=self.strategy.collective_forward, metrics=found, names=self._metric_names(data))
+        v, t0 = self.validation, time.perf_counter()
+        with val_compile.counting(v):  # ends with the loss on the host: the device's work is in the time
+            loss = evaluate(self.model, data, self.ctx, self.per_rank, self.cfg.train.precision,
+                            lockstep=self.strategy.collective_forward, metrics=found, names=self._metric_names(data),
+                            compile_mode=v["compile_mode"])
+        v["last_s"] = time.perf_counter() - t0
+        v["runs"], v["seconds"] = v["runs"] + 1, v["seconds"] + v["last_s"]
         extra = task_metrics.named(tuple(found), list(found.values()), "val")
         if writer is not None:
-            for k, v in {"val/loss": loss, **extra}.items():
-                writer.add_scalar(k, v, step)
-        self._say(f"step {step} val/loss {loss:.4f}" + "".join(f" {k} {v:.4g}" for k, v in extra.items()))
+            for k, val in {"val/loss": loss, **extra, "time/validation_s": v["last_s"]}.items():
+                writer.add_scalar(k, val, step)
+        self._say(f"step {step} val/loss {loss:.4f}" + "".join(f" {k} {val:.4g}" for k, val in extra.items()))
+        self._say(f"validation: {v['last_s']:.2f} s ({v['compile_mode']}; graphs compiled in validations so far:"
+                  f" {v['graphs_compiled']})")
         if progress is not None:  # and on the user's console
             progress.validated(step, loss)
         if metrics is not None:
@@ -589,7 +615,8 @@ class Trainer:
             x, y = next(iter(DataLoader(data, batch_size=1)))
             was_training = self.model.training
             self.model.eval()
-            with torch.no_grad(), _autocast(self.ctx.device, self.cfg.train.precision):
+            with torch.no_grad(), _autocast(self.ctx.device, self.cfg.train.precision), \
+                    val_compile.stance(self.validation["compile_mode"], first_batch=False):  # no batch-1 graph
                 _, extra = task_metrics.split_output(self.model(x.to(self.ctx.device), y.to(self.ctx.device)))
             self.model.train(was_training)
             names = tuple(sorted(extra))
@@ -615,8 +642,7 @@ class Trainer:
             "metrics": {**{k: v for k, v in loop.last.items() if k.startswith("train/") and k != "train/loss"},
                         **loop.val_metrics},
             "median": loop.meter.medians(),
-            "perf_windows": loop.meter.history,  # every logging window's figures but the first (start-up, compile)
-            "perf_span_unix": loop.meter.span_unix,  # when those windows ran: [start, end], Unix seconds
+            **self._series(loop),
             # Each rank's GPU: medians over the logging windows but the first (compilation); empty without NVML.
             "gpus": {str(r): gpu_telemetry.medians(ws[1:] or ws) for r, ws in sorted(self.gpu_windows.items())},
             "time_to_first_step_s": loop.first_step_s,
@@ -624,14 +650,31 @@ class Trainer:
             # Each rank's data, compute, exposed gradient sync and optimizer time per step; slowest and fastest rank.
             "time_breakdown": timing.summarize(self.time_windows, loop.timer.every),
             "compile": self._compile_facts(),
+            # How often validation ran, its seconds (also goodput's "validation") and the graphs it compiled.
+            "validation": dict(self.validation) if self.validation["runs"] else None,
             "resumed_from": self.resumed_from,
             "stopped": self.stopped,
             "stop_vote": self.stop_vote.stats() if self.stop_vote is not None else None,
-            "losses": self.state.losses,
         }
         if loop.writer is not None:
             loop.writer.close()
         return summary
+
+    def _series(self, loop: _Loop) -> dict[str, Any]:
+        """summary.json's series, each at most ``series.MAX_POINTS`` points with the step of each (the full ones are
+        in TensorBoard): ``losses`` (every logged train loss since step 0, a resume's earlier ones included) and
+        ``perf_windows`` (this launch's logging windows but the first: start-up and compilation)."""
+        every, done = self.cfg.train.log_every, self.state.step
+        losses, loss_steps = series.bounded(self.state.losses, series.log_steps(len(self.state.losses), every, done))
+        history = loop.meter.history
+        ends = window_ends(loop.start_step, done, every)[1:]
+        n = len(history["step_time_s"])
+        ends = (ends + [done] * n)[:n]  # as many ends as windows, whatever a stop left open
+        keep = series.kept_indices(history["step_time_s"])
+        windows: dict[str, Any] = {k: [v[i] for i in keep] if len(v) == n else list(v) for k, v in history.items()}
+        windows.update(steps=[ends[i] for i in keep], count=n)
+        return {"perf_windows": windows, "perf_span_unix": loop.meter.span_unix,  # when those windows ran
+                "losses": losses, "loss_steps": loss_steps, "losses_logged": len(self.state.losses)}
 
     def _goodput(self, loop: _Loop) -> dict[str, Any]:
         """Throughput over this launch's whole wall-clock (from the driver's start), the shares of start-up,
