@@ -28,7 +28,7 @@ At most about 8 minutes on a fresh H200 with the default budget (no run starts a
 markdown table and writes every row as JSON (``--out``).
 
 Usage: python bench/levers_bench.py --reference shared/reference/gpt_ddp_reference.py [--out levers.json]
-       [--only 1,2,3,4,5,6] [--budget-s 400] [--steps 32]
+       [--only 1,2,3,4,5,6] [--budget-s 400] [--steps 32] [--add "label=override,override" ...]
 """
 
 from __future__ import annotations
@@ -128,6 +128,8 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="run numbers to run, e.g. 1,2,3,4")
     ap.add_argument("--budget-s", type=float, default=400, help="start no run after this many seconds")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--add", action="append", default=[], metavar="LABEL=OVERRIDE,OVERRIDE",
+                    help="one more ddp-run after the listed ones (numbered on from them): its label and overrides")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="check this script on a CPU: the tiny GPT instead of GPT-2 small, no reference")
     a = ap.parse_args()
@@ -137,7 +139,11 @@ def main() -> None:
                    "train.val_samples=64"]
     if not a.reference and not a.cpu_smoke:
         ap.error("--reference is required: every figure is set beside the reference of the same call")
+    for spec in a.add:
+        label, _, overrides = spec.partition("=")
+        RUNS.append((label, [o for o in overrides.split(",") if o]))
     chosen = {int(x) for x in a.only.split(",")} if a.only else set(range(1, len(RUNS) + 1))
+    chosen |= set(range(len(RUNS) - len(a.add) + 1, len(RUNS) + 1))
     root = tempfile.mkdtemp(prefix="levers-")
     t_start, rows = time.time(), []
     for n, (label, extra) in enumerate(RUNS, start=1):
