@@ -8,8 +8,11 @@ command line, the held-back stderr, the sweep's record, the worst exit code) liv
 from __future__ import annotations
 
 import io
+import math
+import os
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TextIO
@@ -24,6 +27,7 @@ from ddp_runner.contract.errors import PlanError
 
 if TYPE_CHECKING:
     from ddp_runner.config.plan import Plan
+    from ddp_runner.job.sweeping import Sweep
     from ddp_runner.report.sweep import SweepRecord
     from ddp_runner.rundir.run_dir import RunDir
 
@@ -46,6 +50,8 @@ class _Invocation:
     stderr: TextIO | None = None  # the real stderr while Hydra's own is held back
     swept: list[str] = field(default_factory=list)
     sweep: SweepRecord | None = None
+    jobs_of: Sweep | None = None  # how the sweep's jobs run (in turn, concurrently, on Slurm)
+    job: dict[str, Any] | None = None  # this process is one job of a concurrent sweep (runner/job/pool.py)
 
 
 _run = _Invocation()
@@ -58,19 +64,36 @@ def refuse(err: PlanError) -> int:
     return refusal(err).code
 
 
-def _sweep_run_dir(hc: Any) -> Any:
+def _sweep_run_dir(hc: Any, how: Any) -> Any:
     """Where a sweep job's run directory goes: ``<sweep dir>/<job>_<task>_w<ws>_<swept values>``."""
     from ddp_runner.report.sweep import job_dir_name, job_values
     from ddp_runner.rundir.run_dir import create_run_dir
 
     def make(conf: dict[str, Any], plan: Plan, started: datetime) -> RunDir:
-        assert _run.sweep is not None
+        assert _run.sweep is not None and _run.jobs_of is not None
         root, task = conf["output"]["root"], conf["task"]["name"]
         values = job_values(hc.overrides.task, _run.swept)
         name = job_dir_name(hc.job.num, task, plan.world_size, values)
-        return create_run_dir(root, task, plan.world_size, started, parent=_run.sweep.directory(root, started),
-                              name=name)
+        rd = create_run_dir(root, task, plan.world_size, started, parent=_run.sweep.directory(root, started),
+                            name=name)
+        how.sweep = _run.jobs_of.identity(hc.job.num)
+        return rd
 
+    return make
+
+
+def _sweep_job_dir(job: dict[str, Any], how: Any) -> Any:
+    """Where a concurrent sweep's job (a child ddp-run) makes its run directory: in the sweep directory its
+    parent made, named as the parent's in-process jobs are."""
+    from ddp_runner.report.sweep import job_dir_name
+    from ddp_runner.rundir.run_dir import create_run_dir
+
+    def make(conf: dict[str, Any], plan: Plan, started: datetime) -> RunDir:
+        task = conf["task"]["name"]
+        name = job_dir_name(job["num"], task, plan.world_size, job["values"])
+        return create_run_dir(conf["output"]["root"], task, plan.world_size, started, parent=job["dir"], name=name)
+
+    how.sweep = {"id": str(job["dir"]).rstrip("/").rsplit("/", 1)[-1], "dir": job["dir"], "job": job["num"]}
     return make
 
 
@@ -80,32 +103,69 @@ def _how(hc: Any) -> Any:
     from ddp_runner.report.sweep import job_values
 
     multirun = hc.mode == RunMode.MULTIRUN
-    return Invocation(argv=_run.argv, overrides=list(hc.overrides.task), task_preset=hc.runtime.choices.get("task"),
-                      config_name=hc.job.config_name,
-                      config_sources=[s.path for s in hc.runtime.config_sources
-                                      if s.provider not in ("hydra", "schema")],
-                      swept=job_values(hc.overrides.task, _run.swept) if multirun else {},
-                      new_run_dir=_sweep_run_dir(hc) if multirun else None)
+    how = Invocation(argv=_run.argv, overrides=list(hc.overrides.task), task_preset=hc.runtime.choices.get("task"),
+                     config_name=hc.job.config_name,
+                     config_sources=[s.path for s in hc.runtime.config_sources
+                                     if s.provider not in ("hydra", "schema")],
+                     swept=job_values(hc.overrides.task, _run.swept) if multirun else {})
+    if multirun:
+        how.new_run_dir = _sweep_run_dir(hc, how)  # it also tells ``how`` its sweep, once the directory exists
+    elif _run.job is not None:
+        how.swept = dict(_run.job["values"])
+        how.new_run_dir = _sweep_job_dir(_run.job, how)
+    return how
 
 
 @hydra.main(version_base=None, config_path=CONFIG_PATH, config_name="config")
-def _app(cfg: DictConfig) -> None:
+def _app(cfg: DictConfig) -> Any:
+    """One job. Returns its objective to Hydra's sweeper (a sweep's job): a number, NaN for a failed trial, or a
+    pending one for a job still running (concurrent, Slurm)."""
     from ddp_runner.config import overrides
-    from ddp_runner.job.execute import execute
+    from ddp_runner.job import sweeping
+    from ddp_runner.job.execute import execute, refuse
 
     sys.stderr.write(_restore_stderr())  # what Hydra said while composing (warnings), now that it succeeded
     _run.jobs += 1
     hc = HydraConfig.get()
     conf = OmegaConf.to_container(cfg, resolve=True)
     multirun = hc.mode == RunMode.MULTIRUN
-    if _run.sweep is not None and _run.sweep.root is None:
-        _run.sweep.root = str(conf["output"]["root"])
-    outcome = execute(conf, _how(hc), check=lambda c: overrides.check_composed(hc.overrides.task, c))
-    if multirun and _run.sweep is not None and not conf.get("dry_run"):  # a dry run leaves nothing behind
-        _run.sweep.add(hc.job.num, hc.overrides.task, outcome.code, outcome.run_dir, outcome.reason, outcome.refused)
+    sweep = _run.jobs_of if multirun else None
+    num, task_overrides, t0 = hc.job.num if multirun else 0, list(hc.overrides.task), time.time()
+    if sweep is not None:
+        sweep.configure(conf)
+        try:
+            sweeping.check(conf)
+        except PlanError as err:
+            if conf.get("dry_run"):
+                refuse(err)
+                return math.nan
+            return sweep.ended(num, task_overrides, refuse(err), t0)
+        if sweeping.concurrent(conf):
+            return sweep.start(num, task_overrides, conf)
+    how = _how(hc)
+    if sweep is not None and sweeping.queued(conf):
+        how.submitted = []
+    outcome = execute(conf, how, check=lambda c: overrides.check_composed(hc.overrides.task, c))
+    if _run.job is not None:
+        _write_outcome(_run.job["result"], outcome)
+    if sweep is not None and not conf.get("dry_run"):  # a dry run leaves nothing behind
+        if how.submitted is not None:
+            return sweep.submitted(num, task_overrides, outcome, how)
+        return sweep.ended(num, task_overrides, outcome, t0)
     if outcome.code == layout.EXIT_REFUSED and not multirun:
         sys.exit(outcome.code)
     _run.exit = max(_run.exit, outcome.code)
+    return None
+
+
+def _write_outcome(path: str, outcome: Any) -> None:
+    """A concurrent sweep's job tells its parent how it ended (the parent records it in sweep.json)."""
+    import json
+
+    from ddp_runner.contract.osutil import atomic_write
+
+    atomic_write(path, json.dumps({"code": outcome.code, "run_dir": outcome.run_dir, "reason": outcome.reason,
+                                   "refused": outcome.refused}))
 
 
 def _skip_mode_probe() -> None:
@@ -147,12 +207,16 @@ def _hydra_args(args: list[str]) -> tuple[Any, list[str], str]:
     if cli.multirun:
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
+        from ddp_runner.job.sweeping import Sweep
         from ddp_runner.report.sweep import SweepRecord, swept_keys
 
         _run.swept = swept_keys(OverridesParser.create().parse_overrides(cli.overrides))
         # Hydra's own record of the sweep (multirun.yaml) goes to a private folder, then into the sweep directory.
         hydra_dir = tempfile.mkdtemp(prefix="ddp-run-sweep-")
         _run.sweep = SweepRecord(_run.argv, _run.swept, hydra_dir)
+        # A concurrent job is a ddp-run of its own: the same primary config, the job's overrides.
+        given = set(cli.overrides)
+        _run.jobs_of = Sweep(_run.sweep, [a for a in args if a not in given and a not in ("-m", "--multirun")])
         quiet = [o if not o.startswith("hydra.sweep.dir=") else f"hydra.sweep.dir={hydra_dir}" for o in quiet]
     return cli, [*args, *quiet], config_path
 
@@ -163,6 +227,10 @@ def main() -> None:
 
     task_module.register_resolver()
     args = sys.argv[1:]
+    if (job := os.environ.pop(layout.ENV_SWEEP_JOB, None)) is not None:  # one job of a concurrent sweep
+        import json
+
+        _run.job = json.loads(job)
     _run.argv = ["ddp-run", *args]
     if "--version" in args:
         print(f"ddp-run {version()}")
@@ -198,8 +266,12 @@ def main() -> None:
         sys.exit(refuse(err))
     finally:
         _restore_stderr()
+        if _run.jobs_of is not None:
+            _run.jobs_of.finish()  # the jobs still running (concurrent) or queued (Slurm)
         if _run.sweep is not None:
             _run.sweep.write()
+    if _run.jobs_of is not None:
+        _run.exit = max(_run.exit, _run.jobs_of.exit)
     if cli.cfg == "job":  # Hydra printed the composed config; the plan changes some of it
         from ddp_runner.config.cli_help import derived
 
