@@ -8,7 +8,6 @@ command line, the held-back stderr, the sweep's record, the worst exit code) liv
 from __future__ import annotations
 
 import io
-import math
 import os
 import sys
 import tempfile
@@ -118,8 +117,8 @@ def _how(hc: Any) -> Any:
 
 @hydra.main(version_base=None, config_path=CONFIG_PATH, config_name="config")
 def _app(cfg: DictConfig) -> Any:
-    """One job. Returns its objective to Hydra's sweeper (a sweep's job): a number, NaN for a failed trial, or a
-    pending one for a job still running (concurrent, Slurm)."""
+    """One job. Returns its objective to Hydra's sweeper (a sweep's job): a number, a failed trial, or a pending
+    one for a job still running (concurrent, Slurm); see runner/job/objective.py."""
     from ddp_runner.config import overrides
     from ddp_runner.job import sweeping
     from ddp_runner.job.execute import execute, refuse
@@ -136,15 +135,15 @@ def _app(cfg: DictConfig) -> Any:
         try:
             sweeping.check(conf)
         except PlanError as err:
-            if conf.get("dry_run"):
-                refuse(err)
-                return math.nan
-            return sweep.ended(num, task_overrides, refuse(err), t0)
+            outcome = refuse(err)
+            return None if conf.get("dry_run") else sweep.ended(num, task_overrides, outcome, t0)
         if sweeping.concurrent(conf):
             return sweep.start(num, task_overrides, conf)
     how = _how(hc)
     if sweep is not None and sweeping.queued(conf):
         how.submitted = []
+    elif sweep is not None:
+        sweep.unfollowed(conf)
     outcome = execute(conf, how, check=lambda c: overrides.check_composed(hc.overrides.task, c))
     if _run.job is not None:
         _write_outcome(_run.job["result"], outcome)

@@ -10,7 +10,6 @@ before the sweep's record is written.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -18,7 +17,7 @@ from typing import Any
 
 from ddp_runner.contract import layout
 from ddp_runner.contract.errors import PlanError
-from ddp_runner.job.objective import Pending
+from ddp_runner.job.objective import Failed, Pending, returned
 from ddp_runner.job.slots import limit
 from ddp_runner.report.sweep import SweepRecord, job_values
 
@@ -49,10 +48,6 @@ def queued(conf: Mapping[str, Any]) -> bool:
     return launcher.get("name") == "slurm" and bool(launcher.get("wait", True)) and not conf.get("dry_run")
 
 
-def _nan(value: float | None) -> float:
-    return math.nan if value is None else value
-
-
 class Sweep:
     """What one ``ddp-run -m`` carries across its jobs besides its record: the pool, the Slurm follower, and
     each job's overrides and outcome."""
@@ -73,6 +68,14 @@ class Sweep:
             self.record.objective = {"key": str(sweep.get("objective") or "val_loss"),
                                      "direction": str(sweep.get("direction") or "minimize")}
 
+    def unfollowed(self, conf: Mapping[str, Any]) -> None:
+        """A Slurm job this driver does not wait for (``launcher.wait=false``): the sweep's record says how to
+        follow the sweep."""
+        launcher = conf.get("launcher") or {}
+        if launcher.get("name") == "slurm" and not launcher.get("wait", True) and not conf.get("dry_run"):
+            self.record.follow_hint = ("ddp-run: not waiting (launcher.wait=false): the jobs are queued; follow the"
+                                       " sweep with: ddp-runs {sweep}  (sweep.json lists each job's Slurm job id)")
+
     def identity(self, num: int) -> dict[str, Any]:
         """``invocation.sweep`` of job ``num``'s run.json (the sweep directory exists by then)."""
         return {"id": self.record.name, "dir": self.record.sweep_dir, "job": num}
@@ -88,7 +91,15 @@ class Sweep:
         rec = self.record.add(num, overrides, outcome.code, outcome.run_dir, outcome.reason, outcome.refused,
                               placement={"started": started, "ended": time.time()})
         self.exit = max(self.exit, outcome.code)
-        return _nan(rec["objective"])
+        return self._returned(rec)
+
+    def _returned(self, rec: Mapping[str, Any]) -> float | Failed:
+        """A recorded job's objective for Hydra, or why it has none."""
+        key = self.record.objective["key"]
+        why = (f"job {rec['job']}: {rec['reason']}" if rec.get("reason") else f"job {rec['job']} {rec['status']}"
+               if rec["status"] != layout.STATUS_COMPLETED else
+               f"job {rec['job']} completed without a {key} in its summary.json (sweep.objective={key})")
+        return returned(rec["objective"], why)
 
     # -- concurrent jobs -------------------------------------------------------------------------------------------
 
@@ -102,8 +113,7 @@ class Sweep:
         child = self.pool.start(num, job_values(overrides, self.record.swept), child_argv(self.config_flags, overrides),
                                 conf, self.directory())
         if child is None:
-            self.record.add(num, overrides, layout.EXIT_REFUSED, None, NOT_STARTED, False)
-            return math.nan
+            return self._returned(self.record.add(num, overrides, layout.EXIT_REFUSED, None, NOT_STARTED, False))
         return Pending(lambda: self._objective(num, self.pool.wait))
 
     def _child_ended(self, child: Any) -> None:
@@ -143,9 +153,9 @@ class Sweep:
 
     # -- the end ------------------------------------------------------------------------------------------------------
 
-    def _objective(self, num: int, wait: Any) -> float | None:
+    def _objective(self, num: int, wait: Any) -> float | Failed:
         wait(num)
-        return next((j["objective"] for j in self.record.jobs if j["job"] == num), None)
+        return self._returned(next(j for j in self.record.jobs if j["job"] == num))
 
     def finish(self) -> None:
         """Wait for every job still running or queued (concurrent, Slurm)."""

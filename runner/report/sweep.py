@@ -174,10 +174,11 @@ class SweepRecord:
             record.update(status="refused" if refused else "not run", reason=reason)
         else:
             summary = read_json(layout.join(run_dir, layout.SUMMARY))
+            manifest = read_json(layout.join(run_dir, layout.MANIFEST)) or {}
             record["run_dir"] = run_dir
-            record["status"] = ((summary or {}).get("status")
-                                or (read_json(layout.join(run_dir, layout.MANIFEST)) or {}).get("status")
-                                or "failed")
+            record["status"] = (summary or {}).get("status") or manifest.get("status") or "failed"
+            if (manifest.get("slurm") or {}).get("job_id"):
+                record["slurm_job"] = manifest["slurm"]["job_id"]
             record["figures"] = headline(summary)
             if reason:
                 record["reason"] = reason
@@ -214,8 +215,10 @@ class SweepRecord:
                 if self.hydra_dir and record.is_file():
                     fs.put_file(str(record), layout.join(base, name))
             done = sum(r["status"] == "completed" for r in jobs)
-            print(f"ddp-run: sweep: {done} of {len(jobs)} jobs completed; {layout.join(base, SWEEP_MD)}",
-                  flush=True)
+            going = sum(r["status"] in (layout.STATUS_QUEUED, layout.STATUS_RUNNING) for r in jobs)
+            print(f"ddp-run: sweep: {done} of {len(jobs)} jobs completed" + (f", {going} queued or running"
+                                                                            if going else "")
+                  + f"; {layout.join(base, SWEEP_MD)}", flush=True)
             if top is not None:
                 print(f"ddp-run: sweep: {best_line(jobs, objective)}", flush=True)
             if self.follow_hint:
