@@ -13,7 +13,6 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
 import hydra
@@ -25,10 +24,8 @@ from ddp_runner.contract import layout
 from ddp_runner.contract.errors import PlanError
 
 if TYPE_CHECKING:
-    from ddp_runner.config.plan import Plan
     from ddp_runner.job.sweeping import Sweep
     from ddp_runner.report.sweep import SweepRecord
-    from ddp_runner.rundir.run_dir import RunDir
 
 # The configs ship inside the package (conf/ in the checkout, mapped there by an editable install): found from
 # any working directory.
@@ -63,39 +60,6 @@ def refuse(err: PlanError) -> int:
     return refusal(err).code
 
 
-def _sweep_run_dir(hc: Any, how: Any) -> Any:
-    """Where a sweep job's run directory goes: ``<sweep dir>/<job>_<task>_w<ws>_<swept values>``."""
-    from ddp_runner.report.sweep import job_dir_name, job_values
-    from ddp_runner.rundir.run_dir import create_run_dir
-
-    def make(conf: dict[str, Any], plan: Plan, started: datetime) -> RunDir:
-        assert _run.sweep is not None and _run.jobs_of is not None
-        root, task = conf["output"]["root"], conf["task"]["name"]
-        values = job_values(hc.overrides.task, _run.swept)
-        name = job_dir_name(hc.job.num, task, plan.world_size, values)
-        rd = create_run_dir(root, task, plan.world_size, started, parent=_run.sweep.directory(root, started),
-                            name=name)
-        how.sweep = _run.jobs_of.identity(hc.job.num)
-        return rd
-
-    return make
-
-
-def _sweep_job_dir(job: dict[str, Any], how: Any) -> Any:
-    """Where a concurrent sweep's job (a child ddp-run) makes its run directory: in the sweep directory its
-    parent made, named as the parent's in-process jobs are."""
-    from ddp_runner.report.sweep import job_dir_name
-    from ddp_runner.rundir.run_dir import create_run_dir
-
-    def make(conf: dict[str, Any], plan: Plan, started: datetime) -> RunDir:
-        task = conf["task"]["name"]
-        name = job_dir_name(job["num"], task, plan.world_size, job["values"])
-        return create_run_dir(conf["output"]["root"], task, plan.world_size, started, parent=job["dir"], name=name)
-
-    how.sweep = {"id": str(job["dir"]).rstrip("/").rsplit("/", 1)[-1], "dir": job["dir"], "job": job["num"]}
-    return make
-
-
 def _how(hc: Any) -> Any:
     """How this job was asked for, from Hydra's record of it."""
     from ddp_runner.job.execute import Invocation
@@ -107,11 +71,13 @@ def _how(hc: Any) -> Any:
                      config_sources=[s.path for s in hc.runtime.config_sources
                                      if s.provider not in ("hydra", "schema")],
                      swept=job_values(hc.overrides.task, _run.swept) if multirun else {})
-    if multirun:
-        how.new_run_dir = _sweep_run_dir(hc, how)  # it also tells ``how`` its sweep, once the directory exists
+    if multirun and _run.jobs_of is not None:  # the maker also tells ``how`` its sweep, once the directory exists
+        how.new_run_dir = _run.jobs_of.run_dir_maker(hc.job.num, how)
     elif _run.job is not None:
+        from ddp_runner.job.sweeping import child_run_dir_maker
+
         how.swept = dict(_run.job["values"])
-        how.new_run_dir = _sweep_job_dir(_run.job, how)
+        how.new_run_dir = child_run_dir_maker(_run.job, how)
     return how
 
 
@@ -146,7 +112,7 @@ def _app(cfg: DictConfig) -> Any:
         sweep.unfollowed(conf)
     outcome = execute(conf, how, check=lambda c: overrides.check_composed(hc.overrides.task, c))
     if _run.job is not None:
-        _write_outcome(_run.job["result"], outcome)
+        sweeping.write_outcome(_run.job["result"], outcome)
     if sweep is not None and not conf.get("dry_run"):  # a dry run leaves nothing behind
         if how.submitted is not None:
             return sweep.submitted(num, task_overrides, outcome, how)
@@ -155,16 +121,6 @@ def _app(cfg: DictConfig) -> Any:
         sys.exit(outcome.code)
     _run.exit = max(_run.exit, outcome.code)
     return None
-
-
-def _write_outcome(path: str, outcome: Any) -> None:
-    """A concurrent sweep's job tells its parent how it ended (the parent records it in sweep.json)."""
-    import json
-
-    from ddp_runner.contract.osutil import atomic_write
-
-    atomic_write(path, json.dumps({"code": outcome.code, "run_dir": outcome.run_dir, "reason": outcome.reason,
-                                   "refused": outcome.refused}))
 
 
 def _skip_mode_probe() -> None:

@@ -6,52 +6,13 @@ or never ran returns :class:`Failed`: search sweepers record it as a failed tria
 ``TrialState.FAIL``), instead of a crash on ``None``.
 
 A job of a concurrent or a Slurm sweep is still running when Hydra's launcher returns: it returns a
-:class:`Pending` objective, a float whose value is waited for when the sweeper reads it (``float(x)``).
+:class:`Pending` objective, whose value is waited for when the sweeper reads it (``float(x)``). The value itself
+is read from the job's summary.json by :func:`ddp_runner.report.sweep.value_of`.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
-
-DEFAULT = "val_loss"
-# Names that are not keys of summary.json as written: the last train loss, and the median figures.
-_DERIVED = {"final_loss": lambda s: (s.get("losses") or [None])[-1],
-            "tokens_per_s": lambda s: (s.get("median") or {}).get("tokens_per_s"),
-            "step_time_s": lambda s: (s.get("median") or {}).get("step_time_s")}
-
-
-def value_of(summary: Mapping[str, Any] | None, key: str) -> float | None:
-    """The objective ``key`` in a run's summary.json: ``val_loss``, ``final_loss``, ``tokens_per_s``,
-    ``step_time_s``, a task metric's name (``metrics.<name>``, or the bare name), a ``final`` scalar
-    (``perf/step_time_s``), or any dotted path into summary.json. None when the run has no such number."""
-    if not summary:
-        return None
-    found: Any = None
-    if key in _DERIVED:
-        found = _DERIVED[key](summary)
-    else:
-        for where in (summary, summary.get("metrics") or {}, summary.get("final") or {}):
-            if key in where:
-                found = where[key]
-                break
-        else:
-            found = summary
-            for part in key.split("."):
-                found = found.get(part) if isinstance(found, Mapping) else None
-    if isinstance(found, bool) or not isinstance(found, (int, float)) or not math.isfinite(found):
-        return None
-    return float(found)
-
-
-def best(jobs: Sequence[Mapping[str, Any]], direction: str) -> Mapping[str, Any] | None:
-    """The job with the best finite ``objective`` (ties: the earliest), or None."""
-    scored = [j for j in jobs if isinstance(j.get("objective"), (int, float)) and math.isfinite(j["objective"])]
-    if not scored:
-        return None
-    sign = -1.0 if direction == "maximize" else 1.0
-    return min(scored, key=lambda j: (sign * j["objective"], j["job"]))
+from collections.abc import Callable
 
 
 class Failed:

@@ -11,7 +11,7 @@ before the sweep's record is written.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -19,7 +19,7 @@ from ddp_runner.contract import layout
 from ddp_runner.contract.errors import PlanError
 from ddp_runner.job.objective import Failed, Pending, returned
 from ddp_runner.job.slots import limit
-from ddp_runner.report.sweep import SweepRecord, job_values
+from ddp_runner.report.sweep import SweepRecord, job_dir_name, job_values
 
 NOT_STARTED = "the sweep was stopped before this job started"
 JOB_LOGS = "jobs"  # a concurrent sweep's folder of job consoles, in the sweep directory
@@ -79,6 +79,21 @@ class Sweep:
     def identity(self, num: int) -> dict[str, Any]:
         """``invocation.sweep`` of job ``num``'s run.json (the sweep directory exists by then)."""
         return {"id": self.record.name, "dir": self.record.sweep_dir, "job": num}
+
+    def run_dir_maker(self, num: int, how: Any) -> Callable[..., Any]:
+        """Where an in-process job's run directory goes: ``<sweep dir>/<job>_<task>_w<ws>_<swept values>``; once
+        made, ``how`` (the job's Invocation) is told its sweep."""
+        from ddp_runner.rundir.run_dir import create_run_dir
+
+        def make(conf: dict[str, Any], plan: Any, started: datetime) -> Any:
+            root, task = conf["output"]["root"], conf["task"]["name"]
+            name = job_dir_name(num, task, plan.world_size, how.swept)
+            rd = create_run_dir(root, task, plan.world_size, started, parent=self.record.directory(root, started),
+                                name=name)
+            how.sweep = self.identity(num)
+            return rd
+
+        return make
 
     def directory(self) -> str:
         """The sweep directory, made now if need be."""
@@ -182,6 +197,30 @@ class Sweep:
             print(f"ddp-run: warning: the sweep's job logs could not be kept ({exc})", flush=True)
         finally:
             shutil.rmtree(self.pool.private, ignore_errors=True)
+
+
+def child_run_dir_maker(job: Mapping[str, Any], how: Any) -> Callable[..., Any]:
+    """Where a concurrent sweep's job (a child ddp-run, ``job`` its parent's word) makes its run directory: in
+    the sweep directory its parent made, named as in-process jobs are."""
+    from ddp_runner.rundir.run_dir import create_run_dir
+
+    def make(conf: dict[str, Any], plan: Any, started: datetime) -> Any:
+        task = conf["task"]["name"]
+        name = job_dir_name(job["num"], task, plan.world_size, job["values"])
+        return create_run_dir(conf["output"]["root"], task, plan.world_size, started, parent=job["dir"], name=name)
+
+    how.sweep = {"id": str(job["dir"]).rstrip("/").rsplit("/", 1)[-1], "dir": job["dir"], "job": job["num"]}
+    return make
+
+
+def write_outcome(path: str, outcome: Any) -> None:
+    """A concurrent sweep's job tells its parent how it ended (the parent records it in sweep.json)."""
+    import json
+
+    from ddp_runner.contract.osutil import atomic_write
+
+    atomic_write(path, json.dumps({"code": outcome.code, "run_dir": outcome.run_dir, "reason": outcome.reason,
+                                   "refused": outcome.refused}))
 
 
 def _int(value: Any) -> int | None:

@@ -50,6 +50,44 @@ def job_dir_name(num: int, task: str, world_size: int, values: Mapping[str, str]
     return re.sub(r"[^A-Za-z0-9._=+-]", "-", name)[:200]
 
 
+# Names that are not keys of summary.json as written: the last train loss, and the median figures.
+_DERIVED = {"final_loss": lambda s: (s.get("losses") or [None])[-1],
+            "tokens_per_s": lambda s: (s.get("median") or {}).get("tokens_per_s"),
+            "step_time_s": lambda s: (s.get("median") or {}).get("step_time_s")}
+
+
+def value_of(summary: Mapping[str, Any] | None, key: str) -> float | None:
+    """The objective ``key`` in a run's summary.json: ``val_loss``, ``final_loss``, ``tokens_per_s``,
+    ``step_time_s``, a task metric's name (``metrics.<name>``, or the bare name), a ``final`` scalar
+    (``perf/step_time_s``), or any dotted path into summary.json. None when the run has no such number."""
+    if not summary:
+        return None
+    found: Any = None
+    if key in _DERIVED:
+        found = _DERIVED[key](summary)
+    else:
+        for where in (summary, summary.get("metrics") or {}, summary.get("final") or {}):
+            if key in where:
+                found = where[key]
+                break
+        else:
+            found = summary
+            for part in key.split("."):
+                found = found.get(part) if isinstance(found, Mapping) else None
+    if isinstance(found, bool) or not isinstance(found, (int, float)) or not math.isfinite(found):
+        return None
+    return float(found)
+
+
+def best(jobs: Sequence[Mapping[str, Any]], direction: str) -> Mapping[str, Any] | None:
+    """The job with the best finite ``objective`` (ties: the earliest), or None."""
+    scored = [j for j in jobs if isinstance(j.get("objective"), (int, float)) and math.isfinite(j["objective"])]
+    if not scored:
+        return None
+    sign = -1.0 if direction == "maximize" else 1.0
+    return min(scored, key=lambda j: (sign * j["objective"], j["job"]))
+
+
 def headline(summary: Mapping[str, Any] | None) -> dict[str, Any]:
     """A job's headline figures from its summary.json."""
     if not summary:
@@ -98,8 +136,6 @@ def _objective_text(value: Any, status: str) -> str:
 
 def best_line(jobs: Sequence[Mapping[str, Any]], objective: Mapping[str, Any]) -> str:
     """``Best: job 3 (lr=0.01), val_loss 0.1234 (minimize).`` or why there is none."""
-    from ddp_runner.job.objective import best
-
     top = best(jobs, str(objective.get("direction", "minimize")))
     if top is None:
         return f"Best: none (no job has a {objective.get('key')} to compare)."
@@ -165,8 +201,6 @@ class SweepRecord:
             refused: bool, placement: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Remember how job ``num`` ended (refused, not run, or its run directory's status and figures), and
         its objective; a job recorded before (submitted, not yet followed) is replaced. Returns the record."""
-        from ddp_runner.job.objective import value_of
-
         record: dict[str, Any] = {"job": num, "values": job_values(overrides, self.swept),
                                   "overrides": list(overrides), "exit_code": code}
         summary = None
@@ -201,8 +235,6 @@ class SweepRecord:
             root = str(self.root or "outputs")
             base = self.directory(root, datetime.now())
             fs, _ = fsspec.core.url_to_fs(root)
-            from ddp_runner.job.objective import best
-
             jobs = sorted(self.jobs, key=lambda j: j["job"])
             top = best(jobs, self.objective["direction"])
             objective = {**self.objective, "best": top["job"] if top else None}
