@@ -102,8 +102,8 @@ class Slots:
 def limit(parallel: object) -> int | None:
     """How many jobs may run at once by ``sweep.parallel``: ``auto`` as many as the devices hold (None), a number
     at most that many, ``false`` one (the jobs run one after another, in this process)."""
-    if parallel in (None, False, "false", 0, 1):
-        return 1
-    if parallel in (True, "auto", "true"):
+    if parallel is True or parallel in ("auto", "true"):
         return None
+    if parallel is None or parallel is False or parallel == "false":
+        return 1
     return max(1, int(parallel))  # type: ignore[call-overload]
