@@ -113,7 +113,9 @@ def _app(cfg: DictConfig) -> Any:
     outcome = execute(conf, how, check=lambda c: overrides.check_composed(hc.overrides.task, c))
     if _run.job is not None:
         sweeping.write_outcome(_run.job["result"], outcome)
-    if sweep is not None and not conf.get("dry_run"):  # a dry run leaves nothing behind
+    if sweep is not None and conf.get("dry_run"):  # a dry run leaves nothing behind; a search only plans its trials
+        return 0.0
+    if sweep is not None:
         if how.submitted is not None:
             return sweep.submitted(num, task_overrides, outcome, how)
         return sweep.ended(num, task_overrides, outcome, t0)
