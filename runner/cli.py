@@ -102,6 +102,7 @@ def _app(cfg: DictConfig) -> Any:
             sweeping.check(conf)
         except PlanError as err:
             outcome = refuse(err)
+            sweep.exit = max(sweep.exit, outcome.code)
             return None if conf.get("dry_run") else sweep.ended(num, task_overrides, outcome, t0)
         if sweeping.concurrent(conf):
             return sweep.start(num, task_overrides, conf)
