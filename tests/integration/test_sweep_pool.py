@@ -103,12 +103,12 @@ def test_a_stop_reaches_every_running_job_once_and_later_jobs_do_not_start(tmp_p
     assert "stopping 2 running jobs: each saves a checkpoint" in out.getvalue()
 
 
-def test_the_view_draws_every_running_job_on_a_terminal(tmp_path: Path) -> None:
+def test_the_view_draws_every_running_job_on_a_terminal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TERM", "xterm")
     term = Terminal()
     view = View(term)
     pool = Pool("auto", on_end=lambda c: None, cores=[0, 1], view=view)
     conf = {"device": "cpu", "world_size": 1, "launcher": {"nnodes": 1}, "sweep": {}}
-    os.environ.setdefault("TERM", "xterm")
     child = pool.start(0, {"train.lr": "0.1"}, _argv(1.0), conf, str(tmp_path))
     time.sleep(0.5)
     pool.poll()
