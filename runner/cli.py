@@ -151,6 +151,8 @@ def _hydra_args(args: list[str]) -> tuple[Any, list[str], str]:
     from ddp_runner.config import overrides, task_module
 
     cli = overrides.parse(args)
+    # A concurrent sweep's job is a ddp-run of its own: these options as typed (it redoes what follows), its overrides.
+    options = [a for a in args if a not in set(cli.overrides) and a not in ("-m", "--multirun")]
     config_path = CONFIG_PATH
     if cli.config_dir is not None:
         args, config_path = overrides.user_dir_first(args, cli.config_dir, cli.config_name, CONFIG_PATH)
@@ -172,9 +174,7 @@ def _hydra_args(args: list[str]) -> tuple[Any, list[str], str]:
         # Hydra's own record of the sweep (multirun.yaml) goes to a private folder, then into the sweep directory.
         hydra_dir = tempfile.mkdtemp(prefix="ddp-run-sweep-")
         _run.sweep = SweepRecord(_run.argv, _run.swept, hydra_dir)
-        # A concurrent job is a ddp-run of its own: the same primary config, the job's overrides.
-        given = set(cli.overrides)
-        _run.jobs_of = Sweep(_run.sweep, [a for a in args if a not in given and a not in ("-m", "--multirun")])
+        _run.jobs_of = Sweep(_run.sweep, options)
         quiet = [o if not o.startswith("hydra.sweep.dir=") else f"hydra.sweep.dir={hydra_dir}" for o in quiet]
     return cli, [*args, *quiet], config_path
 

@@ -91,6 +91,7 @@ def test_a_sweep_submits_separate_jobs(slurm, out_root):
     assert len(runs) == 2
     ids = {load_json(run / layout.SLURM_JOB)["job_id"] for run in runs}
     assert len(ids) == 2, "one Slurm job per sweep job"
+    assert f"follow the sweep with: ddp-runs {runs[0].parent}" in r.stdout, r.stdout
     for run in runs:
         wait_for(f"{run.name} to complete", lambda run=run: _json(run / "summary.json").get("status") == "completed")
     sweep = load_json(runs[0].parent / "sweep.json")

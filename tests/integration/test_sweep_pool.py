@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import signal
 import sys
 import time
@@ -126,3 +127,18 @@ def test_a_concurrent_sweep_on_several_hosts_is_refused_naming_the_key(tmp_path:
     assert r.returncode == 2, r.stdout + r.stderr
     assert "refused: sweep.parallel='auto'" in r.stderr and "launcher=multinode" in r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_concurrent_job_gets_the_options_as_typed_and_its_own_overrides(tmp_path: Path, monkeypatch) -> None:
+    """``--config-dir`` is rewritten for Hydra (the user's folder first); a job's own ddp-run gets it as typed and
+    redoes that itself."""
+    from ddp_runner import cli
+
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "config.yaml").write_text("defaults:\n  - _self_\n")
+    monkeypatch.setattr(cli, "_run", cli._Invocation())
+    args = ["-m", "-cd", str(tmp_path / "conf"), "seed=1,2", "sweep.parallel=auto"]
+    _, hydra_args, config_path = cli._hydra_args(args)
+    assert config_path != cli.CONFIG_PATH and "-cd" not in hydra_args, "Hydra gets the rewritten form"
+    assert cli._run.jobs_of is not None and cli._run.jobs_of.config_flags == ["-cd", str(tmp_path / "conf")]
+    shutil.rmtree(cli._run.sweep.hydra_dir, ignore_errors=True)
