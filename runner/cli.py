@@ -115,6 +115,7 @@ def _app(cfg: DictConfig) -> Any:
     if _run.job is not None:
         sweeping.write_outcome(_run.job["result"], outcome)
     if sweep is not None and conf.get("dry_run"):  # a dry run leaves nothing behind; a search only plans its trials
+        sweep.exit = max(sweep.exit, outcome.code)
         return 0.0
     if sweep is not None:
         if how.submitted is not None:

@@ -142,3 +142,11 @@ def test_a_concurrent_job_gets_the_options_as_typed_and_its_own_overrides(tmp_pa
     assert config_path != cli.CONFIG_PATH and "-cd" not in hydra_args, "Hydra gets the rewritten form"
     assert cli._run.jobs_of is not None and cli._run.jobs_of.config_flags == ["-cd", str(tmp_path / "conf")]
     shutil.rmtree(cli._run.sweep.hydra_dir, ignore_errors=True)
+
+
+def test_a_dry_run_sweep_with_a_refused_job_still_exits_2(tmp_path: Path, monkeypatch) -> None:
+    r = cli_in_process(["-m", "task=smoke", "device=cpu", "world_size=1", "train.lr=0.1,-1", "sweep.parallel=auto",
+                        "dry_run=true"], tmp_path / "out", monkeypatch)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stdout.count("dry run, nothing launched") == 1 and "refused: train.lr=-1" in r.stderr
+    assert not (tmp_path / "out").exists()
