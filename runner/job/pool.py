@@ -216,6 +216,12 @@ class Pool:
                 signal.signal(s, h)
             self._old = {}
 
+    def close(self) -> None:
+        """Remove the pool's private files (job outcomes, consoles, logs): after the logs were kept."""
+        import shutil
+
+        shutil.rmtree(self.private, ignore_errors=True)
+
     # -- stopping -------------------------------------------------------------------------------------------------
 
     def _handle_signals(self) -> None:

@@ -183,8 +183,6 @@ class Sweep:
 
     def _keep_logs(self) -> None:
         """Each concurrent job's console (its ddp-run's output) into ``<sweep dir>/jobs/job-<N>.log``."""
-        import shutil
-
         import fsspec
 
         try:
@@ -196,7 +194,7 @@ class Sweep:
         except OSError as exc:
             print(f"ddp-run: warning: the sweep's job logs could not be kept ({exc})", flush=True)
         finally:
-            shutil.rmtree(self.pool.private, ignore_errors=True)
+            self.pool.close()
 
 
 def child_run_dir_maker(job: Mapping[str, Any], how: Any) -> Callable[..., Any]:

@@ -42,6 +42,22 @@ with open(job["result"], "w") as f:
 GPUS = [Gpu(i, "fake", f"GPU-{i}{i}{i}") for i in range(4)]
 
 
+@pytest.fixture(autouse=True)
+def _no_leftovers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every pool of these tests removes its private folder at the end (as a sweep does)."""
+    made: list[Pool] = []
+    real = Pool.__init__
+
+    def init(self: Pool, *args, **kwargs) -> None:
+        real(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(Pool, "__init__", init)
+    yield
+    for pool in made:
+        pool.close()
+
+
 class Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True
