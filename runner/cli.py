@@ -8,10 +8,11 @@ command line, the held-back stderr, the sweep's record, the worst exit code) liv
 from __future__ import annotations
 
 import io
+import os
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
 import hydra
@@ -23,9 +24,8 @@ from ddp_runner.contract import layout
 from ddp_runner.contract.errors import PlanError
 
 if TYPE_CHECKING:
-    from ddp_runner.config.plan import Plan
+    from ddp_runner.job.sweeping import Sweep
     from ddp_runner.report.sweep import SweepRecord
-    from ddp_runner.rundir.run_dir import RunDir
 
 # The configs ship inside the package (conf/ in the checkout, mapped there by an editable install): found from
 # any working directory.
@@ -46,6 +46,8 @@ class _Invocation:
     stderr: TextIO | None = None  # the real stderr while Hydra's own is held back
     swept: list[str] = field(default_factory=list)
     sweep: SweepRecord | None = None
+    jobs_of: Sweep | None = None  # how the sweep's jobs run (in turn, concurrently, on Slurm)
+    job: dict[str, Any] | None = None  # this process is one job of a concurrent sweep (runner/job/pool.py)
 
 
 _run = _Invocation()
@@ -58,54 +60,71 @@ def refuse(err: PlanError) -> int:
     return refusal(err).code
 
 
-def _sweep_run_dir(hc: Any) -> Any:
-    """Where a sweep job's run directory goes: ``<sweep dir>/<job>_<task>_w<ws>_<swept values>``."""
-    from ddp_runner.report.sweep import job_dir_name, job_values
-    from ddp_runner.rundir.run_dir import create_run_dir
-
-    def make(conf: dict[str, Any], plan: Plan, started: datetime) -> RunDir:
-        assert _run.sweep is not None
-        root, task = conf["output"]["root"], conf["task"]["name"]
-        values = job_values(hc.overrides.task, _run.swept)
-        name = job_dir_name(hc.job.num, task, plan.world_size, values)
-        return create_run_dir(root, task, plan.world_size, started, parent=_run.sweep.directory(root, started),
-                              name=name)
-
-    return make
-
-
 def _how(hc: Any) -> Any:
     """How this job was asked for, from Hydra's record of it."""
     from ddp_runner.job.execute import Invocation
     from ddp_runner.report.sweep import job_values
 
     multirun = hc.mode == RunMode.MULTIRUN
-    return Invocation(argv=_run.argv, overrides=list(hc.overrides.task), task_preset=hc.runtime.choices.get("task"),
-                      config_name=hc.job.config_name,
-                      config_sources=[s.path for s in hc.runtime.config_sources
-                                      if s.provider not in ("hydra", "schema")],
-                      swept=job_values(hc.overrides.task, _run.swept) if multirun else {},
-                      new_run_dir=_sweep_run_dir(hc) if multirun else None)
+    how = Invocation(argv=_run.argv, overrides=list(hc.overrides.task), task_preset=hc.runtime.choices.get("task"),
+                     config_name=hc.job.config_name,
+                     config_sources=[s.path for s in hc.runtime.config_sources
+                                     if s.provider not in ("hydra", "schema")],
+                     swept=job_values(hc.overrides.task, _run.swept) if multirun else {})
+    if multirun and _run.jobs_of is not None:  # the maker also tells ``how`` its sweep, once the directory exists
+        how.new_run_dir = _run.jobs_of.run_dir_maker(hc.job.num, how)
+    elif _run.job is not None:
+        from ddp_runner.job.sweeping import child_run_dir_maker
+
+        how.swept = dict(_run.job["values"])
+        how.new_run_dir = child_run_dir_maker(_run.job, how)
+    return how
 
 
 @hydra.main(version_base=None, config_path=CONFIG_PATH, config_name="config")
-def _app(cfg: DictConfig) -> None:
+def _app(cfg: DictConfig) -> Any:
+    """One job. Returns its objective to Hydra's sweeper (a sweep's job): a number, a failed trial, or a pending
+    one for a job still running (concurrent, Slurm); see runner/job/objective.py."""
     from ddp_runner.config import overrides
-    from ddp_runner.job.execute import execute
+    from ddp_runner.job import sweeping
+    from ddp_runner.job.execute import execute, refuse
 
     sys.stderr.write(_restore_stderr())  # what Hydra said while composing (warnings), now that it succeeded
     _run.jobs += 1
     hc = HydraConfig.get()
     conf = OmegaConf.to_container(cfg, resolve=True)
     multirun = hc.mode == RunMode.MULTIRUN
-    if _run.sweep is not None and _run.sweep.root is None:
-        _run.sweep.root = str(conf["output"]["root"])
-    outcome = execute(conf, _how(hc), check=lambda c: overrides.check_composed(hc.overrides.task, c))
-    if multirun and _run.sweep is not None and not conf.get("dry_run"):  # a dry run leaves nothing behind
-        _run.sweep.add(hc.job.num, hc.overrides.task, outcome.code, outcome.run_dir, outcome.reason, outcome.refused)
+    sweep = _run.jobs_of if multirun else None
+    num, task_overrides, t0 = hc.job.num if multirun else 0, list(hc.overrides.task), time.time()
+    if sweep is not None:
+        sweep.configure(conf)
+        try:
+            sweeping.check(conf)
+        except PlanError as err:
+            outcome = refuse(err)
+            sweep.exit = max(sweep.exit, outcome.code)
+            return None if conf.get("dry_run") else sweep.ended(num, task_overrides, outcome, t0)
+        if sweeping.concurrent(conf):
+            return sweep.start(num, task_overrides, conf)
+    how = _how(hc)
+    if sweep is not None and sweeping.queued(conf):
+        how.submitted = []
+    elif sweep is not None:
+        sweep.unfollowed(conf)
+    outcome = execute(conf, how, check=lambda c: overrides.check_composed(hc.overrides.task, c))
+    if _run.job is not None:
+        sweeping.write_outcome(_run.job["result"], outcome)
+    if sweep is not None and conf.get("dry_run"):  # a dry run leaves nothing behind; a search only plans its trials
+        sweep.exit = max(sweep.exit, outcome.code)
+        return 0.0
+    if sweep is not None:
+        if how.submitted is not None:
+            return sweep.submitted(num, task_overrides, outcome, how)
+        return sweep.ended(num, task_overrides, outcome, t0)
     if outcome.code == layout.EXIT_REFUSED and not multirun:
         sys.exit(outcome.code)
     _run.exit = max(_run.exit, outcome.code)
+    return None
 
 
 def _skip_mode_probe() -> None:
@@ -133,6 +152,8 @@ def _hydra_args(args: list[str]) -> tuple[Any, list[str], str]:
     from ddp_runner.config import overrides, task_module
 
     cli = overrides.parse(args)
+    # A concurrent sweep's job is a ddp-run of its own: these options as typed (it redoes what follows), its overrides.
+    options = [a for a in args if a not in set(cli.overrides) and a not in ("-m", "--multirun")]
     config_path = CONFIG_PATH
     if cli.config_dir is not None:
         args, config_path = overrides.user_dir_first(args, cli.config_dir, cli.config_name, CONFIG_PATH)
@@ -147,12 +168,14 @@ def _hydra_args(args: list[str]) -> tuple[Any, list[str], str]:
     if cli.multirun:
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
+        from ddp_runner.job.sweeping import Sweep
         from ddp_runner.report.sweep import SweepRecord, swept_keys
 
         _run.swept = swept_keys(OverridesParser.create().parse_overrides(cli.overrides))
         # Hydra's own record of the sweep (multirun.yaml) goes to a private folder, then into the sweep directory.
         hydra_dir = tempfile.mkdtemp(prefix="ddp-run-sweep-")
         _run.sweep = SweepRecord(_run.argv, _run.swept, hydra_dir)
+        _run.jobs_of = Sweep(_run.sweep, options)
         quiet = [o if not o.startswith("hydra.sweep.dir=") else f"hydra.sweep.dir={hydra_dir}" for o in quiet]
     return cli, [*args, *quiet], config_path
 
@@ -163,6 +186,10 @@ def main() -> None:
 
     task_module.register_resolver()
     args = sys.argv[1:]
+    if (job := os.environ.pop(layout.ENV_SWEEP_JOB, None)) is not None:  # one job of a concurrent sweep
+        import json
+
+        _run.job = json.loads(job)
     _run.argv = ["ddp-run", *args]
     if "--version" in args:
         print(f"ddp-run {version()}")
@@ -198,8 +225,12 @@ def main() -> None:
         sys.exit(refuse(err))
     finally:
         _restore_stderr()
+        if _run.jobs_of is not None:
+            _run.jobs_of.finish()  # the jobs still running (concurrent) or queued (Slurm)
         if _run.sweep is not None:
             _run.sweep.write()
+    if _run.jobs_of is not None:
+        _run.exit = max(_run.exit, _run.jobs_of.exit)
     if cli.cfg == "job":  # Hydra printed the composed config; the plan changes some of it
         from ddp_runner.config.cli_help import derived
 

@@ -61,6 +61,12 @@ KEY_DOCS: dict[str, str] = {
     "dry_run": "print the plan and the launch command, launch nothing",
     "timeout_s": "collective timeout in seconds: a hung rank fails the run instead of hanging",
     "launcher.max_restarts": "torchrun --max-restarts: restarted workers resume from the newest checkpoint",
+    "sweep.parallel": "ddp-run -m: false runs the jobs in turn; auto packs them side by side onto disjoint GPUs "
+                      "(world_size each) or CPU cores; N: at most N at once",
+    "sweep.cores_per_rank": "a concurrent CPU job's cores per rank (its OMP_NUM_THREADS)",
+    "sweep.objective": "what each sweep job returns to Hydra's sweeper: val_loss, final_loss, tokens_per_s, "
+                       "step_time_s, a task metric or a summary.json path; NaN (a failed trial) when it has none",
+    "sweep.direction": "which way sweep.objective is better (set a search sweeper's own direction to match)",
     "data.num_samples": "synthetic: samples in the dataset",
     "data.seed": "synthetic: seed of the generated samples",
     "data.path": "text: the corpus (raw text or a uint16 .bin), any fsspec URL; null: built from Python's own sources",

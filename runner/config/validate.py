@@ -27,6 +27,7 @@ from ddp_runner.contract.errors import (
     PRECISIONS,
     SCHEDULES,
     STRATEGIES,
+    SWEEP_DIRECTIONS,
     VAL_COMPILE,
     PlanError,
 )
@@ -93,6 +94,10 @@ ENGINE_RULES: tuple[Rule, ...] = (
     flag("dry_run"),
     number("timeout_s", lo=0, lo_open=True, example="600"),
     integer("launcher.max_restarts", lo=0, example="0"),
+    integer("sweep.parallel", lo=1, also=("auto", False), example="auto"),
+    integer("sweep.cores_per_rank", lo=1, example="2"),
+    text("sweep.objective", example="val_loss"),
+    choice("sweep.direction", SWEEP_DIRECTIONS),
 )
 
 # The data group's own keys, by ``data.name`` (file checks and data.format/val_fraction: runner/data/prep.py).

@@ -12,6 +12,7 @@ BACKENDS = ("auto", "nccl", "gloo")
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("sgd", "adamw")
 DDP_COMM = ("fp32", "bf16")
+SWEEP_DIRECTIONS = ("minimize", "maximize")  # sweep.direction: which way a sweep's objective is better
 SCHEDULES = ("constant", "cosine")
 COMPILE_SCOPES = ("model", "blocks")  # tasks/engine/strategy/ddp_compile.py
 VAL_COMPILE = ("auto", "eager", "compiled")  # tasks/engine/val_compile.py

@@ -95,6 +95,11 @@ ENV_HEARTBEAT_S = "DDP_RUNNER_HEARTBEAT_S"
 # file's path; unset, rank 0 writes plain lines to its stdout.
 CONSOLE_RECORDS = f"{LOGS}/console.jsonl"
 ENV_CONSOLE_RECORDS = "DDP_RUNNER_CONSOLE_RECORDS"
+# A job of a concurrent sweep (runner/job/pool.py), a ddp-run of its own: what its parent tells it (JSON: job
+# number, swept values, sweep directory, where to write its outcome), and where its rank 0 writes console
+# records for the sweep's view.
+ENV_SWEEP_JOB = "DDP_RUNNER_SWEEP_JOB"
+ENV_SWEEP_CONSOLE = "DDP_RUNNER_SWEEP_CONSOLE"
 
 # Every environment built for workers keeps NVLink multicast off (it can take shared GPUs out of service).
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}

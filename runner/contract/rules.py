@@ -62,8 +62,9 @@ class Rule:
             if not isinstance(value, (list, tuple)) or (self.length is not None and len(value) != self.length):
                 return f"must be a list of {self.length} numbers"
             return next((p for v in value if (p := self._number_problem(v, whole=False))), None)
-        if self.kind == "int" and value in self.choices and not isinstance(value, bool):
-            return None
+        if self.kind == "int" and any(value is c if isinstance(c, bool) or isinstance(value, bool) else value == c
+                                      for c in self.choices):
+            return None  # a listed literal (``auto``); a bool only where that very bool is listed (``false``)
         return self._number_problem(value, whole=self.kind == "int")
 
     def _number_problem(self, value: Any, whole: bool) -> str | None:

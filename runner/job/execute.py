@@ -47,6 +47,12 @@ class Invocation:
     swept: dict[str, str] = field(default_factory=dict)
     new_run_dir: Callable[[dict[str, Any], Plan, datetime], rundir.RunDir] | None = None
     paths_given: dict[str, str] = field(default_factory=dict)  # data paths as typed, before made absolute
+    # The sweep this job belongs to: {"id": the sweep directory's name, "dir": its URL, "job": the job number}
+    # (None: not a sweep's job). Recorded in run.json (``invocation.sweep``), e.g. for a tracker's parent run.
+    sweep: dict[str, Any] | None = None
+    # A sweep's queued jobs (Slurm): each submitted job's (run dir, job id) is added here, and followed by the
+    # sweep with the others (None: the launcher follows the job itself).
+    submitted: list[Any] | None = None
 
     def record(self, task_dir: str | None) -> dict[str, Any]:
         """``invocation`` in run.json."""
@@ -54,7 +60,7 @@ class Invocation:
                 "paths_given": self.paths_given,
                 "config_name": self.config_name, "config_sources": self.config_sources, "task_dir": task_dir,
                 # This job's value of each key the sweep varies (TensorBoard's HPARAMS table shows them).
-                "swept": self.swept}
+                "swept": self.swept, "sweep": self.sweep}
 
 
 @dataclass
@@ -237,7 +243,8 @@ def execute(composed: dict[str, Any], how: Invocation,
         os.umask(0o077)
     _say_where_it_starts(conf, rd, how)
     make = how.new_run_dir or new_run_dir
-    job = Job(conf, plan, t0, task_dir, rd=rd, new_run_dir=lambda: make(conf, plan, started))
+    job = Job(conf, plan, t0, task_dir, rd=rd, new_run_dir=lambda: make(conf, plan, started),
+              submitted=how.submitted)
     return _launch(job, launcher, how, started, mem, probe)
 
 

@@ -30,6 +30,9 @@ class Job:
     rd: RunDir | None = None
     new_run_dir: Callable[[], RunDir] | None = None
     staged: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # A sweep's job under a launcher that queues (Slurm): submitted as (run dir, job id) into this list, not
+    # followed; the sweep follows all its jobs together (runner/launch/slurm_sweep.py). None: follow it here.
+    submitted: list[tuple[RunDir, str]] | None = None
 
     @property
     def launcher(self) -> Mapping[str, Any]:

@@ -55,6 +55,9 @@ def lease_tick(held: Any) -> Callable[[], None]:
 def live_bar(rd: RunDir, conf: Mapping[str, Any], plan: Plan, env: dict[str, str]) -> Live | None:
     """The live bar when the driver's stdout is a terminal (its path added to ``env`` for rank 0), else None."""
     env.pop(layout.ENV_CONSOLE_RECORDS, None)  # never inherited from the user's environment
+    if plan.nnodes == 1 and (view := os.environ.get(layout.ENV_SWEEP_CONSOLE)):
+        env[layout.ENV_CONSOLE_RECORDS] = view  # a job of a concurrent sweep: the sweep's view draws it
+        return None
     # One host only: on several, rank 0 may be another node's (torchrun assigns group ranks as nodes join), and
     # that node's rank 0 writes plain lines on its own console.
     if plan.nnodes != 1 or not live_wanted(sys.stdout):

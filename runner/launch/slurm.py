@@ -198,7 +198,7 @@ def follow(rd: RunDir, job_id: str) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    manifest = _await_final(rd, state or "unknown")
+    manifest = await_final(rd, state or "unknown")
     tail.pump()
     status = manifest.get("status")
     if status == layout.STATUS_COMPLETED:
@@ -208,7 +208,7 @@ def follow(rd: RunDir, job_id: str) -> int:
     return 1
 
 
-def _await_final(rd: RunDir, state: str) -> dict[str, Any]:
+def await_final(rd: RunDir, state: str) -> dict[str, Any]:
     """run.json once the job's driver has finalised it; a job that ended without doing so (cancelled while
     queued, killed) is recorded as such, so that the run directory tells the truth."""
     deadline = time.monotonic() + FINALIZE_GRACE_S
@@ -346,8 +346,16 @@ class Slurm(BaseLauncher):
         return command(plan, launcher, run_url)
 
     def launch(self, job: Job, rd: RunDir, manifest: dict[str, Any]) -> int:
-        """Submit, then follow; a refusal by sbatch leaves no run directory behind."""
+        """Submit, then follow; a refusal by sbatch leaves no run directory behind. A job of a sweep that waits
+        (``job.submitted`` is its list) is only submitted: the sweep follows all its jobs together."""
         try:
+            if job.submitted is not None and job.launcher.get("wait", True):
+                job_id = submit(rd, manifest, job.launcher, job.conf["task"]["name"],
+                                stops.of(job.conf.get("checkpoint"))[0])
+                print(f"ddp-run: submitted Slurm job {job_id}; script {layout.join(rd.url, layout.SLURM_SCRIPT)}",
+                      flush=True)
+                job.submitted.append((rd, job_id))
+                return 0
             return submit_and_follow(rd, manifest, job.launcher, job.conf["task"]["name"],
                                      stops.of(job.conf.get("checkpoint"))[0])
         except PlanError:

@@ -388,6 +388,21 @@ def markdown(table: Sequence[Mapping[str, Any]], warns: Sequence[str], price: fl
     return "\n".join(out) + "\n"
 
 
+def sweep_trials(paths: Sequence[str]) -> str:
+    """For each sweep directory among ``paths`` whose sweep.json records objectives: its trials and the best."""
+    from ddp_runner.report.sweep import SWEEP_JSON, trials_markdown
+
+    out = []
+    for p in map(Path, paths):
+        try:
+            record = json.loads((p / SWEEP_JSON).read_text())
+        except (OSError, ValueError):
+            continue
+        if record.get("objective"):
+            out.append(f"\n{trials_markdown(record)}")
+    return "".join(out)
+
+
 def plots(runs: Sequence[Run], table: Sequence[Mapping[str, Any]], out: Path) -> list[Path]:
     """throughput.png (against world size, with the ideal line; one panel per group), loss_vs_step.png and
     loss_vs_time.png (one panel per group: losses of different tasks share no axis)."""
@@ -487,7 +502,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     warns = warnings(runs)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    report = markdown(table, warns, args.price)
+    report = markdown(table, warns, args.price) + sweep_trials(args.paths)
     (out / "report.md").write_text(report)
     write_csv(table, out / "report.csv")
     files = plots(runs, table, out)

@@ -7,6 +7,7 @@ Written by the driver at the end of ``ddp-run -m …`` into the sweep directory 
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import sys
@@ -20,6 +21,8 @@ from ddp_runner.contract import layout
 SWEEP_JSON = "sweep.json"
 SWEEP_MD = "sweep.md"
 HYDRA_RECORD = "multirun.yaml"
+# What a search sweeper leaves in Hydra's sweep folder (Optuna: the best parameters and value), kept beside it.
+SWEEPER_RECORDS = (HYDRA_RECORD, "optimization_results.yaml")
 
 
 def swept_keys(overrides: Sequence[Any]) -> list[str]:
@@ -47,6 +50,44 @@ def job_dir_name(num: int, task: str, world_size: int, values: Mapping[str, str]
     return re.sub(r"[^A-Za-z0-9._=+-]", "-", name)[:200]
 
 
+# Names that are not keys of summary.json as written: the last train loss, and the median figures.
+_DERIVED = {"final_loss": lambda s: (s.get("losses") or [None])[-1],
+            "tokens_per_s": lambda s: (s.get("median") or {}).get("tokens_per_s"),
+            "step_time_s": lambda s: (s.get("median") or {}).get("step_time_s")}
+
+
+def value_of(summary: Mapping[str, Any] | None, key: str) -> float | None:
+    """The objective ``key`` in a run's summary.json: ``val_loss``, ``final_loss``, ``tokens_per_s``,
+    ``step_time_s``, a task metric's name (``metrics.<name>``, or the bare name), a ``final`` scalar
+    (``perf/step_time_s``), or any dotted path into summary.json. None when the run has no such number."""
+    if not summary:
+        return None
+    found: Any = None
+    if key in _DERIVED:
+        found = _DERIVED[key](summary)
+    else:
+        for where in (summary, summary.get("metrics") or {}, summary.get("final") or {}):
+            if key in where:
+                found = where[key]
+                break
+        else:
+            found = summary
+            for part in key.split("."):
+                found = found.get(part) if isinstance(found, Mapping) else None
+    if isinstance(found, bool) or not isinstance(found, (int, float)) or not math.isfinite(found):
+        return None
+    return float(found)
+
+
+def best(jobs: Sequence[Mapping[str, Any]], direction: str) -> Mapping[str, Any] | None:
+    """The job with the best finite ``objective`` (ties: the earliest), or None."""
+    scored = [j for j in jobs if isinstance(j.get("objective"), (int, float)) and math.isfinite(j["objective"])]
+    if not scored:
+        return None
+    sign = -1.0 if direction == "maximize" else 1.0
+    return min(scored, key=lambda j: (sign * j["objective"], j["job"]))
+
+
 def headline(summary: Mapping[str, Any] | None) -> dict[str, Any]:
     """A job's headline figures from its summary.json."""
     if not summary:
@@ -60,9 +101,12 @@ def headline(summary: Mapping[str, Any] | None) -> dict[str, Any]:
             "global_batch": summary.get("global_batch"), "steps": summary.get("steps")}
 
 
-def markdown(jobs: Sequence[Mapping[str, Any]], keys: Sequence[str], command: Sequence[str]) -> str:
-    """sweep.md: one line per job with its swept values, status and headline figures."""
-    head = ["job", *keys, "status", "global batch", "throughput", "final loss", "run directory / reason"]
+def markdown(jobs: Sequence[Mapping[str, Any]], keys: Sequence[str], command: Sequence[str],
+             objective: Mapping[str, Any] | None = None) -> str:
+    """sweep.md: one line per job with its swept values, status, headline figures and objective."""
+    name = (objective or {}).get("key")
+    head = ["job", *keys, "status", "global batch", "throughput", "final loss", *([f"objective ({name})"] if name
+                                                                                  else []), "run directory / reason"]
     lines = [f"# Sweep: `{' '.join(command)}`", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for j in jobs:
@@ -72,12 +116,45 @@ def markdown(jobs: Sequence[Mapping[str, Any]], keys: Sequence[str], command: Se
             str(h.get("global_batch") or "—"),
             _throughput(h),
             f"{h['final_loss']:.4f}" if h.get("final_loss") is not None else "—",
+            *([_objective_text(j.get("objective"), j["status"])] if name else []),
             str(j.get("run_dir") or j.get("reason") or "")]) + " |")
     failed = [j for j in jobs if j["status"] != "completed"]
     lines += ["", f"{len(jobs) - len(failed)} of {len(jobs)} jobs completed."
-              + (f" Not completed: {', '.join(str(j['job']) for j in failed)}." if failed else ""),
-              "Compare them with: ddp-compare <this directory>"]
+              + (f" Not completed: {', '.join(str(j['job']) for j in failed)}." if failed else "")]
+    if name:
+        lines.append(best_line(jobs, objective or {}))
+    lines.append("Compare them with: ddp-compare <this directory>")
     return "\n".join(lines) + "\n"
+
+
+def _objective_text(value: Any, status: str) -> str:
+    """The objective, or why there is none (a job that did not complete is a failed trial to a sweeper)."""
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return f"{value:.6g}"
+    return "— (failed trial)" if status != layout.STATUS_COMPLETED else "— (not in summary.json: failed trial)"
+
+
+def best_line(jobs: Sequence[Mapping[str, Any]], objective: Mapping[str, Any]) -> str:
+    """``Best: job 3 (lr=0.01), val_loss 0.1234 (minimize).`` or why there is none."""
+    top = best(jobs, str(objective.get("direction", "minimize")))
+    if top is None:
+        return f"Best: none (no job has a {objective.get('key')} to compare)."
+    values = " ".join(f"{k}={v}" for k, v in (top.get("values") or {}).items())
+    return (f"Best: job {top['job']}" + (f" ({values})" if values else "")
+            + f", {objective.get('key')} {top['objective']:.6g} ({objective.get('direction', 'minimize')}).")
+
+
+def trials_markdown(record: Mapping[str, Any]) -> str:
+    """The trials of a recorded sweep (its sweep.json) and the best one, for ``ddp-compare``."""
+    objective = record.get("objective") or {}
+    jobs = record.get("jobs") or []
+    key = objective.get("key", "objective")
+    lines = [f"## Trials: {key} ({objective.get('direction', 'minimize')})", "",
+             "| job | values | status | " + key + " |", "|---|---|---|---|"]
+    for j in jobs:
+        values = " ".join(f"{k}={v}" for k, v in (j.get("values") or {}).items()) or "—"
+        lines.append(f"| {j['job']} | {values} | {j['status']} | {_objective_text(j.get('objective'), j['status'])} |")
+    return "\n".join([*lines, "", best_line(jobs, objective)]) + "\n"
 
 
 def _throughput(figures: Mapping[str, Any]) -> str:
@@ -100,6 +177,15 @@ class SweepRecord:
         self.jobs: list[dict[str, Any]] = []
         self.sweep_dir: str | None = None
         self.root: str | None = None
+        # What each job returns to Hydra (sweep.objective, sweep.direction), from the first job's config.
+        self.objective: dict[str, Any] = {"key": "val_loss", "direction": "minimize"}
+        self.follow_hint: str | None = None  # how to follow jobs this driver did not wait for
+
+    @property
+    def name(self) -> str | None:
+        """The sweep's id: its directory's name (``2026-12-01/20-30-00_sweep``'s last part), once it exists.
+        Every job's run.json records it (``invocation.sweep``): a tracker groups the sweep's runs by it."""
+        return self.sweep_dir.rstrip("/").rsplit("/", 1)[-1] if self.sweep_dir else None
 
     def directory(self, root: str, now: datetime) -> str:
         """The sweep directory under ``root``, made on first use."""
@@ -112,20 +198,30 @@ class SweepRecord:
         return self.sweep_dir
 
     def add(self, num: int, overrides: Sequence[str], code: int, run_dir: str | None, reason: str | None,
-            refused: bool) -> None:
-        """Remember how job ``num`` ended (refused, not run, or its run directory's status and figures)."""
+            refused: bool, placement: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Remember how job ``num`` ended (refused, not run, or its run directory's status and figures), and
+        its objective; a job recorded before (submitted, not yet followed) is replaced. Returns the record."""
         record: dict[str, Any] = {"job": num, "values": job_values(overrides, self.swept),
                                   "overrides": list(overrides), "exit_code": code}
+        summary = None
         if run_dir is None:
             record.update(status="refused" if refused else "not run", reason=reason)
         else:
-            summary = _read_json(layout.join(run_dir, layout.SUMMARY))
+            summary = read_json(layout.join(run_dir, layout.SUMMARY))
+            manifest = read_json(layout.join(run_dir, layout.MANIFEST)) or {}
             record["run_dir"] = run_dir
-            record["status"] = ((summary or {}).get("status")
-                                or (_read_json(layout.join(run_dir, layout.MANIFEST)) or {}).get("status")
-                                or "failed")
+            record["status"] = (summary or {}).get("status") or manifest.get("status") or "failed"
+            if (manifest.get("slurm") or {}).get("job_id"):
+                record["slurm_job"] = manifest["slurm"]["job_id"]
             record["figures"] = headline(summary)
-        self.jobs.append(record)
+            if reason:
+                record["reason"] = reason
+        # A search sweeper gets NaN (a failed trial) for a job that did not complete.
+        done = record["status"] == layout.STATUS_COMPLETED
+        record["objective"] = value_of(summary, self.objective["key"]) if done else None
+        record.update(placement or {})
+        self.jobs = [j for j in self.jobs if j["job"] != num] + [record]
+        return record
 
     def write(self) -> None:
         """sweep.json, sweep.md and Hydra's multirun.yaml into the sweep directory; a failure only warns."""
@@ -139,15 +235,26 @@ class SweepRecord:
             root = str(self.root or "outputs")
             base = self.directory(root, datetime.now())
             fs, _ = fsspec.core.url_to_fs(root)
+            jobs = sorted(self.jobs, key=lambda j: j["job"])
+            top = best(jobs, self.objective["direction"])
+            objective = {**self.objective, "best": top["job"] if top else None}
             fs.pipe_file(layout.join(base, SWEEP_JSON), json.dumps(
-                {"command": self.argv, "swept": self.swept, "jobs": self.jobs}, indent=2, default=str).encode())
-            fs.pipe_file(layout.join(base, SWEEP_MD), markdown(self.jobs, self.swept, self.argv).encode())
-            record = Path(self.hydra_dir or "", HYDRA_RECORD)
-            if self.hydra_dir and record.is_file():
-                fs.put_file(str(record), layout.join(base, HYDRA_RECORD))
-            done = sum(r["status"] == "completed" for r in self.jobs)
-            print(f"ddp-run: sweep: {done} of {len(self.jobs)} jobs completed; {layout.join(base, SWEEP_MD)}",
-                  flush=True)
+                {"command": self.argv, "swept": self.swept, "objective": objective, "jobs": jobs},
+                indent=2, default=str).encode())
+            fs.pipe_file(layout.join(base, SWEEP_MD), markdown(jobs, self.swept, self.argv, objective).encode())
+            for name in SWEEPER_RECORDS:
+                record = Path(self.hydra_dir or "", name)
+                if self.hydra_dir and record.is_file():
+                    fs.put_file(str(record), layout.join(base, name))
+            done = sum(r["status"] == "completed" for r in jobs)
+            going = sum(r["status"] in (layout.STATUS_QUEUED, layout.STATUS_RUNNING) for r in jobs)
+            print(f"ddp-run: sweep: {done} of {len(jobs)} jobs completed" + (f", {going} queued or running"
+                                                                            if going else "")
+                  + f"; {layout.join(base, SWEEP_MD)}", flush=True)
+            if top is not None:
+                print(f"ddp-run: sweep: {best_line(jobs, objective)}", flush=True)
+            if self.follow_hint:
+                print(self.follow_hint.format(sweep=base), flush=True)
         except (OSError, PlanError) as exc:
             print(f"ddp-run: warning: the sweep record could not be written ({exc})", file=sys.stderr, flush=True)
         finally:
@@ -155,7 +262,7 @@ class SweepRecord:
                 shutil.rmtree(self.hydra_dir, ignore_errors=True)
 
 
-def _read_json(url: str) -> Any:
+def read_json(url: str) -> Any:
     """A JSON file of the run tree, None when it is absent or unreadable."""
     import fsspec
 

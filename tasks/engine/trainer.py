@@ -127,6 +127,9 @@ def _facts(ctx: Context, **extra: Any) -> dict[str, Any]:
         "node": _node(),
         "device": _device_label(ctx), "device_name": ctx.device_name,
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        # Where this job's ranks met and ran (a concurrent sweep's jobs each have their own; sweep.json shows them).
+        "master_port": os.environ.get("MASTER_PORT"),
+        "cpu_affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "torch": torch.__version__, "backend": dist.get_backend() if dist.is_initialized() else None,
         "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
         # The world this rank ran in, and when it said so: the driver tells this launch's files from an earlier

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -90,10 +91,33 @@ def test_a_sweep_submits_separate_jobs(slurm, out_root):
     assert len(runs) == 2
     ids = {load_json(run / layout.SLURM_JOB)["job_id"] for run in runs}
     assert len(ids) == 2, "one Slurm job per sweep job"
+    assert f"follow the sweep with: ddp-runs {runs[0].parent}" in r.stdout, r.stdout
     for run in runs:
         wait_for(f"{run.name} to complete", lambda run=run: _json(run / "summary.json").get("status") == "completed")
     sweep = load_json(runs[0].parent / "sweep.json")
     assert len(sweep["jobs"]) == 2 and {j["status"] for j in sweep["jobs"]} <= {"queued", "running", "completed"}
+
+
+def test_a_six_job_sweep_is_submitted_at_once_then_followed_together(slurm, out_root):
+    # Six jobs submitted before any is followed (the cluster runs four at once), one more refused by the plan.
+    port = random.randint(30000, 60000)  # job ids start at 1 on every test cluster: one machine, several clusters
+    r = ddp_run(["-m", "task=smoke", "device=cpu", "world_size=1", "launcher=slurm", "launcher.nodes=1",
+                 f"launcher.rdzv_port={port}", "timeout_s=60", "train.max_steps=1", "checkpoint.final=false",
+                 "seed=1,2,3,4,5,6,-1"], out_root, env=slurm, timeout=600)
+    assert r.returncode == 2, r.stdout + r.stderr  # the worst job's exit code: the refused one's
+    [sweep] = list(out_root.glob("*/*_sweep"))
+    jobs = load_json(sweep / "sweep.json")["jobs"]
+    assert [j["status"] for j in jobs] == ["completed"] * 6 + ["refused"], jobs
+    assert jobs[6]["reason"].startswith("refused: seed=-1") and "slurm_job" not in jobs[6]
+    submitted = jobs[:6]
+    assert len({j["slurm_job"] for j in submitted}) == 6, "one Slurm job per sweep job"
+    ends = [datetime.fromisoformat(load_json(Path(j["run_dir"]) / "run.json")["ended"]).timestamp()
+            for j in submitted]
+    assert max(j["submitted"] for j in submitted) < min(ends), "every job submitted before the first one ended"
+    assert all(j["submitted"] < j["ended"] for j in submitted)
+    out = r.stdout
+    assert out.rindex("submitted Slurm job") < out.index("ddp-run: sweep: job "), "followed only after submitting"
+    assert "ddp-run: sweep: 6 of 7 jobs completed" in out
 
 
 def test_scancel_mid_run_ends_every_rank_and_leaves_a_truthful_run_dir(slurm, out_root):
