@@ -157,7 +157,7 @@ def root_cause(evidence: Mapping[str, Any]) -> dict[str, Any] | None:
 def headline(cause: Mapping[str, Any]) -> str:
     """The console's one line naming the rank and the cause: ``earliest error on rank 1 [hang]: …``."""
     who = f"rank {cause['rank']}" if cause.get("rank") is not None else "the launcher"
-    return f"earliest error on {who} [{cause['class']}]: {cause['type']}: {cause['message']}"
+    return f"earliest error on {who} [{cause.get('class')}]: {cause.get('type')}: {cause.get('message')}"
 
 
 def consequence_lines(cause: Mapping[str, Any], most: int = 8) -> list[str]:

@@ -28,6 +28,7 @@ from ddp_runner.diagnostics.doctor import cheap_report
 from ddp_runner.job.planning import memory, plan_job
 from ddp_runner.launch import registry
 from ddp_runner.launch.base import Job
+from ddp_runner.rundir import records
 from ddp_runner.rundir import resume as resume_checks
 from ddp_runner.rundir import run_dir as rundir
 from ddp_runner.rundir.lease import take_or_refuse
@@ -111,8 +112,12 @@ def _continued_run(resume: str, dry_run: bool, overrides: list[str]) -> tuple[di
     """``resume=<run dir>``: that run's own config, and the directory, its lease taken (held until this driver
     exits). Workers take the run's own newest checkpoint first and fall back to where the run started from."""
     rd = rundir.open_run_dir(resume)
-    with rd.fs.open(layout.join(rd.path, layout.CONFIG)) as f:
-        conf = OmegaConf.to_container(OmegaConf.create(f.read().decode()), resolve=True)
+    try:  # a damaged record is a refusal that names the file, never a traceback
+        conf = records.read_config(rd.fs, rd.path)
+        previous = records.read_manifest(rd.fs, rd.path)
+        records.read_summary(rd.fs, rd.path)
+    except records.DamagedFile as damaged:
+        raise damaged.refusal() from None
     conf["dry_run"] = dry_run
     if without_fault(conf):  # a rehearsal fault strikes once, not again in the continued run
         print("ddp-run: note: the run's fault.* is not repeated when it is continued", file=sys.stderr)
@@ -121,7 +126,6 @@ def _continued_run(resume: str, dry_run: bool, overrides: list[str]) -> tuple[di
     if ignored:
         print(f"ddp-run: warning: continuing {rd.url} with its own config.yaml; ignored: {' '.join(ignored)}",
               file=sys.stderr, flush=True)
-    previous = rd.read_json(layout.MANIFEST)
     resume_checks.check_no_live_driver(rd.url, previous)
     max_steps = _int_or_refuse("train.max_steps", keys["train.max_steps"]) if "train.max_steps" in keys else None
     resume_checks.check_continuable(rd.url, previous, conf, max_steps)  # before the lease: a refusal changes nothing
@@ -134,7 +138,7 @@ def _continued_run(resume: str, dry_run: bool, overrides: list[str]) -> tuple[di
 
 def _planned(conf: dict[str, Any], rd: rundir.RunDir | None) -> tuple[Plan, str | None, Any, dict | None]:
     """Plan the job (PlanError on refusal): its plan, task directory, probe and memory plan."""
-    recorded = rd.read_json(layout.MANIFEST).get("invocation", {}).get("task_dir") if rd is not None else None
+    recorded = (rd.read_json(layout.MANIFEST).get("invocation") or {}).get("task_dir") if rd is not None else None
     plan, task_dir, probe = plan_job(conf, [recorded] if recorded else [])
     resume = str(conf.get("resume", "auto"))
     try:
@@ -218,7 +222,15 @@ def execute(composed: dict[str, Any], how: Invocation,
             how.paths_given = absolute_paths(conf)
             if check is not None:
                 check(conf)
-        plan, task_dir, probe, mem = _planned(conf, rd)
+        try:
+            plan, task_dir, probe, mem = _planned(conf, rd)
+        except (KeyError, TypeError, AttributeError) as exc:
+            if rd is None:
+                raise
+            # A continued run plans its own config.yaml: a value of the wrong kind in it is damage, named as such.
+            path = layout.join(rd.url, layout.CONFIG)
+            raise records.DamagedFile(path, f"holds a value the plan cannot use ({type(exc).__name__}: {exc})",
+                                      records.fix_for(layout.CONFIG, rd.url)).refusal() from None
     except PlanError as err:
         if rd is not None and rd.lease is not None:  # refused after taking the lease: give it back now
             rd.lease.release()

@@ -158,9 +158,9 @@ def describe(url: str, now: float | None = None) -> str:
     ckpt = newest_checkpoint(fs, path)
     lines.append(("checkpoint", f"{ckpt} (newest complete)" if ckpt else "none complete"))
     cause = summary.get("root_cause") if isinstance(summary, dict) else None
-    if cause:
+    if isinstance(cause, dict) and cause:
         lines.append(("root cause", f"{rootcause.headline(cause)} (where: {cause.get('where')})"))
-    elif manifest.get("finalize_error"):
+    elif isinstance(manifest.get("finalize_error"), dict):
         fe = manifest["finalize_error"]
         lines.append(("root cause", f"the driver failed while finalising ({fe.get('while')}): {fe.get('error')}"))
     if row.status in CONTINUABLE:

@@ -13,7 +13,7 @@ from fsspec.implementations.local import LocalFileSystem
 from ddp_runner.config.plan import Plan
 from ddp_runner.contract import checkpoints, layout
 from ddp_runner.contract.errors import PlanError
-from ddp_runner.rundir import status
+from ddp_runner.rundir import records, status
 
 FIX = "use resume=auto, resume=last, resume=restart, a run directory or a checkpoints/step_<N> path"
 
@@ -65,9 +65,10 @@ def check_resume_source(resume: str, plan: Plan) -> None:
                                 + "; ".join(problems), fix)
         else:
             raise PlanError("resume", resume, "holds no complete checkpoint (no step_<N>/meta.json)", fix)
-        manifest = layout.join(run, layout.MANIFEST)
-        theirs = json.loads(fs.cat_file(manifest)).get("plan", {}) if fs.exists(manifest) else {}
+        theirs = records.read_manifest(fs, run)["plan"] if fs.exists(layout.join(run, layout.MANIFEST)) else {}
         ws, global_batch = theirs.get("world_size"), theirs.get("global_batch")
+    except records.DamagedFile as damaged:
+        raise damaged.refusal() from None
     except PlanError:
         raise
     except (OSError, ValueError, ImportError) as exc:
@@ -145,9 +146,11 @@ def latest_unfinished(root: str) -> str:
 def check_continuable(run_url: str, manifest: dict[str, Any], conf: dict[str, Any], max_steps: int | None) -> None:
     """Refuse to continue a completed run (unless ``max_steps`` raises its train.max_steps above the steps it
     ran: then it continues from its final checkpoint), or a run with no checkpoint to continue from."""
-    summary_url = layout.join(run_url, layout.SUMMARY)
-    fs, path = fsspec.core.url_to_fs(summary_url)
-    done = json.loads(fs.cat_file(path)).get("steps") if fs.exists(path) else None
+    fs, path = fsspec.core.url_to_fs(run_url)
+    try:
+        done = (records.read_summary(fs, path.rstrip("/")) or {}).get("steps")
+    except records.DamagedFile as damaged:
+        raise damaged.refusal() from None
     if manifest.get("status") == layout.STATUS_COMPLETED:
         if max_steps is None or not isinstance(done, int) or max_steps <= done:
             more = 2 * done if isinstance(done, int) and done else "<more steps>"
