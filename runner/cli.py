@@ -19,7 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from ddp_runner.contract import layout
+from ddp_runner.contract import layout, secrets
 from ddp_runner.contract.errors import PlanError
 
 if TYPE_CHECKING:
@@ -92,6 +92,7 @@ def _how(hc: Any) -> Any:
 def _app(cfg: DictConfig) -> None:
     from ddp_runner.config import overrides
     from ddp_runner.job.execute import execute
+    from ddp_runner.rundir.records import env_interpolations
 
     sys.stderr.write(_restore_stderr())  # what Hydra said while composing (warnings), now that it succeeded
     _run.jobs += 1
@@ -100,7 +101,9 @@ def _app(cfg: DictConfig) -> None:
     multirun = hc.mode == RunMode.MULTIRUN
     if _run.sweep is not None and _run.sweep.root is None:
         _run.sweep.root = str(conf["output"]["root"])
-    outcome = execute(conf, _how(hc), check=lambda c: overrides.check_composed(hc.overrides.task, c))
+    how = _how(hc)
+    how.env_raw = env_interpolations(OmegaConf.to_container(cfg, resolve=False))  # secrets: never on disk
+    outcome = execute(conf, how, check=lambda c: overrides.check_composed(hc.overrides.task, c))
     if multirun and _run.sweep is not None and not conf.get("dry_run"):  # a dry run leaves nothing behind
         _run.sweep.add(hc.job.num, hc.overrides.task, outcome.code, outcome.run_dir, outcome.reason, outcome.refused)
     if outcome.code == layout.EXIT_REFUSED and not multirun:
@@ -159,7 +162,7 @@ def _hydra_args(args: list[str]) -> tuple[Any, list[str], str]:
 
 def main() -> None:
     """Console entry point of ``ddp-run``."""
-    from ddp_runner.config import overrides, task_module
+    from ddp_runner.config import task_module
 
     task_module.register_resolver()
     args = sys.argv[1:]
@@ -175,6 +178,19 @@ def main() -> None:
     from ddp_runner.config.cli_help import info_args
 
     args = info_args(args)
+    # Nothing printed (a traceback included) shows a secret of the config: URL credentials, values from oc.env.
+    real_out, real_err = sys.stdout, sys.stderr
+    sys.stdout = secrets.MaskedStream(sys.stdout, lambda: secrets.KNOWN)
+    sys.stderr = secrets.MaskedStream(sys.stderr, lambda: secrets.KNOWN)
+    try:
+        _main(args)
+    finally:
+        sys.stdout, sys.stderr = real_out, real_err
+
+
+def _main(args: list[str]) -> None:
+    from ddp_runner.config import overrides
+
     try:
         cli, hydra_args, config_path = _hydra_args(args)
     except PlanError as err:

@@ -7,6 +7,7 @@ launches and supervises → exit code.
 
 from __future__ import annotations
 
+import copy
 import os
 import shlex
 import sys
@@ -21,7 +22,7 @@ from omegaconf import OmegaConf
 from ddp_runner.config import memory_plan
 from ddp_runner.config.diagnostic_keys import without_fault
 from ddp_runner.config.plan import Plan
-from ddp_runner.contract import layout
+from ddp_runner.contract import layout, secrets
 from ddp_runner.contract.errors import PlanError
 from ddp_runner.data import prep as data_prep
 from ddp_runner.diagnostics.doctor import cheap_report
@@ -48,6 +49,8 @@ class Invocation:
     swept: dict[str, str] = field(default_factory=dict)
     new_run_dir: Callable[[dict[str, Any], Plan, datetime], rundir.RunDir] | None = None
     paths_given: dict[str, str] = field(default_factory=dict)  # data paths as typed, before made absolute
+    env_raw: dict[str, str] = field(default_factory=dict)  # keys set by ${oc.env:…}: their text, never their value
+    masks: list[str] = field(default_factory=list)  # the secret strings nothing written or printed may hold
 
     def record(self, task_dir: str | None) -> dict[str, Any]:
         """``invocation`` in run.json."""
@@ -73,11 +76,12 @@ class Outcome:
 
 
 def refuse(err: PlanError) -> Outcome:
-    """Print a refusal the user can act on; the refused outcome."""
-    print(f"ddp-run: refused: {err.key}={err.value!r}: {err.problem}.\n"
-          f"  key:   {err.key}\n  value: {err.value!r}\n  fix:   {err.fix}\n"
-          "Nothing was started and no run directory was created.", file=sys.stderr)
-    return Outcome(layout.EXIT_REFUSED, reason=f"refused: {err.key}={err.value!r}: {err.problem}")
+    """Print a refusal the user can act on (its secrets masked); the refused outcome."""
+    print(secrets.redact(f"ddp-run: refused: {err.key}={err.value!r}: {err.problem}.\n"
+                         f"  key:   {err.key}\n  value: {err.value!r}\n  fix:   {err.fix}\n"
+                         "Nothing was started and no run directory was created.", secrets.KNOWN), file=sys.stderr)
+    return Outcome(layout.EXIT_REFUSED,
+                   reason=secrets.redact(f"refused: {err.key}={err.value!r}: {err.problem}", secrets.KNOWN))
 
 
 def absolute_paths(conf: dict[str, Any]) -> dict[str, str]:
@@ -93,6 +97,50 @@ def absolute_paths(conf: dict[str, Any]) -> dict[str, str]:
     return given
 
 
+def yaml_container(text: str) -> Any:
+    """config.yaml's text as a plain container, interpolations left as text."""
+    return OmegaConf.to_container(OmegaConf.create(text), resolve=False)
+
+
+def on_disk(conf: dict[str, Any], env_raw: dict[str, str]) -> dict[str, Any]:
+    """The config as config.yaml records it: a value from the environment as its ``${oc.env:…}`` text (resolved
+    again when the run is continued), URL credentials masked. The workers get the real values from the
+    environment (:data:`secrets.ENV_SECRETS`)."""
+    written = copy.deepcopy(conf)
+    for key, value in secrets.secret_keys(conf, env_raw).items():
+        secrets.set_key(written, key, env_raw.get(key) or secrets.redact_urls(value))
+    return written
+
+
+def _keep_secrets(conf: dict[str, Any], how: Invocation) -> None:
+    """Note the config's secrets: masked in everything written or printed from here on (the driver's tracebacks
+    too), handed to the workers through their environment."""
+    real = secrets.secret_keys(conf, how.env_raw)
+    how.masks = secrets.secret_values(conf, how.env_raw)
+    secrets.KNOWN.update(how.masks)
+    if real:
+        os.environ[secrets.ENV_SECRETS] = secrets.encode(real)
+    else:
+        os.environ.pop(secrets.ENV_SECRETS, None)
+
+
+def _restore_redacted(conf: dict[str, Any], run_url: str, overrides: list[str]) -> None:
+    """A continued run's config.yaml holds URL credentials masked: the command line gives them again (the same
+    URL), or the continuation is refused before launch."""
+    given = {o.split("=", 1)[0].lstrip("+~"): o.split("=", 1)[1] for o in overrides if "=" in o}
+    for key, value in records.flat(conf).items():
+        if not secrets.is_redacted(value):
+            continue
+        if key in given and secrets.redact_urls(given[key]) == value:
+            secrets.set_key(conf, key, given[key])
+            continue
+        raise PlanError(key, value, f"{run_url}'s config.yaml holds its credentials masked (never written to disk),"
+                        " so the workers cannot use it as recorded",
+                        f"give it again on the command line: ddp-run resume={run_url} {key}=<the URL with its"
+                        " credentials>, or set the password through the environment: "
+                        f"{key}=…:${{oc.env:MY_PASSWORD}}@…")
+
+
 def new_run_dir(conf: dict[str, Any], plan: Plan, started: datetime) -> rundir.RunDir:
     """A single run's directory: ``<root>/<date>/<time>_<task>_w<ws>``."""
     return rundir.create_run_dir(conf["output"]["root"], conf["task"]["name"], plan.world_size, started)
@@ -100,6 +148,7 @@ def new_run_dir(conf: dict[str, Any], plan: Plan, started: datetime) -> rundir.R
 
 # What a continued run takes from the command line; everything else is its own config.yaml.
 CONTINUE_KEYS = ("resume", "output.root", "dry_run", "train.max_steps")
+# ... and a key whose recorded value has its credentials masked, given again with them (see _restore_redacted).
 
 
 def _int_or_refuse(key: str, value: str) -> int:
@@ -108,12 +157,15 @@ def _int_or_refuse(key: str, value: str) -> int:
     return int(value)
 
 
-def _continued_run(resume: str, dry_run: bool, overrides: list[str]) -> tuple[dict[str, Any], rundir.RunDir]:
-    """``resume=<run dir>``: that run's own config, and the directory, its lease taken (held until this driver
-    exits). Workers take the run's own newest checkpoint first and fall back to where the run started from."""
+def _continued_run(resume: str, dry_run: bool, overrides: list[str],
+                   ) -> tuple[dict[str, Any], rundir.RunDir, dict[str, str]]:
+    """``resume=<run dir>``: that run's own config, the directory, its lease taken (held until this driver
+    exits), and the config's keys set from the environment (:func:`records.env_interpolations`). Workers take
+    the run's own newest checkpoint first and fall back to where the run started from."""
     rd = rundir.open_run_dir(resume)
     try:  # a damaged record is a refusal that names the file, never a traceback
         conf = records.read_config(rd.fs, rd.path)
+        env_raw = records.env_interpolations(yaml_container(records.read_config_text(rd.fs, rd.path)))
         previous = records.read_manifest(rd.fs, rd.path)
         records.read_summary(rd.fs, rd.path)
     except records.DamagedFile as damaged:
@@ -122,18 +174,21 @@ def _continued_run(resume: str, dry_run: bool, overrides: list[str]) -> tuple[di
     if without_fault(conf):  # a rehearsal fault strikes once, not again in the continued run
         print("ddp-run: note: the run's fault.* is not repeated when it is continued", file=sys.stderr)
     keys = {o.split("=", 1)[0].lstrip("+~"): o.split("=", 1)[-1] for o in overrides}
-    ignored = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in CONTINUE_KEYS]
+    recorded = records.flat(conf)
+    ignored = [o for o in overrides if (k := o.split("=", 1)[0].lstrip("+~")) not in CONTINUE_KEYS
+               and not secrets.is_redacted(recorded.get(k))]
     if ignored:
-        print(f"ddp-run: warning: continuing {rd.url} with its own config.yaml; ignored: {' '.join(ignored)}",
-              file=sys.stderr, flush=True)
+        print(secrets.redact(f"ddp-run: warning: continuing {rd.url} with its own config.yaml; ignored: "
+                             f"{' '.join(ignored)}"), file=sys.stderr, flush=True)
     resume_checks.check_no_live_driver(rd.url, previous)
     max_steps = _int_or_refuse("train.max_steps", keys["train.max_steps"]) if "train.max_steps" in keys else None
     resume_checks.check_continuable(rd.url, previous, conf, max_steps)  # before the lease: a refusal changes nothing
     if max_steps is not None:
         conf["train"]["max_steps"] = max_steps
+    _restore_redacted(conf, rd.url, overrides)
     rd.lease = take_or_refuse(rd.fs, rd.path, rd.url)
     rd.continued = True
-    return conf, rd
+    return conf, rd, env_raw
 
 
 def _planned(conf: dict[str, Any], rd: rundir.RunDir | None) -> tuple[Plan, str | None, Any, dict | None]:
@@ -164,9 +219,10 @@ def _record_start(job: Job, rd: rundir.RunDir, cmd: list[str], how: Invocation, 
                   mem: dict[str, Any] | None) -> dict[str, Any]:
     """config.yaml (what the workers run) and run.json (the manifest) into the opened run directory."""
     conf, plan = job.conf, job.plan
-    rd.write_text(layout.CONFIG, OmegaConf.to_yaml(OmegaConf.create(conf)))
+    rd.write_text(layout.CONFIG, OmegaConf.to_yaml(OmegaConf.create(on_disk(conf, how.env_raw))))
     manifest = initial_manifest(plan, cmd, conf["task"]["name"], started, invocation=how.record(job.task_dir),
                                 data=data_prep.describe(conf["data"]))
+    manifest = secrets.redact_tree(manifest, how.masks)
     manifest["doctor"] = cheap_report(gpu=plan.device == "cuda")  # the preflight checks that cost no time
     manifest[layout.MANIFEST_MEMORY_PLAN] = mem
     if rd.continued:
@@ -199,7 +255,8 @@ def _print_dry_run(how: Invocation, cmd: list[str], launcher: str) -> None:
     what = "this sweep" if {"-m", "--multirun"} & set(how.argv) else "this plan"
     starts = ("submits an sbatch job (RUN_DIR/slurm/job.sbatch) whose nodes run" if launcher == "slurm"
               else "starts")
-    print(f"ddp-run: dry run, nothing launched. To launch {what}, run:\n  " + shlex.join(launch_argv(how.argv))
+    print(f"ddp-run: dry run, nothing launched. To launch {what}, run:\n  "
+          + secrets.redact(shlex.join(launch_argv(how.argv)), how.masks)
           + "\nddp-run then creates the run directory (RUN_DIR below), writes config.yaml and run.json into it, and "
           f"{starts}:\n  " + " ".join(_shell_word(a) for a in cmd), flush=True)
 
@@ -217,7 +274,7 @@ def execute(composed: dict[str, Any], how: Invocation,
             resume = resume_checks.latest_unfinished(str(composed["output"]["root"]))
             print(f"ddp-run: resume=last: continuing {resume}", flush=True)
         if resume not in resume_checks.NEW_RUN and resume_checks.is_run_dir(resume):
-            conf, rd = _continued_run(resume, bool(composed.get("dry_run")), how.overrides)
+            conf, rd, how.env_raw = _continued_run(resume, bool(composed.get("dry_run")), how.overrides)
         else:
             how.paths_given = absolute_paths(conf)
             if check is not None:
@@ -235,11 +292,13 @@ def execute(composed: dict[str, Any], how: Invocation,
         if rd is not None and rd.lease is not None:  # refused after taking the lease: give it back now
             rd.lease.release()
         return refuse(err)
+    _keep_secrets(conf, how)
     _announce(conf, plan, mem)
     launcher = registry.get(conf["launcher"])
     if conf["dry_run"]:
         _print_dry_run(how, launcher.command(plan, conf["launcher"], _RUN_DIR), conf["launcher"]["name"])
-        print(OmegaConf.to_yaml(OmegaConf.create({"plan": plan.to_manifest(), layout.MANIFEST_MEMORY_PLAN: mem})))
+        print(secrets.redact(OmegaConf.to_yaml(OmegaConf.create({"plan": plan.to_manifest(),
+                                                                   layout.MANIFEST_MEMORY_PLAN: mem})), how.masks))
         if rd is not None and rd.lease is not None:
             rd.lease.release()
         return Outcome(0)

@@ -59,7 +59,8 @@ def parse_json(data: bytes | str, path: str, fix: str, want: type = dict) -> Any
     try:
         value = json.loads(data)
     except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError of bytes that are not UTF-8
-        problem = "empty (cut short?)" if not data.strip() else f"not valid JSON, truncated or corrupted ({_short(exc)})"
+        problem = ("empty (cut short?)" if not data.strip()
+                   else f"not valid JSON, truncated or corrupted ({_short(exc)})")
         raise DamagedFile(path, problem, fix) from None
     if not isinstance(value, want):
         raise DamagedFile(path, f"holds a JSON {type(value).__name__}, not an {want.__name__}", fix)
@@ -120,6 +121,10 @@ def parse_config(text: bytes | str, path: str, run: str, complete: bool = True) 
             text = text.decode()
         conf = OmegaConf.to_container(OmegaConf.create(text), resolve=True)
     except Exception as exc:  # noqa: BLE001 - YAML's, OmegaConf's and decoding errors alike: the file is damaged
+        if "oc.env" in str(exc):  # a value from the environment (never written to disk) that is not set now
+            raise DamagedFile(path, f"takes a value from the environment, which is not set now ({_short(exc)})",
+                              "set that environment variable again (as for the run's first launch), then continue"
+                              ) from None
         raise DamagedFile(path, f"is not valid YAML ({_short(exc)})", fix) from None
     if not isinstance(conf, dict):
         raise DamagedFile(path, f"holds a YAML {type(conf).__name__}, not the run's config mapping", fix)
@@ -133,6 +138,40 @@ def parse_config(text: bytes | str, path: str, run: str, complete: bool = True) 
     if wrong:
         raise DamagedFile(path, f"its {wrong[0]!r} is not a mapping (cut short, or hand-edited)", fix)
     return conf
+
+
+def flat(conf: Any, prefix: str = "") -> dict[str, Any]:
+    """``{dotted key: value}`` of a nested mapping's leaves."""
+    out: dict[str, Any] = {}
+    for k, v in conf.items():
+        if isinstance(v, dict):
+            out.update(flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def env_interpolations(raw: Any, prefix: str = "") -> dict[str, str]:
+    """``{dotted key: its text}`` of the values of an unresolved config that come from the environment
+    (``${oc.env:NAME}``): config.yaml keeps the text, never the value, and a continued run resolves it again."""
+    out: dict[str, str] = {}
+    if isinstance(raw, dict):
+        for k, v in raw.items():
+            out.update(env_interpolations(v, f"{prefix}{k}."))
+    elif isinstance(raw, str) and "oc.env" in raw and "${" in raw:
+        out[prefix[:-1]] = raw
+    return out
+
+
+def read_config_text(fs: Any, run: str) -> str:
+    """config.yaml's text (:class:`DamagedFile` when missing or unreadable)."""
+    path = layout.join(run, layout.CONFIG)
+    try:
+        return fs.cat_file(path).decode()
+    except FileNotFoundError:
+        raise DamagedFile(path, "is missing", fix_for(layout.CONFIG, run)) from None
+    except (OSError, ValueError) as exc:
+        raise DamagedFile(path, f"cannot be read ({_short(exc)})", fix_for(layout.CONFIG, run)) from None
 
 
 def read_config(fs: Any, run: str, complete: bool = True) -> dict[str, Any]:
