@@ -211,6 +211,12 @@ def _main(args: list[str]) -> None:
         err = overrides.diagnose(cli, config_path)
         if err.key == "overrides" and held.strip():
             err = PlanError(err.key, err.value, held.strip().splitlines()[0], err.fix)
+        resume = next((o.split("=", 1)[1] for o in cli.overrides if o.startswith("resume=")), None)
+        if resume is not None and err.key.startswith("task."):  # a continued run's task is its own
+            err = PlanError(err.key, err.value, f"{err.problem}: resume={resume} takes its task and model from"
+                            " the checkpoint's run, and they cannot change on resume",
+                            f"drop {err.key}= (docs/resume.md lists what may change on resume), or start a new"
+                            " run from step 0 with it")
         sys.exit(refuse(err))
     finally:
         _restore_stderr()

@@ -222,7 +222,9 @@ def _is_group(key: str) -> bool:
 
 
 def _nearest(key: str, keys: set[str]) -> str | None:
-    match = difflib.get_close_matches(key, sorted(keys), n=1, cutoff=0.6)
+    # Only a key at the same depth is a likely typo: task.model.width is no misspelt task.module.
+    match = difflib.get_close_matches(key, sorted(k for k in keys if k.count(".") == key.count(".")), n=1,
+                                      cutoff=0.6)
     return match[0] if match else None
 
 

@@ -22,14 +22,14 @@ from omegaconf import OmegaConf
 from ddp_runner.config import memory_plan
 from ddp_runner.config.diagnostic_keys import without_fault
 from ddp_runner.config.plan import Plan
-from ddp_runner.contract import layout, secrets
+from ddp_runner.contract import checkpoints, layout, secrets
 from ddp_runner.contract.errors import PlanError
 from ddp_runner.data import prep as data_prep
 from ddp_runner.diagnostics.doctor import cheap_report
 from ddp_runner.job.planning import memory, plan_job
 from ddp_runner.launch import registry
 from ddp_runner.launch.base import Job
-from ddp_runner.rundir import records
+from ddp_runner.rundir import records, resume_keys
 from ddp_runner.rundir import resume as resume_checks
 from ddp_runner.rundir import run_dir as rundir
 from ddp_runner.rundir.lease import take_or_refuse
@@ -51,6 +51,7 @@ class Invocation:
     paths_given: dict[str, str] = field(default_factory=dict)  # data paths as typed, before made absolute
     env_raw: dict[str, str] = field(default_factory=dict)  # keys set by ${oc.env:…}: their text, never their value
     masks: list[str] = field(default_factory=list)  # the secret strings nothing written or printed may hold
+    resume_changes: dict[str, Any] = field(default_factory=dict)  # settings changed on resume (run.json)
 
     def record(self, task_dir: str | None) -> dict[str, Any]:
         """``invocation`` in run.json."""
@@ -157,8 +158,37 @@ def _int_or_refuse(key: str, value: str) -> int:
     return int(value)
 
 
-def _continued_run(resume: str, dry_run: bool, overrides: list[str],
-                   ) -> tuple[dict[str, Any], rundir.RunDir, dict[str, str]]:
+def _settings_changed(conf: dict[str, Any], composed: dict[str, Any], overrides: list[str], run_url: str,
+                      ) -> dict[str, tuple[Any, Any]]:
+    """The settings a continued run's command line changes (their values as Hydra composed them): refused
+    (PlanError) when the checkpoint fixes them (runner/rundir/resume_keys.py), else ``{key: (old, new)}``, applied
+    from the step it continues at. A config group named (``data=text``) is ignored, with a warning."""
+    recorded, given = records.flat(conf), records.flat(composed)
+    theirs, mine, ignored = {}, {}, []
+    for o in overrides:
+        key = o.split("=", 1)[0].lstrip("+~")
+        if key in CONTINUE_KEYS or secrets.is_redacted(recorded.get(key)) or key.startswith("hydra"):
+            continue
+        if key in ("world_size", "batch.accumulation") or key.startswith("fault"):  # the run's own
+            ignored.append(o)
+        elif key in given or key in recorded:
+            theirs[key], mine[key] = recorded.get(key, "<absent>"), given.get(key, "<absent>")
+        else:
+            ignored.append(o)
+    if ignored:
+        print(secrets.redact(f"ddp-run: warning: continuing {run_url} with its own config.yaml; ignored: "
+                             f"{' '.join(ignored)}"), file=sys.stderr, flush=True)
+    try:
+        resume_keys.check(theirs, mine, run_url, None)
+    except PlanError as err:
+        raise PlanError(err.key, err.value, err.problem.replace("the checkpoint's run", "the run's own config.yaml"),
+                        f"drop {err.key}= to continue the run as it was, or start a new run from its checkpoint with"
+                        f" it changed where that is allowed (docs/resume.md)") from None
+    return {k: (theirs[k], mine[k]) for k in resume_keys.differences(theirs, mine)}
+
+
+def _continued_run(resume: str, dry_run: bool, overrides: list[str], composed: dict[str, Any],
+                   ) -> tuple[dict[str, Any], rundir.RunDir, dict[str, str], dict[str, Any]]:
     """``resume=<run dir>``: that run's own config, the directory, its lease taken (held until this driver
     exits), and the config's keys set from the environment (:func:`records.env_interpolations`). Workers take
     the run's own newest checkpoint first and fall back to where the run started from."""
@@ -174,36 +204,39 @@ def _continued_run(resume: str, dry_run: bool, overrides: list[str],
     if without_fault(conf):  # a rehearsal fault strikes once, not again in the continued run
         print("ddp-run: note: the run's fault.* is not repeated when it is continued", file=sys.stderr)
     keys = {o.split("=", 1)[0].lstrip("+~"): o.split("=", 1)[-1] for o in overrides}
-    recorded = records.flat(conf)
-    ignored = [o for o in overrides if (k := o.split("=", 1)[0].lstrip("+~")) not in CONTINUE_KEYS
-               and not secrets.is_redacted(recorded.get(k))]
-    if ignored:
-        print(secrets.redact(f"ddp-run: warning: continuing {rd.url} with its own config.yaml; ignored: "
-                             f"{' '.join(ignored)}"), file=sys.stderr, flush=True)
+    changes = _settings_changed(conf, composed, overrides, rd.url)
     resume_checks.check_no_live_driver(rd.url, previous)
     max_steps = _int_or_refuse("train.max_steps", keys["train.max_steps"]) if "train.max_steps" in keys else None
     resume_checks.check_continuable(rd.url, previous, conf, max_steps)  # before the lease: a refusal changes nothing
     if max_steps is not None:
         conf["train"]["max_steps"] = max_steps
     _restore_redacted(conf, rd.url, overrides)
+    step = resume_checks.newest_checkpoint(rd.url)
+    for key, (_, new) in changes.items():  # applied from the step it continues at, and recorded so
+        secrets.set_key(conf, key, new)
     rd.lease = take_or_refuse(rd.fs, rd.path, rd.url)
     rd.continued = True
-    return conf, rd, env_raw
+    at = checkpoints.step_of(step) if step else None
+    return conf, rd, env_raw, {k: {"checkpoint": old, "used": new, "from_step": at}
+                               for k, (old, new) in changes.items()}
 
 
-def _planned(conf: dict[str, Any], rd: rundir.RunDir | None) -> tuple[Plan, str | None, Any, dict | None]:
-    """Plan the job (PlanError on refusal): its plan, task directory, probe and memory plan."""
+def _planned(conf: dict[str, Any], rd: rundir.RunDir | None,
+             ) -> tuple[Plan, str | None, Any, dict | None, dict[str, Any]]:
+    """Plan the job (PlanError on refusal): its plan, task directory, probe, memory plan, and the settings that
+    differ from its checkpoint's run (resume=<checkpoint>: they apply from its step on)."""
     recorded = (rd.read_json(layout.MANIFEST).get("invocation") or {}).get("task_dir") if rd is not None else None
     plan, task_dir, probe = plan_job(conf, [recorded] if recorded else [])
     resume = str(conf.get("resume", "auto"))
     try:
+        changes = {}
         if rd is None and resume not in resume_checks.NEW_RUN:
-            resume_checks.check_resume_source(resume, plan)
+            changes = resume_checks.check_resume_source(resume, plan, conf)
     except BaseException:
         if probe is not None:
             probe.cancel()
         raise
-    return plan, task_dir, probe, memory(conf, plan, probe)
+    return plan, task_dir, probe, memory(conf, plan, probe), changes
 
 
 def _announce(conf: dict[str, Any], plan: Plan, mem: dict[str, Any] | None) -> None:
@@ -225,6 +258,8 @@ def _record_start(job: Job, rd: rundir.RunDir, cmd: list[str], how: Invocation, 
     manifest = secrets.redact_tree(manifest, how.masks)
     manifest["doctor"] = cheap_report(gpu=plan.device == "cuda")  # the preflight checks that cost no time
     manifest[layout.MANIFEST_MEMORY_PLAN] = mem
+    if how.resume_changes:  # what differs from the checkpoint's run, the value used, and from which step
+        manifest["resume_changes"] = how.resume_changes
     if rd.continued:
         previous = rd.read_json(layout.MANIFEST)
         manifest["started"] = previous.get("started", manifest["started"])
@@ -274,13 +309,15 @@ def execute(composed: dict[str, Any], how: Invocation,
             resume = resume_checks.latest_unfinished(str(composed["output"]["root"]))
             print(f"ddp-run: resume=last: continuing {resume}", flush=True)
         if resume not in resume_checks.NEW_RUN and resume_checks.is_run_dir(resume):
-            conf, rd, how.env_raw = _continued_run(resume, bool(composed.get("dry_run")), how.overrides)
+            conf, rd, how.env_raw, how.resume_changes = _continued_run(resume, bool(composed.get("dry_run")),
+                                                                       how.overrides, composed)
         else:
             how.paths_given = absolute_paths(conf)
             if check is not None:
                 check(conf)
         try:
-            plan, task_dir, probe, mem = _planned(conf, rd)
+            plan, task_dir, probe, mem, changes = _planned(conf, rd)
+            how.resume_changes.update(changes)
         except (KeyError, TypeError, AttributeError) as exc:
             if rd is None:
                 raise

@@ -135,7 +135,7 @@ def is_creator(launcher: Mapping[str, Any]) -> bool:
 def run_url(conf: Mapping[str, Any], plan: Plan) -> str:
     """The run directory every node computes from the same command line."""
     name = layout.job_run_name(str(conf["launcher"]["rdzv_id"]), conf["task"]["name"], plan.world_size)
-    return layout.join(str(conf["output"]["root"]).rstrip("/"), name)
+    return layout.join(str(conf["output"]["root"]).rstrip("/") or "/", name)
 
 
 def _unreachable(root: str, exc: BaseException) -> PlanError:

@@ -13,7 +13,7 @@ from fsspec.implementations.local import LocalFileSystem
 from ddp_runner.config.plan import Plan
 from ddp_runner.contract import checkpoints, layout
 from ddp_runner.contract.errors import PlanError
-from ddp_runner.rundir import records, status
+from ddp_runner.rundir import records, resume_keys, status
 
 FIX = "use resume=auto, resume=last, resume=restart, a run directory or a checkpoints/step_<N> path"
 
@@ -37,9 +37,11 @@ def check_no_live_driver(run_url: str, manifest: dict[str, Any]) -> None:
                         f" on {manifest['driver'].get('host')}) and resume then")
 
 
-def check_resume_source(resume: str, plan: Plan) -> None:
-    """Refuse before launch a source that holds no complete checkpoint, or a checkpoint from a run with another
-    world size (its RNG and data order would not carry over)."""
+def check_resume_source(resume: str, plan: Plan, conf: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Refuse before launch a source that holds no complete checkpoint, a checkpoint from a run with another
+    world size (its RNG and data order would not carry over), or (``conf``: this run's planned config) one whose
+    run had another value of a key the checkpoint fixes (runner/rundir/resume_keys.py: another model, learning
+    rate, optimizer …). Returns the changed keys that apply from the checkpoint's step on (run.json's record)."""
     fix = FIX
     try:
         fs, path = fsspec.core.url_to_fs(resume)
@@ -67,6 +69,8 @@ def check_resume_source(resume: str, plan: Plan) -> None:
             raise PlanError("resume", resume, "holds no complete checkpoint (no step_<N>/meta.json)", fix)
         theirs = records.read_manifest(fs, run)["plan"] if fs.exists(layout.join(run, layout.MANIFEST)) else {}
         ws, global_batch = theirs.get("world_size"), theirs.get("global_batch")
+        their_conf = (records.read_config(fs, run, complete=False)
+                      if conf is not None and fs.exists(layout.join(run, layout.CONFIG)) else None)
     except records.DamagedFile as damaged:
         raise damaged.refusal() from None
     except PlanError:
@@ -78,6 +82,14 @@ def check_resume_source(resume: str, plan: Plan) -> None:
     if problem := checkpoints.world_size_change_problem(ws, global_batch, plan.world_size, plan.global_batch):
         raise PlanError("world_size", plan.world_size, f"the checkpoint's run does not carry over: {problem}",
                         f"resume with world_size={ws}, or keep the global batch: batch.global={global_batch}")
+    if their_conf is None or conf is None:
+        return {}
+    name = path.rsplit("/", 1)[-1]
+    step = checkpoints.step_of(name) if name.startswith("step_") else None
+    if step is None:
+        newest = newest_checkpoint(fs.unstrip_protocol(run) if not isinstance(fs, LocalFileSystem) else run)
+        step = checkpoints.step_of(newest) if newest else None
+    return resume_keys.check(their_conf, conf, resume, step)
 
 
 def checkpoint_size_problem(fs: Any, ckpt_dir: str) -> str | None:
