@@ -34,7 +34,9 @@ def check_no_live_driver(run_url: str, manifest: dict[str, Any]) -> None:
         who = status.describe_driver(manifest)
         raise PlanError("resume", run_url, f"is still running: its driver is {who}; one driver per run directory",
                         f"wait for it to end, or stop it (Ctrl-C, or kill -INT {manifest['driver'].get('pid')}"
-                        f" on {manifest['driver'].get('host')}) and resume then")
+                        f" on {manifest['driver'].get('host')}) and resume then. A driver on another host counts as"
+                        f" gone {status.STALE_AFTER_S:.0f} s after its last heartbeat (run.json's driver.heartbeat):"
+                        " if that host died, resume again after that")
 
 
 def check_resume_source(resume: str, plan: Plan, conf: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -167,3 +167,40 @@ def test_any_damage_reads_truthfully(pristine: Path, tmp_path: Path, damage: lis
     for rel, how in damage:
         _damage(run / rel, how)
     check_truthful(run, read_everything(run, case / "cmp"))
+
+
+# -- settings changed on resume, refused before launch (issue 30) ----------------------------------------------------
+
+SMOKE = ["task=smoke", "device=cpu", "world_size=2"]
+
+
+@pytest.mark.parametrize(("args", "key", "why"), [
+    ([*SMOKE, "train.lr=0.5"], "train.lr", "the learning rate comes from the restored schedule state"),
+    ([*SMOKE, "task.in_features=4"], "task.in_features", "weights fit only the model"),
+    ([*SMOKE, "train.optimizer=adamw"], "train.optimizer", "belongs to that optimizer"),
+])
+def test_resume_from_a_checkpoint_refuses_a_fixed_setting(pristine: Path, tmp_path: Path, cli, args, key, why
+                                                          ) -> None:
+    run = _copy(pristine, tmp_path)
+    r = cli([*args, f"resume={run}/checkpoints/step_6"], tmp_path / "new")
+    assert r.returncode == 2 and f"refused: {key}=" in r.stderr and why in r.stderr, r.stderr
+    assert "differs from the checkpoint's run" in r.stderr and "docs/resume.md" in r.stderr
+    assert not (tmp_path / "new").exists()
+
+
+def test_resume_from_a_checkpoint_applies_other_settings(pristine: Path, tmp_path: Path, cli) -> None:
+    run = _copy(pristine, tmp_path)
+    r = cli([*SMOKE, "train.grad_clip=1.0", "checkpoint.keep_last=0", f"resume={run}/checkpoints/step_6",
+             "dry_run=true"], tmp_path / "new")
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize(("extra", "expect"), [
+    (["train.lr=0.5"], "differs from the run's own config.yaml (0.01), and cannot change on resume"),
+    (["task.model.width=128"], "takes its task and model from the checkpoint's run"),
+])
+def test_continuing_a_run_refuses_a_fixed_setting(pristine: Path, tmp_path: Path, cli, extra, expect) -> None:
+    run = _copy(pristine, tmp_path)
+    r = cli([f"resume={run}", *extra], tmp_path / "unused")
+    assert r.returncode == 2 and expect in r.stderr, r.stderr
+    assert "task.module=128" not in r.stderr
