@@ -252,7 +252,7 @@ def _record_start(job: Job, rd: rundir.RunDir, cmd: list[str], how: Invocation, 
                   mem: dict[str, Any] | None) -> dict[str, Any]:
     """config.yaml (what the workers run) and run.json (the manifest) into the opened run directory."""
     conf, plan = job.conf, job.plan
-    rd.write_text(layout.CONFIG, OmegaConf.to_yaml(OmegaConf.create(on_disk(conf, how.env_raw))))
+    rd.write_text(layout.CONFIG, OmegaConf.to_yaml(OmegaConf.create(job.written or on_disk(conf, how.env_raw))))
     manifest = initial_manifest(plan, cmd, conf["task"]["name"], started, invocation=how.record(job.task_dir),
                                 data=data_prep.describe(conf["data"]))
     manifest = secrets.redact_tree(manifest, how.masks)
@@ -345,7 +345,8 @@ def execute(composed: dict[str, Any], how: Invocation,
         os.umask(0o077)
     _say_where_it_starts(conf, rd, how)
     make = how.new_run_dir or new_run_dir
-    job = Job(conf, plan, t0, task_dir, rd=rd, new_run_dir=lambda: make(conf, plan, started))
+    job = Job(conf, plan, t0, task_dir, rd=rd, new_run_dir=lambda: make(conf, plan, started),
+              written=on_disk(conf, how.env_raw))
     return _launch(job, launcher, how, started, mem, probe)
 
 

@@ -30,6 +30,7 @@ class Job:
     rd: RunDir | None = None
     new_run_dir: Callable[[], RunDir] | None = None
     staged: dict[str, tuple[int, int]] = field(default_factory=dict)
+    written: dict[str, Any] | None = None  # the config as config.yaml records it (secrets masked)
 
     @property
     def launcher(self) -> Mapping[str, Any]:

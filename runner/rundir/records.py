@@ -163,6 +163,13 @@ def env_interpolations(raw: Any, prefix: str = "") -> dict[str, str]:
     return out
 
 
+def yaml_text_container(text: str) -> Any:
+    """config.yaml's text as a plain container, interpolations (``${oc.env:…}``) left as text."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.create(text), resolve=False)
+
+
 def read_config_text(fs: Any, run: str) -> str:
     """config.yaml's text (:class:`DamagedFile` when missing or unreadable)."""
     path = layout.join(run, layout.CONFIG)
