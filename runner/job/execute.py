@@ -380,3 +380,8 @@ def _launch(job: Job, launcher: Any, how: Invocation, started: datetime, mem: di
         return Outcome(launcher.launch(job, rd, manifest), run_dir=rd.url)
     except PlanError as err:  # refused by the launcher at launch (sbatch): it left no run directory
         return refuse(err)
+    except OSError as exc:  # the run directory became unwritable while it ran: one line and a true status
+        from ddp_runner.launch.finalize import failed_while
+
+        return Outcome(failed_while(rd, manifest, "running (the run directory could not be written)", exc),
+                       run_dir=rd.url)

@@ -137,6 +137,12 @@ class Supervisor:
                             rc = self._stop(tree)
                             break
             self._reap(tree)
+        except BaseException:  # the driver fails (an unwritable run directory): no process outlives it
+            if self.proc is not None and self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            raise
+        else:
             # torchrun's temporary folder, had its agent (runner/launch/agent.py) no chance to remove it.
             shutil.rmtree(agent_temp_dir(self.proc.pid), ignore_errors=True)
             return rc
