@@ -12,10 +12,11 @@ import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ddp_runner.contract import layout
+from ddp_runner.contract import layout, secrets
 
 SWEEP_JSON = "sweep.json"
 SWEEP_MD = "sweep.md"
@@ -139,12 +140,13 @@ class SweepRecord:
             root = str(self.root or "outputs")
             base = self.directory(root, datetime.now())
             fs, _ = fsspec.core.url_to_fs(root)
-            fs.pipe_file(layout.join(base, SWEEP_JSON), json.dumps(
-                {"command": self.argv, "swept": self.swept, "jobs": self.jobs}, indent=2, default=str).encode())
-            fs.pipe_file(layout.join(base, SWEEP_MD), markdown(self.jobs, self.swept, self.argv).encode())
+            masked = partial(secrets.redact, secrets=secrets.KNOWN)  # no secret of the config on disk (issue 30)
+            fs.pipe_file(layout.join(base, SWEEP_JSON), masked(json.dumps(
+                {"command": self.argv, "swept": self.swept, "jobs": self.jobs}, indent=2, default=str)).encode())
+            fs.pipe_file(layout.join(base, SWEEP_MD), masked(markdown(self.jobs, self.swept, self.argv)).encode())
             record = Path(self.hydra_dir or "", HYDRA_RECORD)
             if self.hydra_dir and record.is_file():
-                fs.put_file(str(record), layout.join(base, HYDRA_RECORD))
+                fs.pipe_file(layout.join(base, HYDRA_RECORD), masked(record.read_text()).encode())
             done = sum(r["status"] == "completed" for r in self.jobs)
             print(f"ddp-run: sweep: {done} of {len(self.jobs)} jobs completed; {layout.join(base, SWEEP_MD)}",
                   flush=True)
