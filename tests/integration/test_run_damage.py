@@ -157,7 +157,7 @@ def _damage(path: Path, how: tuple) -> None:
         path.write_bytes(how[1])
 
 
-@settings(max_examples=20, deadline=20_000, derandomize=True,
+@settings(max_examples=60, deadline=20_000, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(damage=st.lists(st.tuples(st.sampled_from(FILES), _DAMAGE), min_size=1, max_size=2))
 def test_any_damage_reads_truthfully(pristine: Path, tmp_path: Path, damage: list) -> None:
