@@ -73,8 +73,6 @@ def check(launcher: Mapping[str, Any]) -> None:
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < top:
             raise PlanError("launcher.node_rank", rank, f"must be 0 to {top - 1} (launcher.nnodes={nnodes}), or null",
                             "give node 0 launcher.node_rank=0, the next host 1, and so on")
-    if rank == 0:
-        check_endpoint_free(host.strip("[]"), int(port), endpoint)
 
 
 def check_endpoint_free(host: str, port: int, endpoint: str) -> None:
@@ -92,10 +90,24 @@ def check_endpoint_free(host: str, port: int, endpoint: str) -> None:
             except OSError as exc:
                 if exc.errno == errno.EADDRINUSE:
                     raise PlanError("launcher.rdzv_endpoint", endpoint, f"port {port} is already in use on this host"
-                                    " (another job's rendezvous, or another server)",
+                                    f" ({_listener(port) or 'another job’s rendezvous, or another server'})",
                                     "pick a free port for this job's launcher.rdzv_endpoint (the same on every node),"
                                     " or wait for the other job to end") from None
                 return  # not this host's address (EADDRNOTAVAIL): node 0 runs elsewhere, torchrun decides
+
+
+def _listener(port: int) -> str | None:
+    """Who listens on ``port`` here (``pid 123: python …``), when this process may see it."""
+    import psutil
+
+    try:
+        pid = next((c.pid for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == port
+                    and c.status == psutil.CONN_LISTEN and c.pid), None)
+        if pid is None:
+            return None
+        return f"pid {pid}: {' '.join(psutil.Process(pid).cmdline())[:160]}"
+    except (psutil.Error, OSError):
+        return None
 
 
 # Keys that differ between the nodes of one job by design.
@@ -539,8 +551,25 @@ class Multinode(BaseLauncher):
         return env(launcher)
 
     def open(self, job: Job) -> RunDir | None:
-        """The run directory node 0 opens; None on the other nodes (they join it)."""
-        return job.rd if job.rd is not None else open_node0(job.conf, job.plan)
+        """The run directory node 0 opens; None on the other nodes (they join it). Node 0 refuses a rendezvous
+        port already in use (another job's) once it holds the run directory (the same job's second node 0 is
+        refused by its lease, naming the driver), leaving nothing behind."""
+        if job.rd is not None:
+            return job.rd
+        rd = open_node0(job.conf, job.plan)
+        if rd is not None and job.launcher.get("node_rank") == 0:
+            endpoint = str(job.launcher["rdzv_endpoint"])
+            host, _, port = endpoint.rpartition(":")
+            try:
+                check_endpoint_free(host.strip("[]"), int(port), endpoint)
+            except PlanError:
+                if rd.continued:
+                    if rd.lease is not None:
+                        rd.lease.release()
+                else:
+                    rd.remove()
+                raise
+        return rd
 
     def join(self, job: Job) -> int:
         """Wait for node 0 to open the run directory, then run this node's ranks into it."""

@@ -4,6 +4,7 @@ joining node whose config differs from node 0's (named key by key)."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 from pathlib import Path
 
@@ -21,16 +22,20 @@ LAUNCHER = {"name": "multinode", "nnodes": 2, "node_rank": 0, "rdzv_id": "exp1",
             "local_addr": None, "join_timeout_s": 5}
 
 
-def test_node0_refuses_an_endpoint_already_in_use() -> None:
+def test_node0_refuses_an_endpoint_already_in_use_and_leaves_nothing(tmp_path: Path) -> None:
+    plan = type("P", (), {"world_size": 2})()
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
+        conf = {"launcher": {**LAUNCHER, "rdzv_endpoint": f"127.0.0.1:{port}"}, "task": {"name": "smoke"},
+                "output": {"root": str(tmp_path)}}
         with pytest.raises(PlanError) as err:
-            multinode.check({**LAUNCHER, "rdzv_endpoint": f"127.0.0.1:{port}"})
+            multinode.LAUNCHER.open(Job(conf, plan, 0.0))  # type: ignore[arg-type]
         assert err.value.key == "launcher.rdzv_endpoint" and f"port {port} is already in use" in err.value.problem
-        multinode.check({**LAUNCHER, "node_rank": 1, "rdzv_endpoint": f"127.0.0.1:{port}"})  # node 1: not its port
-    multinode.check({**LAUNCHER, "rdzv_endpoint": f"127.0.0.1:{port}"})  # free again
+        assert f"pid {os.getpid()}" in err.value.problem  # who holds it, where this process may see it
+        assert list(tmp_path.iterdir()) == [], "no run directory left behind"
+    multinode.check_endpoint_free("127.0.0.1", port, f"127.0.0.1:{port}")  # free again
 
 
 def _conf(lr: float, per_rank: int, node_rank: int, root: Path) -> dict:
