@@ -140,6 +140,8 @@ def unfinished_runs(root: str, limit: int | None = None) -> list[tuple[str, str,
             manifest = json.loads(fs.cat_file(m))
         except (OSError, ValueError):
             continue
+        if not isinstance(manifest, dict) or records.manifest_problem(manifest):
+            continue  # damaged: never a run to continue (ddp-runs names it)
         state = status.status_of(manifest)
         run = m.rsplit("/", 1)[0]
         run = run if isinstance(fs, LocalFileSystem) else fs.unstrip_protocol(run)

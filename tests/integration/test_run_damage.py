@@ -81,6 +81,7 @@ def read_everything(run: Path, out: Path) -> dict[str, tuple[int, str, str]]:
         "ddp-compare": _call(compare.main, [str(run), "--out", str(out)]),
         "resume run": _resume(run, str(run), composed),
         "resume checkpoint": _resume(run, str(run / "checkpoints" / "step_8"), composed),
+        "resume last": _resume(run, "last", composed),
     }
 
 
@@ -104,6 +105,8 @@ def check_truthful(run: Path, results: dict[str, tuple[int, str, str]]) -> None:
     # A completed run is never continued (only refused: "completed all its steps"), however damaged its other files.
     code, out, err = results["resume run"]
     assert code == 2 or recorded != layout.STATUS_COMPLETED, (out, err)
+    code, out, err = results["resume last"]  # the only run is completed, or damaged: nothing to continue
+    assert code == 2 or recorded not in (layout.STATUS_COMPLETED, None), (out, err)
 
 
 @pytest.fixture(autouse=True)
