@@ -73,6 +73,12 @@ def batch_plan(cfg: Config, world_size: int) -> BatchPlan:
     return BatchPlan(world_size, cfg.batch.per_rank, cfg.batch.accumulation)
 
 
+def as_recorded(cfg: Config) -> dict[str, Any]:
+    """The config as plain data with its secrets masked (URL credentials, values from the environment): what a
+    tracker, a log line or a checkpoint may record. ``cfg`` itself holds the real values, for the task's use."""
+    return secrets.redact_tree(_plain(cfg), secrets.handed_over())
+
+
 def load_config(run_dir: str) -> Config:
     """The resolved config the driver wrote into the run directory: what this run runs, exactly."""
     with fsspec.open(layout.join(run_dir, layout.CONFIG), "r") as f:

@@ -115,3 +115,16 @@ def test_tokenize_counts_undecodable_bytes(tmp_path: Path, capsys: pytest.Captur
 def test_keep_last_zero_is_documented() -> None:
     assert "0 keeps all" in (ROOT / "conf/config.yaml").read_text()
     assert "0 keeps all" in (ROOT / "docs/checkpoints.md").read_text()
+
+
+def test_workers_get_real_values_and_record_masked_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """config.yaml holds the masked form; load_config merges the real values handed over in the environment;
+    as_recorded (what trackers and records use) masks them again."""
+    from ddp_runner.tasks.engine.config import as_recorded, load_config
+
+    (tmp_path / "config.yaml").write_text("data:\n  path: http://u:***@h/x\n  token: ${oc.env:TOKEN}\n")
+    real = {"data.path": "http://u:pw-abc@h/x", "data.token": "tok-123456"}
+    monkeypatch.setenv(secrets.ENV_SECRETS, secrets.encode(real))
+    cfg = load_config(str(tmp_path))
+    assert cfg.data.path == "http://u:pw-abc@h/x" and cfg.data.token == "tok-123456"
+    assert as_recorded(cfg) == {"data": {"path": "http://u:***@h/x", "token": "***"}}
