@@ -51,6 +51,7 @@ class Invocation:
     paths_given: dict[str, str] = field(default_factory=dict)  # data paths as typed, before made absolute
     env_raw: dict[str, str] = field(default_factory=dict)  # keys set by ${oc.env:…}: their text, never their value
     masks: list[str] = field(default_factory=list)  # the secret strings nothing written or printed may hold
+    real: dict[str, str] = field(default_factory=dict)  # {key: real value} of what config.yaml holds masked
     resume_changes: dict[str, Any] = field(default_factory=dict)  # settings changed on resume (run.json)
 
     def record(self, task_dir: str | None) -> dict[str, Any]:
@@ -116,13 +117,9 @@ def on_disk(conf: dict[str, Any], env_raw: dict[str, str]) -> dict[str, Any]:
 def _keep_secrets(conf: dict[str, Any], how: Invocation) -> None:
     """Note the config's secrets: masked in everything written or printed from here on (the driver's tracebacks
     too), handed to the workers through their environment."""
-    real = secrets.secret_keys(conf, how.env_raw)
+    how.real = secrets.secret_keys(conf, how.env_raw)
     how.masks = secrets.secret_values(conf, how.env_raw)
     secrets.KNOWN.update(how.masks)
-    if real:
-        os.environ[secrets.ENV_SECRETS] = secrets.encode(real)
-    else:
-        os.environ.pop(secrets.ENV_SECRETS, None)
 
 
 def _restore_redacted(conf: dict[str, Any], run_url: str, overrides: list[str]) -> None:
@@ -364,6 +361,19 @@ def _say_where_it_starts(conf: dict[str, Any], rd: rundir.RunDir | None, how: In
 def _launch(job: Job, launcher: Any, how: Invocation, started: datetime, mem: dict[str, Any] | None,
             probe: Any) -> Outcome:
     """Open (or join) the run directory through the launcher, record the start, launch."""
+    # The workers (torchrun inherits this environment) get the real values of what config.yaml holds masked;
+    # only for the launch: nothing else this process starts inherits them.
+    os.environ.pop(secrets.ENV_SECRETS, None)
+    if how.real:
+        os.environ[secrets.ENV_SECRETS] = secrets.encode(how.real)
+    try:
+        return _open_and_launch(job, launcher, how, started, mem, probe)
+    finally:
+        os.environ.pop(secrets.ENV_SECRETS, None)
+
+
+def _open_and_launch(job: Job, launcher: Any, how: Invocation, started: datetime, mem: dict[str, Any] | None,
+                     probe: Any) -> Outcome:
     try:
         rd = launcher.open(job)
         if rd is None:  # another node of a multi-node run: node 0's driver opens the run directory

@@ -153,6 +153,10 @@ def test_keep_last_and_resumed_from_checkpoint_is_protected(tmp_path, smoke_base
     b = only_run(tmp_path / "b")
     summary = load_json(b / "summary.json")
     assert summary["resumed_from"] == str(source) and summary["steps"] == 12
+    # The settings changed from the checkpoint's run apply from its step, and run.json says so (issue 30).
+    changes = load_json(b / "run.json")["resume_changes"]
+    assert changes["train.epochs"] == {"checkpoint": 2, "used": 3, "from_step": 7}, changes
+    assert changes["checkpoint.keep_last"] == {"checkpoint": 2, "used": 1, "from_step": 7}, changes
     assert summary["losses"][:8] == load_json(smoke_baseline / "summary.json")["losses"]
     assert [Path(u).name for _, u in ck.list_complete(f"{b}/checkpoints")] == ["step_12"]
     assert ck.load(source)["progress"]["step"] == 7
