@@ -312,6 +312,7 @@ def execute(composed: dict[str, Any], how: Invocation,
             how.paths_given = absolute_paths(conf)
             if check is not None:
                 check(conf)
+        _keep_secrets(conf, how)  # before planning: a refusal's message is masked too
         try:
             plan, task_dir, probe, mem, changes = _planned(conf, rd)
             how.resume_changes.update(changes)
