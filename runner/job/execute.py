@@ -329,6 +329,11 @@ def execute(composed: dict[str, Any], how: Invocation,
         return refuse(err)
     _keep_secrets(conf, how)
     _announce(conf, plan, mem)
+    if how.resume_changes:  # what differs from the checkpoint's run applies from its step on; run.json records it
+        print(secrets.redact("ddp-run: changed on resume: " + ", ".join(
+            f"{k} {c['checkpoint']!r} -> {c['used']!r}" for k, c in how.resume_changes.items())
+            + (f" (from step {next(iter(how.resume_changes.values()))['from_step']})"
+               if next(iter(how.resume_changes.values()))['from_step'] is not None else ""), how.masks), flush=True)
     launcher = registry.get(conf["launcher"])
     if conf["dry_run"]:
         _print_dry_run(how, launcher.command(plan, conf["launcher"], _RUN_DIR), conf["launcher"]["name"])

@@ -196,6 +196,8 @@ def test_resume_from_a_checkpoint_applies_other_settings(pristine: Path, tmp_pat
     r = cli([*SMOKE, "train.grad_clip=1.0", "checkpoint.keep_last=0", f"resume={run}/checkpoints/step_6",
              "dry_run=true"], tmp_path / "new")
     assert r.returncode == 0, r.stderr
+    assert "changed on resume: " in r.stdout and "train.grad_clip None -> 1.0" in r.stdout, r.stdout
+    assert "checkpoint.keep_last 2 -> 0" in r.stdout and "(from step 6)" in r.stdout
 
 
 @pytest.mark.parametrize(("extra", "expect"), [
