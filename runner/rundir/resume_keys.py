@@ -29,8 +29,11 @@ FIXED: tuple[tuple[str, str], ...] = (
     ("train.momentum", "restored with the optimizer's parameter groups"),
     ("seed", "the data order and every rank's RNG continue from the checkpoint"),
     ("data", "the data position continues in the checkpoint's data (except data.val_path)"),
-    ("strategy.name", "the checkpoint's layout (single file, or fsdp's shards) belongs to its strategy"),
+    ("strategy.name", "the checkpoint's layout (fsdp's shards, or ddp's and zero1's single file) belongs to its"
+     " strategy: ddp and zero1 may swap, fsdp and the others may not"),
 )
+# Fixed keys that may change between some values all the same: (old, new) -> is it a change the checkpoint fixes?
+_ONLY_WHEN: dict[str, Any] = {"strategy.name": lambda old, new: (old == "fsdp") != (new == "fsdp")}
 # Keys under a FIXED section that may change all the same.
 FREE_UNDER_FIXED = ("data.val_path",)
 # What may change, said in words for the docs table (the keys are everything else).
@@ -70,14 +73,17 @@ def is_fixed(key: str) -> str | None:
 
 
 def differences(theirs: Mapping[str, Any], mine: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """``{key: (checkpoint's run value, this run's value)}`` for every key whose value differs (credentials
-    compared masked: config.yaml never holds them)."""
+    """``{key: (checkpoint's run value, this run's value)}`` for every key of this run whose value differs from the
+    checkpoint's run's (credentials compared masked: config.yaml never holds them). A key only this run has (the
+    checkpoint's run predates it) and one it dropped are no difference: the plan's own checks judge them."""
     a, b = _flat(theirs), _flat(mine)
     out = {}
-    for key in sorted(set(a) | set(b)):
+    for key in sorted(b):  # a key the checkpoint's run lacks is newer than that run: nothing to compare it with
         if any(_under(key, k) for k in _IGNORED) or key in ("batch.accumulation", "world_size"):
             continue  # another world size at the same global batch: the plan's own rule decides
-        x, y = a.get(key, "<absent>"), b.get(key, "<absent>")
+        if key not in a:
+            continue
+        x, y = a[key], b[key]
         if isinstance(x, str) and isinstance(y, str):
             x, y = secrets.redact_urls(x), secrets.redact_urls(y)
         if x != y and not (isinstance(x, (int, float)) and isinstance(y, (int, float)) and float(x) == float(y)):
@@ -90,7 +96,7 @@ def check(theirs: Mapping[str, Any], mine: Mapping[str, Any], source: str, step:
     """Refuse (PlanError) a resume that changes a key the checkpoint fixes; return the changes that apply, as
     run.json records them: ``{key: {"checkpoint": old, "used": new, "from_step": step}}``."""
     diff = differences(theirs, mine)
-    fixed = {k: v for k, v in diff.items() if is_fixed(k)}
+    fixed = {k: v for k, v in diff.items() if is_fixed(k) and (k not in _ONLY_WHEN or _ONLY_WHEN[k](*v))}
     if fixed:
         key, (old, new) = next(iter(fixed.items()))
         others = f" (and {', '.join(list(fixed)[1:])})" if len(fixed) > 1 else ""
@@ -99,7 +105,7 @@ def check(theirs: Mapping[str, Any], mine: Mapping[str, Any], source: str, step:
                         f"resume with {key}={old} as the checkpoint's run had it, or start a new run from step 0"
                         " (resume=never); docs/resume.md lists what may change on resume")
     return {k: {"checkpoint": old, "used": new, "from_step": step} for k, (old, new) in diff.items()
-            if not is_fixed(k)}
+            if k not in fixed}
 
 
 def docs_table() -> str:

@@ -54,3 +54,15 @@ def test_other_changes_apply_and_are_recorded_with_their_step() -> None:
 def test_docs_hold_the_table() -> None:
     page = (Path(__file__).parents[2] / "docs" / "resume.md").read_text()
     assert resume_keys.docs_table() in page
+
+
+def test_ddp_and_zero1_swap_but_fsdp_does_not() -> None:
+    theirs = {**THEIRS, "strategy": {"name": "ddp"}}
+    changes = resume_keys.check(theirs, {**THEIRS, "strategy": {"name": "zero1"}}, "src", 4)
+    assert changes == {"strategy.name": {"checkpoint": "ddp", "used": "zero1", "from_step": 4}}
+    with pytest.raises(PlanError, match="strategy.name"):
+        resume_keys.check(theirs, {**THEIRS, "strategy": {"name": "fsdp"}}, "src", 4)
+
+
+def test_a_key_newer_than_the_checkpoints_run_is_no_difference() -> None:
+    assert resume_keys.check(THEIRS, _with(task__model__dropout=0.0), "src", 4) == {}
