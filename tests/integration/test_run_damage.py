@@ -140,6 +140,11 @@ def test_damaged_file_one_line_refusal(pristine: Path, tmp_path: Path, rel: str,
     if rel != layout.CONFIG:  # ddp-compare reads config.yaml only for the config difference
         code, _, err = results["ddp-compare"]
         assert code == 2 and where in err and "Fix:" in err, err
+    if rel == layout.MANIFEST:  # ddp-runs show names the file and how to recover; the listing skips it, saying why
+        code, _, err = results["ddp-runs show"]
+        assert code == 2 and "run.json: damaged" in err and "resume=" in err, err
+        code, _, err = results["ddp-runs"]
+        assert code == 0 and "skipped" in err and "run.json" in err, err
 
 
 _DAMAGE = st.one_of(
