@@ -33,7 +33,9 @@ def _private_debug_output() -> None:
     directory = os.path.join(local, layout.DEBUG_LOGS)
     os.makedirs(directory, mode=0o700, exist_ok=True)
     os.chmod(directory, 0o700)
-    fd = os.open(os.path.join(directory, "agent.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    node = os.environ.get(layout.ENV_NODE)  # several nodes share a run directory: one file each
+    name = f"agent.node{node}.log" if node else "agent.log"
+    fd = os.open(os.path.join(directory, name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.fchmod(fd, 0o600)
     sys.stderr.flush()
     python_stderr = os.dup(2)  # logs/torchrun.log
