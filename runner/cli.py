@@ -20,7 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from ddp_runner.contract import layout
+from ddp_runner.contract import layout, secrets
 from ddp_runner.contract.errors import PlanError
 
 if TYPE_CHECKING:
@@ -88,6 +88,7 @@ def _app(cfg: DictConfig) -> Any:
     from ddp_runner.config import overrides
     from ddp_runner.job import sweeping
     from ddp_runner.job.execute import execute, refuse
+    from ddp_runner.rundir.records import env_interpolations
 
     sys.stderr.write(_restore_stderr())  # what Hydra said while composing (warnings), now that it succeeded
     _run.jobs += 1
@@ -107,6 +108,7 @@ def _app(cfg: DictConfig) -> Any:
         if sweeping.concurrent(conf):
             return sweep.start(num, task_overrides, conf)
     how = _how(hc)
+    how.env_raw = env_interpolations(OmegaConf.to_container(cfg, resolve=False))  # secrets: never on disk
     if sweep is not None and sweeping.queued(conf):
         how.submitted = []
     elif sweep is not None:
@@ -125,15 +127,6 @@ def _app(cfg: DictConfig) -> Any:
         sys.exit(outcome.code)
     _run.exit = max(_run.exit, outcome.code)
     return None
-
-
-def _skip_mode_probe() -> None:
-    """Hydra composes the config twice per launch, once only to read ``hydra.mode``. Our config never sets
-    it, so outside ``-m`` the probe is skipped: ~50 ms of start-up, which matters for short runs."""
-    from hydra._internal.hydra import Hydra
-
-    if hasattr(Hydra, "get_mode"):
-        Hydra.get_mode = lambda self, config_name, overrides: None  # None = decided by --multirun alone
 
 
 def version() -> str:
@@ -182,7 +175,7 @@ def _hydra_args(args: list[str]) -> tuple[Any, list[str], str]:
 
 def main() -> None:
     """Console entry point of ``ddp-run``."""
-    from ddp_runner.config import overrides, task_module
+    from ddp_runner.config import task_module
 
     task_module.register_resolver()
     args = sys.argv[1:]
@@ -202,13 +195,20 @@ def main() -> None:
     from ddp_runner.config.cli_help import info_args
 
     args = info_args(args)
+    with secrets.masked_console():  # URL credentials and oc.env values never reach the console
+        _main(args)
+
+
+def _main(args: list[str]) -> None:
+    from ddp_runner.config import overrides
+
     try:
         cli, hydra_args, config_path = _hydra_args(args)
     except PlanError as err:
         sys.exit(refuse(err))
     sys.argv = [sys.argv[0], *hydra_args]
     if not cli.multirun and not any(a.startswith("hydra.mode=") for a in args):
-        _skip_mode_probe()
+        overrides.skip_mode_probe()
     # Hydra reports a config it cannot compose with exit code 1 and its own text; held back here, and turned
     # into a refusal (exit 2) that names the key and the fix. _app restores stderr as soon as a job starts.
     _run.stderr, sys.stderr = sys.stderr, io.StringIO()
@@ -222,7 +222,7 @@ def main() -> None:
         err = overrides.diagnose(cli, config_path)
         if err.key == "overrides" and held.strip():
             err = PlanError(err.key, err.value, held.strip().splitlines()[0], err.fix)
-        sys.exit(refuse(err))
+        sys.exit(refuse(overrides.on_resume(err, cli)))
     finally:
         _restore_stderr()
         if _run.jobs_of is not None:

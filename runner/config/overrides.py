@@ -142,6 +142,27 @@ def diagnose(cli: Cli, config_path: str, primary: str = "config") -> PlanError:
     return PlanError("overrides", " ".join(cli.overrides), "Hydra could not compose the config", _GRAMMAR)
 
 
+def on_resume(err: PlanError, cli: Cli) -> PlanError:
+    """A composition refusal of a ``resume=`` command that names a ``task.`` key: a continued run's task and model
+    are its checkpoint's, so the fix is to drop the key (or start a new run), not another spelling of it."""
+    resume = next((o.split("=", 1)[1] for o in cli.overrides if o.startswith("resume=")), None)
+    if resume is None or not err.key.startswith("task."):
+        return err
+    return PlanError(err.key, err.value, f"{err.problem}: resume={resume} takes its task and model from the"
+                     " checkpoint's run, and they cannot change on resume",
+                     f"drop {err.key}= (docs/resume.md lists what may change on resume), or start a new run from"
+                     " step 0 with it")
+
+
+def skip_mode_probe() -> None:
+    """Hydra composes the config twice per launch, once only to read ``hydra.mode``. Our config never sets
+    it, so outside ``-m`` the probe is skipped: ~50 ms of start-up, which matters for short runs."""
+    from hydra._internal.hydra import Hydra
+
+    if hasattr(Hydra, "get_mode"):
+        Hydra.get_mode = lambda self, config_name, overrides: None  # None = decided by --multirun alone
+
+
 def compose(cli: Cli, config_path: str) -> Any:
     """The config ``cli`` composes (a sweep's first value per key), as Hydra would, for the answers that run
     nothing (``--help``, ``--cfg``); a HydraException when it cannot be composed."""
@@ -222,7 +243,9 @@ def _is_group(key: str) -> bool:
 
 
 def _nearest(key: str, keys: set[str]) -> str | None:
-    match = difflib.get_close_matches(key, sorted(keys), n=1, cutoff=0.6)
+    # Only a key at the same depth is a likely typo: task.model.width is no misspelt task.module.
+    match = difflib.get_close_matches(key, sorted(k for k in keys if k.count(".") == key.count(".")), n=1,
+                                      cutoff=0.6)
     return match[0] if match else None
 
 

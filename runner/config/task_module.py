@@ -119,7 +119,8 @@ def locate(module: Any, cwd: str | None = None, extra: list[str] | None = None) 
     if where is None and origin and _root_of(origin, module) == os.path.realpath(cwd):
         where = cwd  # found through `python -m`'s working directory on sys.path, which the workers (-P) lack
     if not origin or not origin.endswith(".py") or not os.path.isfile(origin):
-        return where  # a compiled or namespace module: the workers find out what it holds
+        _check_unparsed(module, spec, where)  # frozen, built-in, C extension or namespace: no source to parse
+        return where
     try:
         with open(origin, encoding="utf-8") as f:
             tree = ast.parse(f.read(), filename=origin)
@@ -136,6 +137,28 @@ def locate(module: Any, cwd: str | None = None, extra: list[str] | None = None) 
                         f" (ModuleNotFoundError, from {origin})",
                         f"install {missing[0]} into this environment, or remove the import")
     return where
+
+
+def _check_unparsed(module: str, spec: Any, where: str | None) -> None:
+    """A module with no Python source to parse must still define ``build``: a namespace package (a folder with no
+    ``__init__.py``) cannot; a frozen, built-in or compiled module is imported here to look (the standard library's
+    cost nothing, and a user's compiled task is rare)."""
+    if spec.origin in (None, "namespace") or (spec.submodule_search_locations is not None and not spec.has_location
+                                              and spec.loader is None):
+        raise PlanError("task.module", module, "is a namespace package (a folder without __init__.py), which"
+                        " defines no build()", "point task.module at the module inside it that defines build(cfg,"
+                        " device), e.g. task.module=" + module + ".task")
+    if where and where not in sys.path:
+        sys.path.append(where)
+    try:
+        mod = importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - whatever its import raises, the workers would meet it too
+        raise PlanError("task.module", module, f"cannot be imported ({type(exc).__name__}: {exc})", _FIX) from exc
+    if not callable(getattr(mod, "build", None)):
+        kind = {"frozen": "a frozen module", "built-in": "a built-in module"}.get(str(spec.origin),
+                                                                                 f"a compiled module ({spec.origin})")
+        raise PlanError("task.module", module, f"defines no build(): it is {kind}, not a task",
+                        "point task.module at your task's module, which defines build(cfg, device) -> TaskParts")
 
 
 def _root_of(origin: str, module: str) -> str:

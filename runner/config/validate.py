@@ -134,8 +134,21 @@ def check_data(data: Mapping[str, Any]) -> None:
     check_keys({"data": data}, DATA_RULES.get(str(data.get("name")), ()))
 
 
+def check_task_name(cfg: Mapping[str, Any]) -> None:
+    """``task.name`` names the run directory (``<time>_<task.name>_w<N>``): a plain name, never a path."""
+    task = cfg.get("task")
+    name = task.get("name") if isinstance(task, Mapping) else None
+    if name is None:
+        return
+    text_name = str(name)
+    if not text_name or "/" in text_name or "\\" in text_name or text_name.startswith(".") or "\x00" in text_name:
+        raise PlanError("task.name", name, "must be a plain name: it names the run directory, and a path in it"
+                        " would put the run elsewhere", "use letters, digits, '-' and '_', e.g. task.name=mytask")
+
+
 def check(cfg: Mapping[str, Any]) -> None:
     """Everything the driver checks from the config alone, before it looks at files, tasks or devices."""
+    check_task_name(cfg)
     check_engine(cfg)
     if isinstance(cfg.get("data"), Mapping):
         check_data(cfg["data"])

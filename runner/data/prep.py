@@ -94,9 +94,11 @@ def _check_token_file(key: str, url: str, fmt: str) -> int:
                + (", or null for the default corpus" if key == "data.path" else
                   ", or data.val_path=null to hold out data.val_fraction of data.path"))
         raise PlanError(key, url, "not found", fix) from exc
-    except (ImportError, ValueError, OSError) as exc:  # unknown protocol, missing fsspec backend, no access
-        raise PlanError(key, url, f"cannot be opened ({type(exc).__name__}: {exc})",
-                        "check the URL, its fsspec backend package and its credentials") from exc
+    except Exception as exc:  # noqa: BLE001 - an unknown protocol, a backend's own errors (botocore's…): a refusal
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise PlanError(key, url, f"cannot be opened ({type(exc).__name__}: {first})",
+                        "check the URL, its fsspec backend package and its credentials (pass credentials through"
+                        " the environment or the backend's own configuration, not inside the URL)") from None
     if info.get("type") == "directory":
         base = url.rstrip("/")
         name = "train.bin" if key == "data.path" else "val.bin"
@@ -181,7 +183,7 @@ def _describe_file(url: str, fmt: str) -> dict[str, Any]:
         else:
             out.update(sha256=None,
                        identity=f"size+mtime (larger than {HASH_MAX_BYTES // 2**20} MB: not hashed at launch)")
-    except OSError as exc:  # describing must never stop a run that prepare() accepted
+    except Exception as exc:  # noqa: BLE001 - describing must never stop a run that prepare() accepted
         out["error"] = f"{type(exc).__name__}: {exc}"
     return out
 

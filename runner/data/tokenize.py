@@ -73,6 +73,7 @@ class Encoded:
     n_tokens: int
     doc_ends: list[int] = field(default_factory=list)
     sha256: str = ""
+    undecodable: dict[str, int] = field(default_factory=dict)  # bytes that were not UTF-8, by source file
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train-bytes", type=int, default=DEFAULT_TRAIN_BYTES, metavar="N",
                    help=f"train the BPE on at most the first N bytes of text (default {DEFAULT_TRAIN_BYTES}; "
                         "0 = all); all of it is tokenized")
+    p.add_argument("--strict-utf8", action="store_true",
+                   help="refuse input holding bytes that are not UTF-8 (default: replace them by U+FFFD, with a warning"
+                   " that counts them)")
     p.add_argument("--quiet", action="store_true", help="no progress bars (they show only on a terminal anyway)")
     return p
 
@@ -189,6 +193,7 @@ def run(args: argparse.Namespace) -> int:
     exclude = out_root.rstrip("/") + "/" if type(out_fs) is type(fs) else None
     sources = find_sources(fs, root, args.input, globs, exclude)
     total = sum(s.size for s in sources)
+    check_text(fs, sources, args.input)
     say(f"{len(sources)} file(s), {_human(total)} of text from {args.input}")
     tok, tok_info, vocab_size, eot_id = _tokenizer(args, fs, sources)
 
@@ -203,6 +208,7 @@ def run(args: argparse.Namespace) -> int:
     temps = [work / f"{name}{tmp_tag}" for name in ("tokens.bin", "val.bin", "tokenizer.json", layout.TOKENS_META)]
     try:
         enc = encode(tok, fs, sources, total, eot_id, temps[0], quiet=args.quiet)
+        _undecodable(enc, args)
         if enc.n_tokens == 0:
             raise UsageError("input", args.input, "the text gave no tokens", "give it some text")
         n_train, split_how = choose_split(enc.n_tokens, enc.doc_ends, args.val_fraction)
@@ -305,6 +311,63 @@ def find_sources(fs: Any, root: str, url: str, globs: Sequence[str], exclude: st
     return found
 
 
+# Bytes that are not UTF-8: replaced by U+FFFD as the "replace" handler does, and counted (one CLI, one thread).
+_COUNTING = "ddp-tokenize-count"
+_REPLACED = [0]
+
+
+def _count_and_replace(exc: UnicodeError) -> tuple[str, int]:
+    assert isinstance(exc, UnicodeDecodeError)
+    _REPLACED[0] += exc.end - exc.start
+    return "\ufffd", exc.end
+
+
+codecs.register_error(_COUNTING, _count_and_replace)
+# What a binary file starts with (executables, archives, images, PDFs, compiled Python, numpy, torch).
+_MAGIC = {b"\x7fELF": "an ELF executable", b"MZ": "a Windows executable", b"PK\x03\x04": "a zip archive",
+          b"\x1f\x8b": "a gzip archive", b"%PDF": "a PDF", b"\x89PNG": "a PNG image", b"\xff\xd8\xff": "a JPEG image",
+          b"\x93NUMPY": "a numpy array", b"\xcf\xfa\xed\xfe": "a Mach-O executable", b"BZh": "a bzip2 archive",
+          b"\xfd7zXZ": "an xz archive", b"(\xb5/\xfd": "a zstd archive"}
+
+
+def binary_kind(head: bytes) -> str | None:
+    """What a file that begins with ``head`` is when it is not text (None: it may be text): a known magic
+    number, or NUL bytes, which no text file holds."""
+    for magic, kind in _MAGIC.items():
+        if head.startswith(magic):
+            return kind
+    if b"\x00" in head:
+        return "binary data (it holds NUL bytes)"
+    return None
+
+
+def check_text(fs: Any, sources: list[Source], url: str) -> None:
+    """Refuse (UsageError) input whose files are binary, naming the first such file."""
+    for s in sources:
+        with fs.open(s.path, "rb") as f:
+            kind = binary_kind(f.read(8192))
+        if kind:
+            where = url if len(sources) == 1 else f"{url} ({s.rel})"
+            raise UsageError("input", where, f"is {kind}, not text",
+                             "pass text files (a folder is searched for --glob patterns: narrow them, e.g. --glob"
+                             " '*.txt')")
+
+
+def _undecodable(enc: Encoded, args: argparse.Namespace) -> None:
+    """Say how many bytes were not UTF-8 (and where), or refuse them with --strict-utf8."""
+    if not enc.undecodable:
+        return
+    count = sum(enc.undecodable.values())
+    files = ", ".join(f"{rel} ({n})" for rel, n in list(enc.undecodable.items())[:5])
+    more = f" and {len(enc.undecodable) - 5} more files" if len(enc.undecodable) > 5 else ""
+    if args.strict_utf8:
+        raise UsageError("input", args.input, f"holds {count} bytes that are not UTF-8 (in {files}{more})",
+                         "convert the files to UTF-8 (e.g. iconv -f latin1 -t utf-8), or drop --strict-utf8 to"
+                         " replace those bytes by U+FFFD")
+    say(f"warning: {count} bytes that are not UTF-8 were replaced by U+FFFD (in {files}{more}); --strict-utf8"
+        " refuses such input")
+
+
 def read_text(fs: Any, path: str, chunk: int = CHUNK_BYTES, hasher: Any = None,
               progress: Any = None) -> Iterator[str]:
     """The text of a file in pieces of about ``chunk`` bytes, each cut after a line end.
@@ -313,7 +376,7 @@ def read_text(fs: Any, path: str, chunk: int = CHUNK_BYTES, hasher: Any = None,
     (a stray Latin-1 byte should not stop a corpus); a UTF-8 byte-order mark is dropped. ``hasher`` sees the raw
     bytes, ``progress`` their count.
     """
-    decoder = codecs.getincrementaldecoder("utf-8-sig")(errors="replace")
+    decoder = codecs.getincrementaldecoder("utf-8-sig")(errors=_COUNTING)
     pending = ""
     with fs.open(path, "rb") as f:
         while raw := f.read(chunk):
@@ -445,6 +508,7 @@ def encode(tok: Any, fs: Any, sources: list[Source], total: int, eot_id: int | N
     with open(out, "wb") as f, tqdm(total=total, unit="B", unit_scale=True, desc="tokenizing",
                                     disable=True if quiet else None, file=sys.stderr) as bar:
         for s in sources:
+            before = _REPLACED[0]
             pieces = read_text(fs, s.path, hasher=hasher, progress=bar)
             prev = next(pieces, None)
             while prev is not None:  # look one ahead to know which piece ends the document
@@ -454,6 +518,8 @@ def encode(tok: Any, fs: Any, sources: list[Source], total: int, eot_id: int | N
                 if batch_bytes >= BATCH_BYTES:
                     flush(f)
                 prev = nxt
+            if _REPLACED[0] > before:
+                result.undecodable[s.rel] = _REPLACED[0] - before
         flush(f)
     result.sha256 = hasher.hexdigest()
     return result

@@ -154,10 +154,28 @@ def root_cause(evidence: Mapping[str, Any]) -> dict[str, Any] | None:
     }
 
 
+# Errors of the system underneath that a library's own message hides (torch.save on a full disk raises
+# "[enforce fail at inline_container.cc] . unexpected pos …"; the rank log holds the OS's word for it).
+_OS_ERRORS = {"No space left on device": "the disk holding the run directory (or the temporary folder) is full",
+              "Disk quota exceeded": "the disk quota of the run directory's filesystem is used up",
+              "Read-only file system": "the run directory's filesystem is read-only"}
+
+
+def with_os_error(cause: dict[str, Any], logs: Mapping[int, str]) -> dict[str, Any]:
+    """``cause`` with the OS error its rank's log names (a full disk…) put first in its message, when the message
+    itself does not say it; unchanged otherwise."""
+    text = logs.get(cause.get("rank")) if isinstance(cause.get("rank"), int) else None
+    message = str(cause.get("message") or "")
+    for words, meaning in _OS_ERRORS.items():
+        if text and words in text and words not in message:
+            return {**cause, "message": f"{words} ({meaning}); the error raised: {message}"}
+    return cause
+
+
 def headline(cause: Mapping[str, Any]) -> str:
     """The console's one line naming the rank and the cause: ``earliest error on rank 1 [hang]: …``."""
     who = f"rank {cause['rank']}" if cause.get("rank") is not None else "the launcher"
-    return f"earliest error on {who} [{cause['class']}]: {cause['type']}: {cause['message']}"
+    return f"earliest error on {who} [{cause.get('class')}]: {cause.get('type')}: {cause.get('message')}"
 
 
 def consequence_lines(cause: Mapping[str, Any], most: int = 8) -> list[str]:

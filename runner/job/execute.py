@@ -7,6 +7,7 @@ launches and supervises → exit code.
 
 from __future__ import annotations
 
+import copy
 import os
 import shlex
 import sys
@@ -21,13 +22,14 @@ from omegaconf import OmegaConf
 from ddp_runner.config import memory_plan
 from ddp_runner.config.diagnostic_keys import without_fault
 from ddp_runner.config.plan import Plan
-from ddp_runner.contract import layout
+from ddp_runner.contract import checkpoints, layout, secrets
 from ddp_runner.contract.errors import PlanError
 from ddp_runner.data import prep as data_prep
 from ddp_runner.diagnostics.doctor import cheap_report
 from ddp_runner.job.planning import memory, plan_job
 from ddp_runner.launch import registry
 from ddp_runner.launch.base import Job
+from ddp_runner.rundir import records, resume_keys
 from ddp_runner.rundir import resume as resume_checks
 from ddp_runner.rundir import run_dir as rundir
 from ddp_runner.rundir.lease import take_or_refuse
@@ -53,6 +55,10 @@ class Invocation:
     # A sweep's queued jobs (Slurm): each submitted job's (run dir, job id) is added here, and followed by the
     # sweep with the others (None: the launcher follows the job itself).
     submitted: list[Any] | None = None
+    env_raw: dict[str, str] = field(default_factory=dict)  # keys set by ${oc.env:…}: their text, never their value
+    masks: list[str] = field(default_factory=list)  # the secret strings nothing written or printed may hold
+    real: dict[str, str] = field(default_factory=dict)  # {key: real value} of what config.yaml holds masked
+    resume_changes: dict[str, Any] = field(default_factory=dict)  # settings changed on resume (run.json)
 
     def record(self, task_dir: str | None) -> dict[str, Any]:
         """``invocation`` in run.json."""
@@ -78,11 +84,12 @@ class Outcome:
 
 
 def refuse(err: PlanError) -> Outcome:
-    """Print a refusal the user can act on; the refused outcome."""
-    print(f"ddp-run: refused: {err.key}={err.value!r}: {err.problem}.\n"
-          f"  key:   {err.key}\n  value: {err.value!r}\n  fix:   {err.fix}\n"
-          "Nothing was started and no run directory was created.", file=sys.stderr)
-    return Outcome(layout.EXIT_REFUSED, reason=f"refused: {err.key}={err.value!r}: {err.problem}")
+    """Print a refusal the user can act on (its secrets masked); the refused outcome."""
+    print(secrets.redact(f"ddp-run: refused: {err.key}={err.value!r}: {err.problem}.\n"
+                         f"  key:   {err.key}\n  value: {err.value!r}\n  fix:   {err.fix}\n"
+                         "Nothing was started and no run directory was created.", secrets.KNOWN), file=sys.stderr)
+    return Outcome(layout.EXIT_REFUSED,
+                   reason=secrets.redact(f"refused: {err.key}={err.value!r}: {err.problem}", secrets.KNOWN))
 
 
 def absolute_paths(conf: dict[str, Any]) -> dict[str, str]:
@@ -98,6 +105,46 @@ def absolute_paths(conf: dict[str, Any]) -> dict[str, str]:
     return given
 
 
+def yaml_container(text: str) -> Any:
+    """config.yaml's text as a plain container, interpolations left as text."""
+    return OmegaConf.to_container(OmegaConf.create(text), resolve=False)
+
+
+def on_disk(conf: dict[str, Any], env_raw: dict[str, str]) -> dict[str, Any]:
+    """The config as config.yaml records it: a value from the environment as its ``${oc.env:…}`` text (resolved
+    again when the run is continued), URL credentials masked. The workers get the real values from the
+    environment (:data:`secrets.ENV_SECRETS`)."""
+    written = copy.deepcopy(conf)
+    for key, value in secrets.secret_keys(conf, env_raw).items():
+        secrets.set_key(written, key, env_raw.get(key) or secrets.redact_urls(value))
+    return written
+
+
+def _keep_secrets(conf: dict[str, Any], how: Invocation) -> None:
+    """Note the config's secrets: masked in everything written or printed from here on (the driver's tracebacks
+    too), handed to the workers through their environment."""
+    how.real = secrets.secret_keys(conf, how.env_raw)
+    how.masks = secrets.secret_values(conf, how.env_raw)
+    secrets.KNOWN.update(how.masks)
+
+
+def _restore_redacted(conf: dict[str, Any], run_url: str, overrides: list[str]) -> None:
+    """A continued run's config.yaml holds URL credentials masked: the command line gives them again (the same
+    URL), or the continuation is refused before launch."""
+    given = {o.split("=", 1)[0].lstrip("+~"): o.split("=", 1)[1] for o in overrides if "=" in o}
+    for key, value in records.flat(conf).items():
+        if not secrets.is_redacted(value):
+            continue
+        if key in given and secrets.redact_urls(given[key]) == value:
+            secrets.set_key(conf, key, given[key])
+            continue
+        raise PlanError(key, value, f"{run_url}'s config.yaml holds its credentials masked (never written to disk),"
+                        " so the workers cannot use it as recorded",
+                        f"give it again on the command line: ddp-run resume={run_url} {key}=<the URL with its"
+                        " credentials>, or set the password through the environment: "
+                        f"{key}=…:${{oc.env:MY_PASSWORD}}@…")
+
+
 def new_run_dir(conf: dict[str, Any], plan: Plan, started: datetime) -> rundir.RunDir:
     """A single run's directory: ``<root>/<date>/<time>_<task>_w<ws>``."""
     return rundir.create_run_dir(conf["output"]["root"], conf["task"]["name"], plan.world_size, started)
@@ -105,6 +152,7 @@ def new_run_dir(conf: dict[str, Any], plan: Plan, started: datetime) -> rundir.R
 
 # What a continued run takes from the command line; everything else is its own config.yaml.
 CONTINUE_KEYS = ("resume", "output.root", "dry_run", "train.max_steps")
+# ... and a key whose recorded value has its credentials masked, given again with them (see _restore_redacted).
 
 
 def _int_or_refuse(key: str, value: str) -> int:
@@ -113,44 +161,85 @@ def _int_or_refuse(key: str, value: str) -> int:
     return int(value)
 
 
-def _continued_run(resume: str, dry_run: bool, overrides: list[str]) -> tuple[dict[str, Any], rundir.RunDir]:
-    """``resume=<run dir>``: that run's own config, and the directory, its lease taken (held until this driver
-    exits). Workers take the run's own newest checkpoint first and fall back to where the run started from."""
+def _settings_changed(conf: dict[str, Any], composed: dict[str, Any], overrides: list[str], run_url: str,
+                      ) -> dict[str, tuple[Any, Any]]:
+    """The settings a continued run's command line changes (their values as Hydra composed them): refused
+    (PlanError) when the checkpoint fixes them (runner/rundir/resume_keys.py), else ``{key: (old, new)}``, applied
+    from the step it continues at. A config group named (``data=text``) is ignored, with a warning."""
+    recorded, given = records.flat(conf), records.flat(composed)
+    theirs, mine, ignored = {}, {}, []
+    for o in overrides:
+        key = o.split("=", 1)[0].lstrip("+~")
+        if key in CONTINUE_KEYS or secrets.is_redacted(recorded.get(key)) or key.startswith("hydra"):
+            continue
+        if key in ("world_size", "batch.accumulation") or key.startswith("fault"):  # the run's own
+            ignored.append(o)
+        elif key in given or key in recorded:
+            theirs[key], mine[key] = recorded.get(key, "<absent>"), given.get(key, "<absent>")
+        else:
+            ignored.append(o)
+    if ignored:
+        print(secrets.redact(f"ddp-run: warning: continuing {run_url} with its own config.yaml; ignored: "
+                             f"{' '.join(ignored)}"), file=sys.stderr, flush=True)
+    try:
+        resume_keys.check(theirs, mine, run_url, None)
+    except PlanError as err:
+        raise PlanError(err.key, err.value, err.problem.replace("the checkpoint's run", "the run's own config.yaml"),
+                        f"drop {err.key}= to continue the run as it was, or start a new run from its checkpoint with"
+                        f" it changed where that is allowed (docs/resume.md)") from None
+    return {k: (theirs[k], mine[k]) for k in resume_keys.differences(theirs, mine)}
+
+
+def _continued_run(resume: str, dry_run: bool, overrides: list[str], composed: dict[str, Any],
+                   ) -> tuple[dict[str, Any], rundir.RunDir, dict[str, str], dict[str, Any]]:
+    """``resume=<run dir>``: that run's own config, the directory, its lease taken (held until this driver
+    exits), and the config's keys set from the environment (:func:`records.env_interpolations`). Workers take
+    the run's own newest checkpoint first and fall back to where the run started from."""
     rd = rundir.open_run_dir(resume)
-    with rd.fs.open(layout.join(rd.path, layout.CONFIG)) as f:
-        conf = OmegaConf.to_container(OmegaConf.create(f.read().decode()), resolve=True)
+    try:  # a damaged record is a refusal that names the file, never a traceback
+        conf = records.read_config(rd.fs, rd.path)
+        env_raw = records.env_interpolations(yaml_container(records.read_config_text(rd.fs, rd.path)))
+        previous = records.read_manifest(rd.fs, rd.path)
+        records.read_summary(rd.fs, rd.path)
+    except records.DamagedFile as damaged:
+        raise damaged.refusal() from None
     conf["dry_run"] = dry_run
     if without_fault(conf):  # a rehearsal fault strikes once, not again in the continued run
         print("ddp-run: note: the run's fault.* is not repeated when it is continued", file=sys.stderr)
     keys = {o.split("=", 1)[0].lstrip("+~"): o.split("=", 1)[-1] for o in overrides}
-    ignored = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in CONTINUE_KEYS]
-    if ignored:
-        print(f"ddp-run: warning: continuing {rd.url} with its own config.yaml; ignored: {' '.join(ignored)}",
-              file=sys.stderr, flush=True)
-    previous = rd.read_json(layout.MANIFEST)
+    changes = _settings_changed(conf, composed, overrides, rd.url)
     resume_checks.check_no_live_driver(rd.url, previous)
     max_steps = _int_or_refuse("train.max_steps", keys["train.max_steps"]) if "train.max_steps" in keys else None
     resume_checks.check_continuable(rd.url, previous, conf, max_steps)  # before the lease: a refusal changes nothing
     if max_steps is not None:
         conf["train"]["max_steps"] = max_steps
+    _restore_redacted(conf, rd.url, overrides)
+    step = resume_checks.newest_checkpoint(rd.url)
+    for key, (_, new) in changes.items():  # applied from the step it continues at, and recorded so
+        secrets.set_key(conf, key, new)
     rd.lease = take_or_refuse(rd.fs, rd.path, rd.url)
     rd.continued = True
-    return conf, rd
+    at = checkpoints.step_of(step) if step else None
+    return conf, rd, env_raw, {k: {"checkpoint": old, "used": new, "from_step": at}
+                               for k, (old, new) in changes.items()}
 
 
-def _planned(conf: dict[str, Any], rd: rundir.RunDir | None) -> tuple[Plan, str | None, Any, dict | None]:
-    """Plan the job (PlanError on refusal): its plan, task directory, probe and memory plan."""
-    recorded = rd.read_json(layout.MANIFEST).get("invocation", {}).get("task_dir") if rd is not None else None
+def _planned(conf: dict[str, Any], rd: rundir.RunDir | None,
+             ) -> tuple[Plan, str | None, Any, dict | None, dict[str, Any]]:
+    """Plan the job (PlanError on refusal): its plan, task directory, probe, memory plan, and the settings that
+    differ from its checkpoint's run (resume=<checkpoint>: they apply from its step on)."""
+    recorded = (rd.read_json(layout.MANIFEST).get("invocation") or {}).get("task_dir") if rd is not None else None
     plan, task_dir, probe = plan_job(conf, [recorded] if recorded else [])
     resume = str(conf.get("resume", "auto"))
     try:
+        changes = {}
         if rd is None and resume not in resume_checks.NEW_RUN:
-            resume_checks.check_resume_source(resume, plan)
+            changes = resume_checks.check_resume_source(resume, plan, conf)
     except BaseException:
         if probe is not None:
             probe.cancel()
         raise
-    return plan, task_dir, probe, memory(conf, plan, probe)
+    return plan, task_dir, probe, memory(conf, plan, probe), changes
 
 
 def _announce(conf: dict[str, Any], plan: Plan, mem: dict[str, Any] | None) -> None:
@@ -166,11 +255,14 @@ def _record_start(job: Job, rd: rundir.RunDir, cmd: list[str], how: Invocation, 
                   mem: dict[str, Any] | None) -> dict[str, Any]:
     """config.yaml (what the workers run) and run.json (the manifest) into the opened run directory."""
     conf, plan = job.conf, job.plan
-    rd.write_text(layout.CONFIG, OmegaConf.to_yaml(OmegaConf.create(conf)))
+    rd.write_text(layout.CONFIG, OmegaConf.to_yaml(OmegaConf.create(job.written or on_disk(conf, how.env_raw))))
     manifest = initial_manifest(plan, cmd, conf["task"]["name"], started, invocation=how.record(job.task_dir),
                                 data=data_prep.describe(conf["data"]))
+    manifest = secrets.redact_tree(manifest, how.masks)
     manifest["doctor"] = cheap_report(gpu=plan.device == "cuda")  # the preflight checks that cost no time
     manifest[layout.MANIFEST_MEMORY_PLAN] = mem
+    if how.resume_changes:  # what differs from the checkpoint's run, the value used, and from which step
+        manifest["resume_changes"] = how.resume_changes
     if rd.continued:
         previous = rd.read_json(layout.MANIFEST)
         manifest["started"] = previous.get("started", manifest["started"])
@@ -201,7 +293,8 @@ def _print_dry_run(how: Invocation, cmd: list[str], launcher: str) -> None:
     what = "this sweep" if {"-m", "--multirun"} & set(how.argv) else "this plan"
     starts = ("submits an sbatch job (RUN_DIR/slurm/job.sbatch) whose nodes run" if launcher == "slurm"
               else "starts")
-    print(f"ddp-run: dry run, nothing launched. To launch {what}, run:\n  " + shlex.join(launch_argv(how.argv))
+    print(f"ddp-run: dry run, nothing launched. To launch {what}, run:\n  "
+          + secrets.redact(shlex.join(launch_argv(how.argv)), how.masks)
           + "\nddp-run then creates the run directory (RUN_DIR below), writes config.yaml and run.json into it, and "
           f"{starts}:\n  " + " ".join(_shell_word(a) for a in cmd), flush=True)
 
@@ -219,21 +312,39 @@ def execute(composed: dict[str, Any], how: Invocation,
             resume = resume_checks.latest_unfinished(str(composed["output"]["root"]))
             print(f"ddp-run: resume=last: continuing {resume}", flush=True)
         if resume not in resume_checks.NEW_RUN and resume_checks.is_run_dir(resume):
-            conf, rd = _continued_run(resume, bool(composed.get("dry_run")), how.overrides)
+            conf, rd, how.env_raw, how.resume_changes = _continued_run(resume, bool(composed.get("dry_run")),
+                                                                       how.overrides, composed)
         else:
             how.paths_given = absolute_paths(conf)
             if check is not None:
                 check(conf)
-        plan, task_dir, probe, mem = _planned(conf, rd)
+        _keep_secrets(conf, how)  # before planning: a refusal's message is masked too
+        try:
+            plan, task_dir, probe, mem, changes = _planned(conf, rd)
+            how.resume_changes.update(changes)
+        except (KeyError, TypeError, AttributeError) as exc:
+            if rd is None:
+                raise
+            # A continued run plans its own config.yaml: a value of the wrong kind in it is damage, named as such.
+            path = layout.join(rd.url, layout.CONFIG)
+            raise records.DamagedFile(path, f"holds a value the plan cannot use ({type(exc).__name__}: {exc})",
+                                      records.fix_for(layout.CONFIG, rd.url)).refusal() from None
     except PlanError as err:
         if rd is not None and rd.lease is not None:  # refused after taking the lease: give it back now
             rd.lease.release()
         return refuse(err)
+    _keep_secrets(conf, how)
     _announce(conf, plan, mem)
+    if how.resume_changes:  # what differs from the checkpoint's run applies from its step on; run.json records it
+        print(secrets.redact("ddp-run: changed on resume: " + ", ".join(
+            f"{k} {c['checkpoint']!r} -> {c['used']!r}" for k, c in how.resume_changes.items())
+            + (f" (from step {next(iter(how.resume_changes.values()))['from_step']})"
+               if next(iter(how.resume_changes.values()))['from_step'] is not None else ""), how.masks), flush=True)
     launcher = registry.get(conf["launcher"])
     if conf["dry_run"]:
         _print_dry_run(how, launcher.command(plan, conf["launcher"], _RUN_DIR), conf["launcher"]["name"])
-        print(OmegaConf.to_yaml(OmegaConf.create({"plan": plan.to_manifest(), layout.MANIFEST_MEMORY_PLAN: mem})))
+        print(secrets.redact(OmegaConf.to_yaml(OmegaConf.create({"plan": plan.to_manifest(),
+                                                                   layout.MANIFEST_MEMORY_PLAN: mem})), how.masks))
         if rd is not None and rd.lease is not None:
             rd.lease.release()
         return Outcome(0)
@@ -244,7 +355,7 @@ def execute(composed: dict[str, Any], how: Invocation,
     _say_where_it_starts(conf, rd, how)
     make = how.new_run_dir or new_run_dir
     job = Job(conf, plan, t0, task_dir, rd=rd, new_run_dir=lambda: make(conf, plan, started),
-              submitted=how.submitted)
+              submitted=how.submitted, written=on_disk(conf, how.env_raw))
     return _launch(job, launcher, how, started, mem, probe)
 
 
@@ -262,6 +373,19 @@ def _say_where_it_starts(conf: dict[str, Any], rd: rundir.RunDir | None, how: In
 def _launch(job: Job, launcher: Any, how: Invocation, started: datetime, mem: dict[str, Any] | None,
             probe: Any) -> Outcome:
     """Open (or join) the run directory through the launcher, record the start, launch."""
+    # The workers (torchrun inherits this environment) get the real values of what config.yaml holds masked;
+    # only for the launch: nothing else this process starts inherits them.
+    os.environ.pop(secrets.ENV_SECRETS, None)
+    if how.real:
+        os.environ[secrets.ENV_SECRETS] = secrets.encode(how.real)
+    try:
+        return _open_and_launch(job, launcher, how, started, mem, probe)
+    finally:
+        os.environ.pop(secrets.ENV_SECRETS, None)
+
+
+def _open_and_launch(job: Job, launcher: Any, how: Invocation, started: datetime, mem: dict[str, Any] | None,
+                     probe: Any) -> Outcome:
     try:
         rd = launcher.open(job)
         if rd is None:  # another node of a multi-node run: node 0's driver opens the run directory
@@ -278,3 +402,8 @@ def _launch(job: Job, launcher: Any, how: Invocation, started: datetime, mem: di
         return Outcome(launcher.launch(job, rd, manifest), run_dir=rd.url)
     except PlanError as err:  # refused by the launcher at launch (sbatch): it left no run directory
         return refuse(err)
+    except OSError as exc:  # the run directory became unwritable while it ran: one line and a true status
+        from ddp_runner.launch.finalize import failed_while
+
+        return Outcome(failed_while(rd, manifest, "running (the run directory could not be written)", exc),
+                       run_dir=rd.url)

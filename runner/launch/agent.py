@@ -7,15 +7,59 @@ creates listen on one address instead of every interface (``runner/contract/netb
 
 from __future__ import annotations
 
-from ddp_runner.contract import netbind
+import os
+
+from ddp_runner.contract import layout, netbind
+
+
+def temp_dir(agent_pid: int) -> str:
+    """The agent's private temporary folder: torchrun makes a ``torchelastic_*`` folder of logs in the temporary
+    folder at every launch and never removes it (hundreds pile up); here it goes inside this one, which the agent
+    removes when it ends (and the driver, should the agent be killed)."""
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"ddp-run-agent-{agent_pid}")
+
+
+def _private_debug_output() -> None:
+    """debug=true: the agent's C++ output (c10d's store ports and rendezvous keys, at TORCH_CPP_LOG_LEVEL=INFO)
+    goes to the owner-only ``logs/debug/agent.log``, not to logs/torchrun.log (mode 644), which keeps torchrun's
+    Python messages (as the workers do, tasks/engine/diagnostics/debug.py). Before torch is imported."""
+    import sys
+
+    local = os.environ.get(layout.ENV_LOCAL_DIR)
+    if not os.environ.get(layout.ENV_DEBUG) or not local:
+        return
+    directory = os.path.join(local, layout.DEBUG_LOGS)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    os.chmod(directory, 0o700)
+    node = os.environ.get(layout.ENV_NODE)  # several nodes share a run directory: one file each
+    name = f"agent.node{node}.log" if node else "agent.log"
+    fd = os.open(os.path.join(directory, name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.fchmod(fd, 0o600)
+    sys.stderr.flush()
+    python_stderr = os.dup(2)  # logs/torchrun.log
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stderr = os.fdopen(python_stderr, "w", buffering=1)
 
 
 def main() -> None:
     """Bind the stores, then hand over to torchrun's own main (it reads ``sys.argv``)."""
+    import shutil
+    import tempfile
+
+    _private_debug_output()  # first: binding the stores below imports torch
     netbind.install()
     from torch.distributed.run import main as torchrun_main
 
-    torchrun_main()
+    mine = temp_dir(os.getpid())
+    os.makedirs(mine, mode=0o700, exist_ok=True)
+    tempfile.tempdir = mine  # this process only: the workers keep the user's TMPDIR (and compile caches)
+    try:
+        torchrun_main()
+    finally:
+        shutil.rmtree(mine, ignore_errors=True)
 
 
 if __name__ == "__main__":

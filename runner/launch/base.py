@@ -33,6 +33,7 @@ class Job:
     # A sweep's job under a launcher that queues (Slurm): submitted as (run dir, job id) into this list, not
     # followed; the sweep follows all its jobs together (runner/launch/slurm_sweep.py). None: follow it here.
     submitted: list[tuple[RunDir, str]] | None = None
+    written: dict[str, Any] | None = None  # the config as config.yaml records it (secrets masked)
 
     @property
     def launcher(self) -> Mapping[str, Any]:

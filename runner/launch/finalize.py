@@ -108,6 +108,8 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
         "world_size": plan.world_size, "errors": errors, "facts": facts, "watch": watch,
         "progress": read_progress(rd.local, plan.world_size), "exit_codes": exit_codes, "rc": rc,
         "interrupted": interrupted, "agent_tail": agent_log.strip().splitlines()[-12:]})
+    if cause is not None:
+        cause = rootcause.with_os_error(cause, logs)
     if cause is None and not ok and stopped is None:  # torchrun ended well but some rank did not report completion
         cause = {"rank": None, "class": "launcher_error", "type": "Incomplete", "where": "torchrun",
                  "message": f"torchrun exited with {rc} but not every rank reported completion",
@@ -163,10 +165,16 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
     return _exit_code(ok, rc, interrupted)
 
 
+def failed_while(rd: RunDir, manifest: dict[str, Any], step: str, exc: Exception) -> int:
+    """A run whose driver failed outside finalising (its run directory became unwritable mid-run: permissions, a
+    full disk, a lost store): one console line, ``failed`` in run.json where it can still be written."""
+    return _finalize_failed(rd, manifest, 1, None, step, exc)
+
+
 def _finalize_failed(rd: RunDir, manifest: dict[str, Any], rc: int, interrupted: int | None, step: str,
                      exc: Exception) -> int:
     """Record (if still possible) and report a failure while finalising; return a non-zero exit code."""
-    error = f"{type(exc).__name__}: {exc}"
+    error = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
     manifest.update(status=layout.STATUS_FAILED, ended=datetime.now().isoformat(timespec="seconds"),
                     torchrun_exit_code=rc, finalize_error={"while": step, "error": error,
                                                            "interrupted_by": interrupted})

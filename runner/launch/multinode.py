@@ -16,6 +16,7 @@ The rendezvous store listens on the endpoint's address only (``runner/contract/n
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import socket
@@ -72,6 +73,77 @@ def check(launcher: Mapping[str, Any]) -> None:
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < top:
             raise PlanError("launcher.node_rank", rank, f"must be 0 to {top - 1} (launcher.nnodes={nnodes}), or null",
                             "give node 0 launcher.node_rank=0, the next host 1, and so on")
+
+
+def check_endpoint_free(host: str, port: int, endpoint: str) -> None:
+    """Node 0 hosts the rendezvous store on the endpoint's port: refuse, before anything starts, a port another
+    process (another job's store) listens on already, instead of a RendezvousConnectionError after launch."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return  # an unknown name: torchrun says so itself
+    for family, kind, proto, _, addr in infos[:1]:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a store closed a moment ago is no clash
+            try:
+                s.bind(addr)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise PlanError("launcher.rdzv_endpoint", endpoint, f"port {port} is already in use on this host"
+                                    f" ({_listener(port) or 'another job’s rendezvous, or another server'})",
+                                    "pick a free port for this job's launcher.rdzv_endpoint (the same on every node),"
+                                    " or wait for the other job to end") from None
+                return  # not this host's address (EADDRNOTAVAIL): node 0 runs elsewhere, torchrun decides
+
+
+def _listener(port: int) -> str | None:
+    """Who listens on ``port`` here (``pid 123: python …``), when this process may see it."""
+    import psutil
+
+    try:
+        pid = next((c.pid for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == port
+                    and c.status == psutil.CONN_LISTEN and c.pid), None)
+        if pid is None:
+            return None
+        return f"pid {pid}: {' '.join(psutil.Process(pid).cmdline())[:160]}"
+    except (psutil.Error, OSError):
+        return None
+
+
+# Keys that differ between the nodes of one job by design.
+NODE_KEYS = ("launcher.node_rank", "launcher.local_addr", "launcher.join_timeout_s", "dry_run")
+
+
+def node_differences(mine: Mapping[str, Any], node0: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``{key: (node 0's value, this node's)}`` for every key of the config as config.yaml records it (secrets
+    masked) that differs between this node and node 0, the per-node keys aside."""
+    from ddp_runner.rundir.records import flat
+
+    a, b = flat(dict(node0)), flat(dict(mine))
+    return {k: (a.get(k, "<absent>"), b.get(k, "<absent>")) for k in sorted(set(a) | set(b))
+            if k not in NODE_KEYS and a.get(k, "<absent>") != b.get(k, "<absent>")}
+
+
+def check_same_config(rd: RunDir, written: Mapping[str, Any] | None) -> None:
+    """A joining node: refuse (PlanError, before its ranks start) a config that differs from node 0's (its
+    config.yaml in the shared run directory), naming the keys; every node must run the same plan."""
+    if written is None:
+        return
+    from ddp_runner.rundir import records
+
+    try:
+        node0 = records.yaml_text_container(records.read_config_text(rd.fs, rd.path))
+    except records.DamagedFile as damaged:
+        raise damaged.refusal("launcher.rdzv_id") from None
+    diff = node_differences(written, node0)
+    if diff:
+        shown = "; ".join(f"{k}: node 0 {a!r}, this node {b!r}" for k, (a, b) in list(diff.items())[:6])
+        more = f" (and {len(diff) - 6} more)" if len(diff) > 6 else ""
+        key, (theirs, mine) = next(iter(diff.items()))
+        raise PlanError(key, mine, f"this node's config differs from node 0's ({len(diff)} key"
+                        f"{'s' if len(diff) != 1 else ''}: {shown}{more}); every node must run the same plan",
+                        "start every node with the same command line (only launcher.node_rank and"
+                        " launcher.local_addr may differ)")
 
 
 def local_addr(launcher: Mapping[str, Any]) -> str | None:
@@ -135,7 +207,7 @@ def is_creator(launcher: Mapping[str, Any]) -> bool:
 def run_url(conf: Mapping[str, Any], plan: Plan) -> str:
     """The run directory every node computes from the same command line."""
     name = layout.job_run_name(str(conf["launcher"]["rdzv_id"]), conf["task"]["name"], plan.world_size)
-    return layout.join(str(conf["output"]["root"]).rstrip("/"), name)
+    return layout.join(str(conf["output"]["root"]).rstrip("/") or "/", name)
 
 
 def _unreachable(root: str, exc: BaseException) -> PlanError:
@@ -479,13 +551,38 @@ class Multinode(BaseLauncher):
         return env(launcher)
 
     def open(self, job: Job) -> RunDir | None:
-        """The run directory node 0 opens; None on the other nodes (they join it)."""
-        return job.rd if job.rd is not None else open_node0(job.conf, job.plan)
+        """The run directory node 0 opens; None on the other nodes (they join it). Node 0 refuses a rendezvous
+        port already in use (another job's) once it holds the run directory (the same job's second node 0 is
+        refused by its lease, naming the driver), leaving nothing behind."""
+        if job.rd is not None:
+            return job.rd
+        rd = open_node0(job.conf, job.plan)
+        if rd is not None and job.launcher.get("node_rank") == 0:
+            endpoint = str(job.launcher["rdzv_endpoint"])
+            host, _, port = endpoint.rpartition(":")
+            try:
+                check_endpoint_free(host.strip("[]"), int(port), endpoint)
+            except PlanError:
+                if rd.continued:
+                    if rd.lease is not None:
+                        rd.lease.release()
+                else:
+                    rd.remove()
+                raise
+        return rd
 
     def join(self, job: Job) -> int:
         """Wait for node 0 to open the run directory, then run this node's ranks into it."""
         url = run_url(job.conf, job.plan)
         rd = wait_to_join(url, str(job.conf["output"]["root"]), job.launcher.get("join_timeout_s", 120))
+        try:
+            check_same_config(rd, job.written)
+        except PlanError as err:  # node 0 learns why this node is missing from its record
+            write_node(rd, node_name(job.launcher), {"node": node_name(job.launcher), "host": socket.gethostname(),
+                                                     "status": "refused", "reason": f"{err.key}: {err.problem}",
+                                                     "ended": datetime.now().isoformat(timespec="seconds"),
+                                                     "torchrun_exit_code": 2})
+            raise
         return follow(job, rd)
 
     def launch(self, job: Job, rd: RunDir, manifest: dict[str, Any]) -> int:

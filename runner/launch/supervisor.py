@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ import psutil
 from ddp_runner.config import bytecode
 from ddp_runner.contract import layout, stops
 from ddp_runner.contract.osutil import die_with_parent
+from ddp_runner.launch.agent import temp_dir as agent_temp_dir
 
 GRACE_S = stops.DEFAULT_GRACE_S + stops.DRIVER_MARGIN_S  # after SIGTERM, before SIGKILL (inside torchrun's 30 s)
 
@@ -58,6 +60,21 @@ def _torchrun_dies_with_us() -> None:  # runs in the child between fork and exec
     die_with_parent(signal.SIGTERM)  # torchrun's agent then stops its workers
 
 
+def _detach_terminal() -> None:
+    """After SIGHUP the terminal is gone and writing to it fails (EIO): the console goes to /dev/null from here
+    on (the run's own files say everything). Output sent to a file or pipe is left as it is."""
+    null = None
+    for fd in (1, 2):
+        try:
+            if os.isatty(fd):
+                null = os.open(os.devnull, os.O_WRONLY) if null is None else null
+                os.dup2(null, fd)
+        except OSError:
+            pass
+    if null is not None:
+        os.close(null)
+
+
 class Supervisor:
     """Runs torchrun as the driver's child and guarantees that no process outlives the run."""
 
@@ -71,6 +88,8 @@ class Supervisor:
         self.interrupted: int | None = None
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
+        if signum == signal.SIGHUP:
+            _detach_terminal()
         alive = self.proc is not None and self.proc.poll() is None
         if self.interrupted is not None:  # a second signal: at once, without the checkpoint
             print(f"ddp-run: {stops.signal_name(signum)} again: stopping at once, without the checkpoint on stop",
@@ -94,7 +113,8 @@ class Supervisor:
 
         ``on_tick`` is called about every half second while it runs (e.g. to mirror logs remotely).
         """
-        handled = {signal.SIGINT, signal.SIGTERM} | ({self.preempt} if self.preempt else set())
+        # SIGHUP (the terminal or ssh session closed) is a stop like SIGTERM: the run ends with its checkpoint.
+        handled = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP} | ({self.preempt} if self.preempt else set())
         if self.request_file is not None and os.path.exists(self.request_file):  # an earlier attempt's
             os.remove(self.request_file)
         old = {s: signal.signal(s, self._on_signal) for s in handled}
@@ -117,6 +137,14 @@ class Supervisor:
                             rc = self._stop(tree)
                             break
             self._reap(tree)
+        except BaseException:  # the driver fails (an unwritable run directory): no process outlives it
+            if self.proc is not None and self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            raise
+        else:
+            # torchrun's temporary folder, had its agent (runner/launch/agent.py) no chance to remove it.
+            shutil.rmtree(agent_temp_dir(self.proc.pid), ignore_errors=True)
             return rc
         finally:
             for s, h in old.items():

@@ -25,6 +25,7 @@ from typing import Any
 from ddp_runner.contract import layout, series
 from ddp_runner.contract.rules import flatten
 from ddp_runner.diagnostics import breakdown
+from ddp_runner.rundir import records
 from ddp_runner.rundir.status import status_of
 
 DEFAULT_PRICE = 2.50  # USD per GPU-hour: a round on-demand figure for a data-centre GPU; --price sets yours
@@ -190,21 +191,37 @@ def find_runs(paths: Sequence[str]) -> list[Path]:
 
 def load_run(path: Path) -> Run:
     """Read one run directory (a run that has no summary yet, or failed, is still a row)."""
-    import yaml
+    from fsspec.implementations.local import LocalFileSystem
 
-    manifest = json.loads((path / layout.MANIFEST).read_text())
-    summary_path = path / layout.SUMMARY
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-    config = yaml.safe_load((path / layout.CONFIG).read_text()) if (path / layout.CONFIG).is_file() else {}
-    plan = manifest.get("plan", {})
-    median = summary.get("median") or {}
-    final = summary.get("final") or {}
-    step_s = median.get("step_time_s") or final.get("perf/step_time_s")
-    gb = plan.get("global_batch")
+    fs, run = LocalFileSystem(), str(path)
+    manifest = records.read_manifest(fs, run)  # DamagedFile: the caller refuses with its one line
+    summary = records.read_summary(fs, run) or {}
+    config = records.read_config(fs, run, complete=False) if (path / layout.CONFIG).is_file() else {}
+    try:
+        return _run_of(path, manifest, summary, config)
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:  # a value of the wrong kind in a valid file
+        raise records.DamagedFile(str(path / layout.SUMMARY), f"holds a value of the wrong kind ({type(exc).__name__}:"
+                                  f" {str(exc)[:120]})", records.fix_for(layout.SUMMARY, run)) from None
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _number(value: Any) -> float | None:
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _run_of(path: Path, manifest: dict[str, Any], summary: dict[str, Any], config: dict[str, Any]) -> Run:
+    plan = manifest["plan"]
+    median = _mapping(summary.get("median"))
+    final = _mapping(summary.get("final"))
+    step_s = _number(median.get("step_time_s")) or _number(final.get("perf/step_time_s"))
+    gb = _number(plan.get("global_batch"))
     # Tokens per sample, as the run itself counted them (tokens/s over samples/s), for any task that has tokens.
     tokens = (round(median["tokens_per_s"] * median["step_time_s"] / gb)
               if median.get("tokens_per_s") and median.get("step_time_s") and gb else None)
-    cause = summary.get("root_cause") or {}
+    cause = _mapping(summary.get("root_cause"))
     who = f"rank {cause.get('rank')}" if cause.get("rank") is not None else cause.get("where") or "the launcher"
     failure = f"{who}: {cause.get('type')}: {str(cause.get('message'))[:120]}" if cause else None
     # run.json is the record of a run's status (a continued run's summary.json is the earlier attempt's)
@@ -215,11 +232,12 @@ def load_run(path: Path) -> Run:
         global_batch=gb, task=manifest.get("task"), config=config,
         **_losses(summary),
         log_every=int((config.get("train") or {}).get("log_every") or 1), steps=int(summary.get("steps") or 0),
-        step_time_s=step_s, data_wait_s=final.get("perf/data_wait_s"), tokens_per_sample=tokens,
-        first_step_s=_first_step_seconds(summary), val_loss=summary.get("val_loss"),
-        goodput=summary.get("goodput"), gpus=summary.get("gpus"), time_breakdown=summary.get("time_breakdown"),
+        step_time_s=step_s, data_wait_s=_number(final.get("perf/data_wait_s")), tokens_per_sample=tokens,
+        first_step_s=_first_step_seconds(summary), val_loss=_number(summary.get("val_loss")),
+        goodput=_mapping(summary.get("goodput")) or None, gpus=_mapping(summary.get("gpus")) or None,
+        time_breakdown=_mapping(summary.get("time_breakdown")) or None,
         failure=failure,
-        metrics={k: v for k, v in (summary.get("metrics") or {}).items() if isinstance(v, (int, float))},
+        metrics={k: v for k, v in _mapping(summary.get("metrics")).items() if isinstance(v, (int, float))},
     )
 
 
@@ -494,7 +512,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.price < 0:
         print(f"ddp-compare: error: --price={args.price}: must be >= 0", file=sys.stderr)
         return 2
-    runs = [load_run(p) for p in paths]
+    try:
+        runs = [load_run(p) for p in paths]
+    except records.DamagedFile as damaged:
+        print(damaged.line("ddp-compare"), file=sys.stderr)
+        return 2
     # The loss to time the runs to: the user's, or in each group the loss every completed run of it reached.
     target = args.target_loss if args.target_loss is not None else {
         group: common_target(members) for group, members in groups(runs).items()}

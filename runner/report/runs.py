@@ -17,7 +17,7 @@ from typing import IO, Any
 
 from ddp_runner.contract import layout
 from ddp_runner.diagnostics import rootcause
-from ddp_runner.rundir import listing
+from ddp_runner.rundir import listing, records
 from ddp_runner.rundir import status as run_status
 
 HEAD = ("RUN", "STATUS", "TASK", "WORLD", "GLOBAL BATCH", "STEP", "LAST LOSS", "THROUGHPUT", "AGE")
@@ -158,9 +158,9 @@ def describe(url: str, now: float | None = None) -> str:
     ckpt = newest_checkpoint(fs, path)
     lines.append(("checkpoint", f"{ckpt} (newest complete)" if ckpt else "none complete"))
     cause = summary.get("root_cause") if isinstance(summary, dict) else None
-    if cause:
+    if isinstance(cause, dict) and cause:
         lines.append(("root cause", f"{rootcause.headline(cause)} (where: {cause.get('where')})"))
-    elif manifest.get("finalize_error"):
+    elif isinstance(manifest.get("finalize_error"), dict):
         fe = manifest["finalize_error"]
         lines.append(("root cause", f"the driver failed while finalising ({fe.get('while')}): {fe.get('error')}"))
     if row.status in CONTINUABLE:
@@ -261,6 +261,9 @@ def _show(url: str, as_json: bool, now: float) -> int:
         if listing.is_sweep(url):
             return _error(f"{url} is a sweep, not one run", f"ddp-runs {shlex.quote(url)} lists its jobs; show one "
                           "of them")
+        if str(why).startswith(layout.MANIFEST) and "not a ddp-run manifest" not in str(why):  # damaged
+            return _error(f"{layout.join(url, layout.MANIFEST)}: damaged ({why})",
+                          records.fix_for(layout.MANIFEST, url))
         return _error(f"{url}: not a run directory ({why})", "pass a run directory (one holding run.json); "
                       "ddp-runs lists them")
     except FileNotFoundError:

@@ -13,10 +13,11 @@ import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ddp_runner.contract import layout
+from ddp_runner.contract import layout, secrets
 
 SWEEP_JSON = "sweep.json"
 SWEEP_MD = "sweep.md"
@@ -238,14 +239,16 @@ class SweepRecord:
             jobs = sorted(self.jobs, key=lambda j: j["job"])
             top = best(jobs, self.objective["direction"])
             objective = {**self.objective, "best": top["job"] if top else None}
-            fs.pipe_file(layout.join(base, SWEEP_JSON), json.dumps(
+            masked = partial(secrets.redact, secrets=secrets.KNOWN)  # no secret of the config on disk (issue 30)
+            fs.pipe_file(layout.join(base, SWEEP_JSON), masked(json.dumps(
                 {"command": self.argv, "swept": self.swept, "objective": objective, "jobs": jobs},
-                indent=2, default=str).encode())
-            fs.pipe_file(layout.join(base, SWEEP_MD), markdown(jobs, self.swept, self.argv, objective).encode())
+                indent=2, default=str)).encode())
+            fs.pipe_file(layout.join(base, SWEEP_MD), masked(markdown(jobs, self.swept, self.argv,
+                                                                      objective)).encode())
             for name in SWEEPER_RECORDS:
                 record = Path(self.hydra_dir or "", name)
                 if self.hydra_dir and record.is_file():
-                    fs.put_file(str(record), layout.join(base, name))
+                    fs.pipe_file(layout.join(base, name), masked(record.read_text()).encode())
             done = sum(r["status"] == "completed" for r in jobs)
             going = sum(r["status"] in (layout.STATUS_QUEUED, layout.STATUS_RUNNING) for r in jobs)
             print(f"ddp-run: sweep: {done} of {len(jobs)} jobs completed" + (f", {going} queued or running"

@@ -190,4 +190,6 @@ def take_or_refuse(fs: fsspec.AbstractFileSystem, run_path: str, url: str) -> Le
         raise PlanError("resume", url, f"is being written by another live driver ({_who(held.holder)}); one driver"
                         " per run directory",
                         f"wait for it to end, or stop it (Ctrl-C, or kill -INT {d.get('pid')} on {d.get('host')})"
-                        " and resume then") from None
+                        f" and resume then. A lease counts as stale (and is taken over by the next resume) once its"
+                        f" driver on this host is gone, or, for a driver on another host, {status.STALE_AFTER_S:.0f} s"
+                        " after its last heartbeat: if that host died, resume again after that") from None

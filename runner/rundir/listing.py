@@ -23,6 +23,7 @@ from typing import Any
 import fsspec
 
 from ddp_runner.contract import layout
+from ddp_runner.rundir import records
 from ddp_runner.rundir import status as run_status
 
 SWEEP_JSON = "sweep.json"  # runner/report/sweep.py writes it at the end of a sweep
@@ -220,6 +221,8 @@ def read_run(fs: Any, path: str, name: str, url: str | None = None, now: float |
     if not isinstance(manifest, dict) or not isinstance(manifest.get("plan"), dict) or "status" not in manifest:
         what = "empty (its driver died while creating it?)" if manifest == {} else "not a ddp-run manifest"
         raise Damaged(f"{layout.MANIFEST} is {what}")
+    if (problem := records.manifest_problem(manifest)) is not None:
+        raise Damaged(f"{layout.MANIFEST} {problem}")
     plan = manifest["plan"]
     row = Row(name=name, url=url or path, kind="run",
               status=run_status.effective_status(manifest, time.time() if now is None else now,

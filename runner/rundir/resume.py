@@ -13,7 +13,7 @@ from fsspec.implementations.local import LocalFileSystem
 from ddp_runner.config.plan import Plan
 from ddp_runner.contract import checkpoints, layout
 from ddp_runner.contract.errors import PlanError
-from ddp_runner.rundir import status
+from ddp_runner.rundir import records, resume_keys, status
 
 FIX = "use resume=auto, resume=last, resume=restart, a run directory or a checkpoints/step_<N> path"
 
@@ -34,12 +34,16 @@ def check_no_live_driver(run_url: str, manifest: dict[str, Any]) -> None:
         who = status.describe_driver(manifest)
         raise PlanError("resume", run_url, f"is still running: its driver is {who}; one driver per run directory",
                         f"wait for it to end, or stop it (Ctrl-C, or kill -INT {manifest['driver'].get('pid')}"
-                        f" on {manifest['driver'].get('host')}) and resume then")
+                        f" on {manifest['driver'].get('host')}) and resume then. A driver on another host counts as"
+                        f" gone {status.STALE_AFTER_S:.0f} s after its last heartbeat (run.json's driver.heartbeat):"
+                        " if that host died, resume again after that")
 
 
-def check_resume_source(resume: str, plan: Plan) -> None:
-    """Refuse before launch a source that holds no complete checkpoint, or a checkpoint from a run with another
-    world size (its RNG and data order would not carry over)."""
+def check_resume_source(resume: str, plan: Plan, conf: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Refuse before launch a source that holds no complete checkpoint, a checkpoint from a run with another
+    world size (its RNG and data order would not carry over), or (``conf``: this run's planned config) one whose
+    run had another value of a key the checkpoint fixes (runner/rundir/resume_keys.py: another model, learning
+    rate, optimizer …). Returns the changed keys that apply from the checkpoint's step on (run.json's record)."""
     fix = FIX
     try:
         fs, path = fsspec.core.url_to_fs(resume)
@@ -65,9 +69,12 @@ def check_resume_source(resume: str, plan: Plan) -> None:
                                 + "; ".join(problems), fix)
         else:
             raise PlanError("resume", resume, "holds no complete checkpoint (no step_<N>/meta.json)", fix)
-        manifest = layout.join(run, layout.MANIFEST)
-        theirs = json.loads(fs.cat_file(manifest)).get("plan", {}) if fs.exists(manifest) else {}
+        theirs = records.read_manifest(fs, run)["plan"] if fs.exists(layout.join(run, layout.MANIFEST)) else {}
         ws, global_batch = theirs.get("world_size"), theirs.get("global_batch")
+        their_conf = (records.read_config(fs, run, complete=False)
+                      if conf is not None and fs.exists(layout.join(run, layout.CONFIG)) else None)
+    except records.DamagedFile as damaged:
+        raise damaged.refusal() from None
     except PlanError:
         raise
     except (OSError, ValueError, ImportError) as exc:
@@ -77,6 +84,14 @@ def check_resume_source(resume: str, plan: Plan) -> None:
     if problem := checkpoints.world_size_change_problem(ws, global_batch, plan.world_size, plan.global_batch):
         raise PlanError("world_size", plan.world_size, f"the checkpoint's run does not carry over: {problem}",
                         f"resume with world_size={ws}, or keep the global batch: batch.global={global_batch}")
+    if their_conf is None or conf is None:
+        return {}
+    name = path.rsplit("/", 1)[-1]
+    step = checkpoints.step_of(name) if name.startswith("step_") else None
+    if step is None:
+        newest = newest_checkpoint(fs.unstrip_protocol(run) if not isinstance(fs, LocalFileSystem) else run)
+        step = checkpoints.step_of(newest) if newest else None
+    return resume_keys.check(their_conf, conf, resume, step)
 
 
 def checkpoint_size_problem(fs: Any, ckpt_dir: str) -> str | None:
@@ -125,6 +140,8 @@ def unfinished_runs(root: str, limit: int | None = None) -> list[tuple[str, str,
             manifest = json.loads(fs.cat_file(m))
         except (OSError, ValueError):
             continue
+        if not isinstance(manifest, dict) or records.manifest_problem(manifest):
+            continue  # damaged: never a run to continue (ddp-runs names it)
         state = status.status_of(manifest)
         run = m.rsplit("/", 1)[0]
         run = run if isinstance(fs, LocalFileSystem) else fs.unstrip_protocol(run)
@@ -145,9 +162,11 @@ def latest_unfinished(root: str) -> str:
 def check_continuable(run_url: str, manifest: dict[str, Any], conf: dict[str, Any], max_steps: int | None) -> None:
     """Refuse to continue a completed run (unless ``max_steps`` raises its train.max_steps above the steps it
     ran: then it continues from its final checkpoint), or a run with no checkpoint to continue from."""
-    summary_url = layout.join(run_url, layout.SUMMARY)
-    fs, path = fsspec.core.url_to_fs(summary_url)
-    done = json.loads(fs.cat_file(path)).get("steps") if fs.exists(path) else None
+    fs, path = fsspec.core.url_to_fs(run_url)
+    try:
+        done = (records.read_summary(fs, path.rstrip("/")) or {}).get("steps")
+    except records.DamagedFile as damaged:
+        raise damaged.refusal() from None
     if manifest.get("status") == layout.STATUS_COMPLETED:
         if max_steps is None or not isinstance(done, int) or max_steps <= done:
             more = 2 * done if isinstance(done, int) and done else "<more steps>"

@@ -184,7 +184,7 @@ def _claim(fs: fsspec.AbstractFileSystem, parent: str, base: str, lease: bool = 
 
 
 def _dated(root_path: str, now: datetime) -> str:
-    return layout.join(root_path.rstrip("/"), now.strftime("%Y-%m-%d"))
+    return layout.join(root_path.rstrip("/") or "/", now.strftime("%Y-%m-%d"))  # "/" stays the filesystem root
 
 
 def create_sweep_dir(root: str, now: datetime) -> str:

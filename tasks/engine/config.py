@@ -6,13 +6,14 @@ keeps every rank's start-up short.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import fsspec
 import yaml
 
-from ddp_runner.contract import layout
+from ddp_runner.contract import layout, secrets
 
 
 class Config(dict):
@@ -72,7 +73,18 @@ def batch_plan(cfg: Config, world_size: int) -> BatchPlan:
     return BatchPlan(world_size, cfg.batch.per_rank, cfg.batch.accumulation)
 
 
+def as_recorded(cfg: Config) -> dict[str, Any]:
+    """The config as plain data with its secrets masked (URL credentials, values from the environment): what a
+    tracker, a log line or a checkpoint may record. ``cfg`` itself holds the real values, for the task's use."""
+    return secrets.redact_tree(_plain(cfg), secrets.handed_over())
+
+
 def load_config(run_dir: str) -> Config:
     """The resolved config the driver wrote into the run directory: what this run runs, exactly."""
     with fsspec.open(layout.join(run_dir, layout.CONFIG), "r") as f:
-        return Config(yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))
+        cfg = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    # The values config.yaml holds masked (URL credentials, values from the environment): the driver hands the
+    # real ones over through the environment, never through a file.
+    for key, value in secrets.decode(os.environ.get(secrets.ENV_SECRETS)).items():
+        secrets.set_key(cfg, key, value)
+    return Config(cfg)

@@ -9,7 +9,7 @@ import time
 import traceback
 from typing import IO, Any
 
-from ddp_runner.contract import layout
+from ddp_runner.contract import layout, secrets
 from ddp_runner.contract.osutil import atomic_write
 
 
@@ -30,7 +30,16 @@ def redirect_output(local_dir: str, rank: int) -> IO[str] | None:
     os.close(fd)
     sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    if masks := _masks():  # the log is on disk: the config's secrets never reach it (Python's writes at least)
+        sys.stdout = secrets.MaskedStream(sys.stdout, lambda: masks)
+        sys.stderr = secrets.MaskedStream(sys.stderr, lambda: masks)
     return console
+
+
+def _masks() -> list[str]:
+    return secrets.handed_over()
+
+
 
 
 def write_json(local_dir: str, rel: str, obj: dict[str, Any]) -> None:
@@ -60,7 +69,7 @@ def record_error(local_dir: str, rank: int, exc: BaseException) -> None:
     lines, and the line of the task's own code it came from (None when it did not)."""
     from ddp_runner.tasks.registry import where_in_task
 
-    lines = traceback.format_exception(exc)
+    lines = [secrets.redact(line, _masks()) for line in traceback.format_exception(exc)]
     tail = "".join(lines).rstrip().splitlines()[-12:]
     try:
         where = where_in_task(exc)
@@ -70,7 +79,7 @@ def record_error(local_dir: str, rank: int, exc: BaseException) -> None:
         "rank": rank,
         "time": getattr(exc, _FAILED_AT, time.time()),
         "type": type(exc).__name__,
-        "message": str(exc)[:2000],
+        "message": secrets.redact(str(exc), _masks())[:2000],
         "traceback": tail,
         # The innermost line of the task's own code (tasks/registry.py), when the error came from there.
         "where": where,

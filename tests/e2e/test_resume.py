@@ -153,6 +153,10 @@ def test_keep_last_and_resumed_from_checkpoint_is_protected(tmp_path, smoke_base
     b = only_run(tmp_path / "b")
     summary = load_json(b / "summary.json")
     assert summary["resumed_from"] == str(source) and summary["steps"] == 12
+    # The settings changed from the checkpoint's run apply from its step, and run.json says so (issue 30).
+    changes = load_json(b / "run.json")["resume_changes"]
+    assert changes["train.epochs"] == {"checkpoint": 2, "used": 3, "from_step": 7}, changes
+    assert changes["checkpoint.keep_last"] == {"checkpoint": 2, "used": 1, "from_step": 7}, changes
     assert summary["losses"][:8] == load_json(smoke_baseline / "summary.json")["losses"]
     assert [Path(u).name for _, u in ck.list_complete(f"{b}/checkpoints")] == ["step_12"]
     assert ck.load(source)["progress"]["step"] == 7
@@ -174,16 +178,13 @@ def test_incompatible_resume_is_refused(tmp_path, text_file, gpt_dropout_referen
     args = gpt_dropout_args(text_file)
     source = f"{gpt_dropout_reference}/checkpoints/step_4"  # a checkpoint of 2 ranks, model width 64
 
-    # Another model width: found by the workers when they compare state dicts, before any training step.
+    # Another model width: refused by the driver from the checkpoint's run's config, before anything starts
+    # (issue 30; the workers' state-dict comparison stays as the last line of defence).
     r = ddp_run([*args, f"resume={source}", "task.model.width=32"], tmp_path / "width")
-    assert r.returncode not in (0, 2), r.stdout + r.stderr
-    run = only_run(tmp_path / "width")
-    cause = load_json(run / "summary.json")["root_cause"]
-    assert cause["type"] == "ValueError" and "the model differs" in cause["message"]
-    for text in (cause["message"], r.stderr):
-        assert "tok.weight: checkpoint (256, 64) vs model (256, 32)" in text, text
-    assert not ck.list_complete(f"{run}/checkpoints"), "nothing was trained or saved"
-    assert "step 1/" not in r.stdout
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "task.model.width=32: differs from the checkpoint's run (64)" in r.stderr, r.stderr
+    assert "cannot change on resume" in r.stderr and "Nothing was started" in r.stderr
+    assert not (tmp_path / "width").exists()
 
     # Another world size: refused by the driver, before anything starts.
     r = ddp_run([*args, f"resume={source}", "world_size=1"], tmp_path / "ws")

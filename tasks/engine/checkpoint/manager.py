@@ -23,7 +23,7 @@ from typing import IO, Any
 import torch
 import torch.distributed as dist
 
-from ddp_runner.contract import layout
+from ddp_runner.contract import layout, secrets
 from ddp_runner.tasks.engine.checkpoint import compat, sharded, storage
 from ddp_runner.tasks.engine.checkpoint.async_saver import AsyncSaver
 from ddp_runner.tasks.engine.checkpoint.rng import rng_state, set_rng_state
@@ -219,7 +219,7 @@ class CheckpointManager:
             "progress": progress.state_dict(),
             "rng": rng,
             "plan": self.plan.as_dict(),
-            "config": self.cfg.to_yaml(),
+            "config": secrets.redact(self.cfg.to_yaml(), secrets.handed_over()),  # a record: no secret in it
         }
 
     def _protected(self) -> frozenset[str]:
