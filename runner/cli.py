@@ -174,7 +174,7 @@ def main() -> None:
         sys.exit(0)
     from ddp_runner.config.cli_help import info_args
 
-    args = info_args(args)
+    args = overrides.logger_list(info_args(args))
     try:
         cli, hydra_args, config_path = _hydra_args(args)
     except PlanError as err:

@@ -60,6 +60,18 @@ def parse(argv: Sequence[str]) -> Cli:
     return Cli(list(args.overrides), args.config_dir, args.config_name, bool(args.multirun), info, args.cfg)
 
 
+def logger_list(argv: Sequence[str]) -> list[str]:
+    """``logger=tensorboard,mlflow`` as ``logger=[tensorboard,mlflow]``: several loggers at once (Hydra would read
+    the comma as a sweep over loggers, which no one means)."""
+    out = []
+    for a in argv:
+        key, eq, value = a.partition("=")
+        if eq and key.lstrip("+") == "logger" and "," in value and not value.startswith("["):
+            a = f"{key}=[{value}]"
+        out.append(a)
+    return out
+
+
 def user_dir_first(argv: list[str], config_dir: str, config_name: str | None,
                    package_path: str) -> tuple[list[str], str]:
     """``--config-dir X`` (any spelling), when X holds the primary config, as ``--config-path X`` plus the

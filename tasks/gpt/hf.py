@@ -56,7 +56,7 @@ def config(model: dict[str, Any], eot_id: int | None = None) -> Any:
     from transformers import GPT2Config
 
     p = float(model.get("dropout", 0.0) or 0.0)
-    extra = {"bos_token_id": eot_id, "eos_token_id": eot_id} if eot_id is not None else {}
+    extra = {"bos_token_id": eot_id, "eos_token_id": eot_id}  # None without a tokenizer (GPT-2's 50256 otherwise)
     return GPT2Config(vocab_size=int(model["vocab"]), n_positions=int(model["context"]), n_embd=int(model["width"]),
                       n_layer=int(model["layers"]), n_head=int(model["heads"]), activation_function="gelu_new",
                       resid_pdrop=p, embd_pdrop=p, attn_pdrop=p, layer_norm_epsilon=1e-5, tie_word_embeddings=True,

@@ -129,8 +129,16 @@ def write(weights: dict[str, torch.Tensor], state: dict[str, Any], out_dir: str,
           data_path: str | None = None) -> list[str]:
     """Export ``weights`` as ``fmt`` (``safetensors`` or ``hf``) into ``out_dir``."""
     info = describe(state)
-    if fmt == "hf":
-        from ddp_runner.tasks.gpt import hf
+    if fmt != "hf":
+        return write_safetensors(weights, info, out_dir)
+    from ddp_runner.tasks.gpt import hf
 
+    if storage.is_local(out_dir):
         return hf.write(weights, info, out_dir, tokenizer_dir=hf.tokenizer_dir(data_path))
-    return write_safetensors(weights, info, out_dir)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:  # transformers writes local files: then uploaded
+        hf.write(weights, info, tmp, tokenizer_dir=hf.tokenizer_dir(data_path))
+        fs, path = fsspec.core.url_to_fs(out_dir)
+        fs.put(tmp + "/", path, recursive=True)
+        return [layout.join(out_dir, n) for n in sorted(os.listdir(tmp))]
