@@ -27,7 +27,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parse(sys.argv[1:] if argv is None else argv)
     import yaml
 
-    from ddp_runner.contract import layout
     from ddp_runner.tasks.engine.checkpoint import export
 
     try:
@@ -35,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
         weights, state = export.load_weights(url)
         step = (state.get("progress") or {}).get("step")
         run = url.rstrip("/").rsplit("/", 2)[0] if "/checkpoints/" in url else args.source
-        out = args.out or layout.join(run, "export", f"step_{step}" + ("-hf" if args.format == "hf" else ""))
+        out = args.out or export.default_dir(run, step, args.format)
         data = (yaml.safe_load(state.get("config") or "{}") or {}).get("data") or {}
         files = export.write(weights, state, out, args.format, data_path=data.get("path"))
     except ImportError as exc:

@@ -17,7 +17,7 @@ from typing import Any
 import fsspec
 import torch
 
-from ddp_runner.tasks.engine.checkpoint.export import INFO_FILE, plain
+from ddp_runner.tasks.engine.checkpoint.weights import INFO_FILE, WEIGHTS_FILE, plain
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENS_META = "meta.json"
@@ -101,7 +101,7 @@ def write(weights: dict[str, torch.Tensor], info: dict[str, Any], out_dir: str,
     tok = _tokenizer(tokenizer_dir) if tokenizer_dir else None
     eot = tok.convert_tokens_to_ids(EOT) if tok is not None and EOT in tok.get_vocab() else None
     config(info["model"], eot).save_pretrained(out_dir)
-    save_file(plain(to_hf(weights)), os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    save_file(plain(to_hf(weights)), os.path.join(out_dir, WEIGHTS_FILE), metadata={"format": "pt"})
     if tok is not None:
         tok.save_pretrained(out_dir)
     with open(os.path.join(out_dir, INFO_FILE), "w") as f:

@@ -19,12 +19,15 @@ import yaml
 
 from ddp_runner.contract import layout
 from ddp_runner.tasks.engine.checkpoint import sharded, storage
+from ddp_runner.tasks.engine.checkpoint.weights import INFO_FILE, WEIGHTS_FILE, clean_names, plain
 
-WEIGHTS_FILE = "model.safetensors"
-INFO_FILE = "export.json"
 FORMAT = "ddp-runner-export/1"
-# Prefixes a wrapped model puts before its parameters' names (DDP's module, torch.compile's original module).
-_WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+EXPORT_DIR = "export"
+
+
+def default_dir(run_dir: str, step: int, fmt: str) -> str:
+    """Where an export of step ``step`` goes by default: ``<run>/export/step_<N>`` (``-hf`` for the hf format)."""
+    return layout.join(run_dir, EXPORT_DIR, f"step_{step}" + ("-hf" if fmt == "hf" else ""))
 
 
 def checkpoint_url(source: str, step: int | None = None) -> str:
@@ -43,17 +46,6 @@ def checkpoint_url(source: str, step: int | None = None) -> str:
         raise ValueError(f"{source}: no complete checkpoint of step {step}; there are steps"
                          f" {', '.join(map(str, sorted(found)))}")
     return found[step]
-
-
-def clean_names(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The model's own parameter names, without the prefixes wrappers add."""
-    out = {}
-    for k, v in weights.items():
-        for p in _WRAPPER_PREFIXES:
-            while k.startswith(p):
-                k = k[len(p):]
-        out[k] = v
-    return out
 
 
 def load_weights(url: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -99,17 +91,6 @@ def describe(state: dict[str, Any]) -> dict[str, Any]:
     losses = [x for x in progress.get("losses") or [] if x is not None]
     return {"format": FORMAT, "task": task.get("name"), "module": task.get("module"), "model": task.get("model"),
             "step": progress.get("step"), "loss": losses[-1] if losses else None, "plan": state.get("plan")}
-
-
-def plain(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Contiguous CPU tensors, each its own storage (safetensors refuses shared ones; tied weights are copied)."""
-    out, seen = {}, set()
-    for k, v in weights.items():
-        v = v.detach().to("cpu").contiguous()
-        key = (v.untyped_storage().data_ptr(), v.storage_offset())
-        out[k] = v.clone() if key in seen else v
-        seen.add(key)
-    return out
 
 
 def write_safetensors(weights: dict[str, torch.Tensor], info: dict[str, Any], out_dir: str) -> list[str]:

@@ -229,7 +229,7 @@ class CheckpointManager:
         from ddp_runner.tasks.engine.checkpoint import export
 
         small = {"progress": progress.state_dict(), "plan": self.plan.as_dict(), "config": self.cfg.to_yaml()}
-        out = layout.join(self.run_dir, "export", f"step_{progress.step}")
+        out = export.default_dir(self.run_dir, progress.step, str(self.export_format))
         export.write(export.clean_names(model_state), small, out, str(self.export_format),
                      data_path=(self.cfg.get("data") or {}).get("path"))
 
