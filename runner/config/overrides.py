@@ -32,7 +32,7 @@ OWNED = ("batch", "train", "checkpoint", "output", "launcher", "world_size", "de
 OPEN = ("train.inductor",)
 # Keys a task's YAML sets that the workers cannot do without.
 TASK_REQUIRED = ("task.name", "task.module", "data.name")
-GROUPS = ("task", "data", "launcher", "experiment")
+GROUPS = ("task", "data", "launcher", "logger", "experiment")
 _GRAMMAR = "see `ddp-run --help`; values with spaces or commas need quotes, e.g. key='a,b'"
 # Words a user types to look at runs; ddp-run takes overrides only: the refusal points at ddp-runs.
 RUNS_WORDS = ("status", "list", "ls", "runs", "show", "ps")
@@ -259,6 +259,10 @@ def _check_key(o: Any, keys: set[str]) -> None:
                             + (f" (did you mean {near}?)" if near else ""),
                             f"use {near}={value}" if near else "remove it (ddp-run --help lists every key)")
         return
+    if key.startswith("logger.") and key not in keys and key.count(".") >= 2:
+        name = key.split(".")[1]
+        raise PlanError(key, value, f"a setting of the {name} logger, which this run does not select",
+                        f"select it too, e.g. logger=[tensorboard,{name}] {key}={value}")
     if key not in keys:
         near = _nearest(key, keys)
         raise PlanError(key, value, "no such key" + (f" (did you mean {near}?)" if near else ""),

@@ -93,3 +93,10 @@ def test_fsdp_shards_are_consolidated_without_a_process_group(tmp_path):
              checkpoint_id=str(tmp_path / "shards"), no_dist=True)
     got = _consolidate(str(tmp_path / "shards"))
     assert got.keys() == model.keys() and all(torch.equal(got[k], model[k]) for k in model)
+
+
+def test_a_setting_of_a_logger_not_selected_is_refused_naming_it(cli, tmp_path):
+    r = cli(["task=smoke", "device=cpu", "dry_run=true", "logger.mlflow.tracking_uri=http://127.0.0.1:5000"],
+            tmp_path / "out")
+    assert r.returncode == 2 and "key:   logger.mlflow.tracking_uri" in r.stderr, r.stderr
+    assert "logger=[tensorboard,mlflow]" in r.stderr

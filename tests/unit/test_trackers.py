@@ -129,3 +129,28 @@ def test_hf_export_at_every_checkpoint_is_refused_for_a_task_other_than_gpt():
     with pytest.raises(PlanError, match="GPT task"):
         validate.check_engine({"checkpoint": {"export": "hf"}, "task": {"module": "ddp_runner.tasks.smoke"}})
     validate.check_engine({"checkpoint": {"export": "hf"}, "task": {"module": validate.GPT_MODULE}})
+
+
+def test_log_points_queued_behind_a_slow_request_go_out_together_in_order():
+    import threading
+
+    gate = threading.Event()
+
+    class Slow(_Memory):
+        calls: list[int] = []
+
+        def log_many(self, points):
+            gate.wait(5)  # the first request is in flight while the loop queues more
+            self.calls.append(len(points))
+            for scalars, step in points:
+                self.log(scalars, step)
+
+    inner = Slow("mlflow")
+    bg = Background(inner)
+    for step in range(1, 11):
+        bg.log({"train/loss": float(step)}, step)
+    gate.set()
+    bg.flush()
+    bg.close()
+    assert [s for s, _ in inner.points] == list(range(1, 11))
+    assert sum(inner.calls) == 10 and len(inner.calls) <= 2 and inner.closed

@@ -12,7 +12,6 @@ dropped, the others go on, and summary.json's ``trackers`` records the error.
 
 from __future__ import annotations
 
-import queue
 import threading
 from collections.abc import Callable
 from typing import IO, Any, Protocol
@@ -37,41 +36,75 @@ class Tracker(Protocol):
 
 
 class Background:
-    """Runs a tracker's calls on one thread of its own, in order; :meth:`flush` waits for them."""
+    """Runs a tracker's calls on one thread of its own, in order; :meth:`flush` waits for them. Log points that
+    queued up while a request was in flight go out together in one call (``log_many`` where the tracker has it): a
+    server slower than the training steps gets fewer, larger requests instead of a growing queue."""
 
     def __init__(self, inner: Any) -> None:
         self.inner, self.name = inner, inner.name
-        self._q: queue.Queue[tuple[Callable[..., None], tuple[Any, ...]] | None] = queue.Queue()
         self.error: BaseException | None = None
+        self._cv = threading.Condition()
+        self._todo: list[tuple[int, str, tuple[Any, ...]]] = []
+        self._seq = self._done = 0
         self._thread = threading.Thread(target=self._work, name=f"tracker-{self.name}", daemon=True)
         self._thread.start()
 
+    def _submit(self, kind: str, args: tuple[Any, ...]) -> int:
+        with self._cv:
+            self._seq += 1
+            self._todo.append((self._seq, kind, args))
+            self._cv.notify_all()
+            return self._seq
+
+    def _call(self, kind: str, batch: list[tuple[Any, ...]]) -> None:
+        if self.error is not None:
+            return
+        try:
+            if kind == "log" and hasattr(self.inner, "log_many"):
+                self.inner.log_many(batch)
+            else:
+                for args in batch:
+                    getattr(self.inner, kind)(*args)
+        except BaseException as exc:  # noqa: BLE001 - reported by the fan-out, on the training thread
+            self.error = exc
+
     def _work(self) -> None:
-        while (item := self._q.get()) is not None:
-            fn, args = item
-            try:
-                if self.error is None:
-                    fn(*args)
-            except BaseException as exc:  # noqa: BLE001 - reported by the fan-out, on the training thread
-                self.error = exc
-            finally:
-                self._q.task_done()
-        self._q.task_done()
+        while True:
+            with self._cv:
+                while not self._todo:
+                    self._cv.wait()
+                todo, self._todo = self._todo, []
+            i = 0
+            while i < len(todo):
+                j = i + 1
+                while todo[i][1] == "log" and j < len(todo) and todo[j][1] == "log":
+                    j += 1  # consecutive log points: one call
+                self._call(todo[i][1], [args for _, _, args in todo[i:j]])
+                with self._cv:
+                    self._done = todo[j - 1][0]
+                    self._cv.notify_all()
+                if todo[i][1] == "close":
+                    return
+                i = j
+
+    def _wait(self, seq: int) -> None:
+        with self._cv:
+            while self._done < seq and self._thread.is_alive():
+                self._cv.wait(timeout=1.0)
 
     def log(self, scalars: dict[str, float], step: int) -> None:
-        self._q.put((self.inner.log, (scalars, step)))
+        self._submit("log", (scalars, step))
 
     def resume_at(self, step: int) -> None:
-        self._q.put((self.inner.resume_at, (step,)))
+        self._submit("resume_at", (step,))
 
     def flush(self) -> None:
-        self._q.put((self.inner.flush, ()))
-        self._q.join()
+        self._wait(self._submit("flush", ()))
 
     def close(self) -> None:
-        self._q.put((self.inner.close, ()))
-        self._q.put(None)
-        self._thread.join()
+        if self._thread.is_alive():
+            self._wait(self._submit("close", ()))
+        self._thread.join(timeout=60)
 
 
 class Trackers:

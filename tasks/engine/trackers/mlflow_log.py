@@ -28,10 +28,15 @@ class MlflowLog:
         self.logged = {m.key: m.step for m in getattr(run.data, "_metric_objs", [])}
 
     def log(self, scalars: dict[str, float], step: int) -> None:
+        self.log_many([(scalars, step)])
+
+    def log_many(self, points: list[tuple[dict[str, float], int]]) -> None:
+        """Several log steps' scalars in as few requests as MLflow's batch limit allows."""
         from mlflow.entities import Metric
 
         ms = int(time.time() * 1000)
-        metrics = [Metric(k, float(v), ms, step) for k, v in scalars.items() if step > self.logged.get(k, -1)]
+        metrics = [Metric(k, float(v), ms, step) for scalars, step in points for k, v in scalars.items()
+                   if step > self.logged.get(k, -1)]
         for i in range(0, len(metrics), BATCH_MAX):
             self.client.log_batch(self.run_id, metrics=metrics[i:i + BATCH_MAX], synchronous=True)
 
