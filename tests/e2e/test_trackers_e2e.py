@@ -139,9 +139,10 @@ def test_sweep_jobs_are_children_of_one_parent_run(tmp_path, text_file, mlflow_s
 def test_killed_then_resumed_run_continues_its_tracker_run_without_duplicate_points(tmp_path, text_file,
                                                                                   mlflow_server, rest):
     """Killed after step 4 (the slow fault's sleep at steps 3 and 4 lets step 3's point reach the server first), the
-    last checkpoint at step 2: the continued run logs steps 3-6 into the same MLflow run, step 3 once."""
+    last checkpoint at step 2: the continued run logs steps 3-6 into the same MLflow run, step 3 once. Every
+    checkpoint also exported its weights (checkpoint.export=safetensors)."""
     args = [*TINY, "world_size=1", f"data.path={text_file}", "train.max_steps=6", "train.val_every=0",
-            "checkpoint.every_steps=2", "logger=[mlflow,csv]", f"logger.mlflow.tracking_uri={mlflow_server}",
+            "checkpoint.every_steps=2", "checkpoint.export=safetensors", "logger=[mlflow,csv]", f"logger.mlflow.tracking_uri={mlflow_server}",
             "logger.mlflow.experiment=resumed", "fault.kind=slow", "fault.rank=0", "fault.step=3", "fault.slow_s=1.5",
             "fault.also=[{kind:sigkill,rank:0,step:4}]"]
     r = ddp_run(args, tmp_path)
@@ -161,3 +162,14 @@ def test_killed_then_resumed_run_continues_its_tracker_run_without_duplicate_poi
     assert _steps(rest, run_id, "train/loss") == [1, 2, 3, 4, 5, 6], "one point per step, none twice"
     with open(run / "metrics.csv", newline="") as f:
         assert [int(row["step"]) for row in csv.DictReader(f)] == [1, 2, 3, 4, 5, 6]
+
+    from safetensors.torch import load_file
+
+    from ddp_runner.tasks.engine import checkpoint as ck
+
+    assert sorted(p.name for p in (run / "export").iterdir()) == ["step_2", "step_4", "step_6"]
+    for step in (2, 4, 6):
+        assert json.loads((run / "export" / f"step_{step}" / "export.json").read_text())["step"] == step
+    final = ck.load(ck.latest(f"{run}/checkpoints"))["model"]
+    exported = load_file(run / "export" / "step_6" / "model.safetensors")
+    assert exported.keys() == final.keys() and all(torch.equal(exported[k], final[k]) for k in final)
