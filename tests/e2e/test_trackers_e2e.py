@@ -142,7 +142,8 @@ def test_killed_then_resumed_run_continues_its_tracker_run_without_duplicate_poi
     last checkpoint at step 2: the continued run logs steps 3-6 into the same MLflow run, step 3 once. Every
     checkpoint also exported its weights (checkpoint.export=safetensors)."""
     args = [*TINY, "world_size=1", f"data.path={text_file}", "train.max_steps=6", "train.val_every=0",
-            "checkpoint.every_steps=2", "checkpoint.export=safetensors", "logger=[mlflow,csv]", f"logger.mlflow.tracking_uri={mlflow_server}",
+            "checkpoint.every_steps=2", "checkpoint.export=safetensors", "logger=[mlflow,csv]",
+            f"logger.mlflow.tracking_uri={mlflow_server}",
             "logger.mlflow.experiment=resumed", "fault.kind=slow", "fault.rank=0", "fault.step=3", "fault.slow_s=1.5",
             "fault.also=[{kind:sigkill,rank:0,step:4}]"]
     r = ddp_run(args, tmp_path)
