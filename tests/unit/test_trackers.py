@@ -154,3 +154,17 @@ def test_log_points_queued_behind_a_slow_request_go_out_together_in_order():
     bg.close()
     assert [s for s, _ in inner.points] == list(range(1, 11))
     assert sum(inner.calls) == 10 and len(inner.calls) <= 2 and inner.closed
+
+
+def test_wandb_runs_get_an_id_the_sweep_group_and_a_continued_run_keeps_its_own():
+    from ddp_runner.trackers.runs import finish, open_runs
+
+    conf = {"logger": {"tensorboard": {}, "csv": {}, "wandb": {"project": "p", "entity": None, "mode": "offline"}}}
+    job = open_runs(conf, {"global_batch": 8}, "/o/d/12-00-00_sweep/0_gpt_w1", "/o/d/12-00-00_sweep", None)
+    assert job["tensorboard"] == {"dir": "tb"} and job["csv"] == {"path": "metrics.csv"}
+    w = job["wandb"]
+    assert len(w["id"]) == 8 and w["group"] == "12-00-00_sweep" and w["mode"] == "offline" and w["project"] == "p"
+    other = open_runs(conf, {"global_batch": 8}, "/o/d/12-00-00_sweep/1_gpt_w1", "/o/d/12-00-00_sweep", None)
+    assert other["wandb"]["id"] != w["id"] and other["wandb"]["group"] == w["group"]
+    assert open_runs(conf, {}, "/o/d/x", None, job)["wandb"] == w, "a continued run goes on under its own id"
+    assert finish(job, "completed") is None  # nothing to close without MLflow
