@@ -54,6 +54,22 @@ def params(conf: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
+def mlflow_uri(conf: Mapping[str, Any]) -> str | None:
+    """The tracking URI a job logs to: ``logger.mlflow.tracking_uri``, else :func:`default_mlflow_uri` (None: no
+    default for a remote output root). The driver and rank 0 resolve it alike, so run.json need not hold it whole."""
+    given = ((conf.get("logger") or {}).get(MLFLOW) or {}).get("tracking_uri")
+    return given or default_mlflow_uri(str((conf.get("output") or {}).get("root", "outputs")))
+
+
+def redact_uri(uri: str) -> str:
+    """``uri`` without the credentials a URL may carry (``https://user:token@host`` -> ``https://***@host``), for
+    run.json and messages."""
+    scheme, sep, rest = uri.partition("://")
+    if not sep or "@" not in rest.split("/", 1)[0]:
+        return uri
+    return f"{scheme}://***@{rest.split('@', 1)[1]}"
+
+
 def default_mlflow_uri(root: str) -> str | None:
     """The tracking URI of ``logger.mlflow.tracking_uri=null``: ``$MLFLOW_TRACKING_URI`` when set, else a local
     SQLite store ``<output.root>/mlflow.db`` (None: a remote output root, which a local store cannot live under)."""

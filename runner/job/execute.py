@@ -287,7 +287,7 @@ def _launch(job: Job, launcher: Any, how: Invocation, started: datetime, mem: di
     except PlanError as err:  # refused by the launcher at launch (sbatch): it left no run directory
         return refuse(err)
     finally:
-        _close_trackers(rd, trackers)
+        _close_trackers(job.conf, rd, trackers)
 
 
 def _open_trackers(job: Job, rd: rundir.RunDir, how: Invocation) -> dict[str, Any]:
@@ -297,7 +297,7 @@ def _open_trackers(job: Job, rd: rundir.RunDir, how: Invocation) -> dict[str, An
     return tracker_runs.open_runs(job.conf, tracker_runs.plan_params(job.plan), rd.url, sweep_dir, previous)
 
 
-def _close_trackers(rd: rundir.RunDir, trackers: dict[str, Any]) -> None:
+def _close_trackers(conf: dict[str, Any], rd: rundir.RunDir, trackers: dict[str, Any]) -> None:
     """Tell the trackers how the job ended (run.json's status)."""
     if tracking.MLFLOW not in trackers:
         return
@@ -305,5 +305,5 @@ def _close_trackers(rd: rundir.RunDir, trackers: dict[str, Any]) -> None:
         status = rd.read_json(layout.MANIFEST).get("status")
     except (OSError, ValueError):
         status = None
-    if (warning := tracker_runs.finish(trackers, status)) is not None:
+    if (warning := tracker_runs.finish(conf, trackers, status)) is not None:
         print(f"ddp-run: warning: {warning}", file=sys.stderr, flush=True)

@@ -33,12 +33,18 @@ def check_installed(conf: dict[str, Any]) -> None:
 def mlflow_uri(conf: dict[str, Any]) -> str:
     """The tracking URI this job logs to (PlanError: the default local store under a remote output root)."""
     given = (conf["logger"].get(tracking.MLFLOW) or {}).get("tracking_uri")
-    uri = given or tracking.default_mlflow_uri(str(conf["output"]["root"]))
+    uri = tracking.mlflow_uri(conf)
     if uri is None:
         raise PlanError("logger.mlflow.tracking_uri", given, "the default local store cannot live under the remote"
                         f" output.root={conf['output']['root']!r}",
                         "set logger.mlflow.tracking_uri=http://<server>:5000 (or any MLflow tracking URI)")
     return uri
+
+
+def why(exc: BaseException, uri: str) -> str:
+    """An exception's type and first line, for a refusal (the URI's credentials left out)."""
+    first = str(exc).splitlines()[0][:300] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first.replace(uri, tracking.redact_uri(uri))}"
 
 
 @contextlib.contextmanager
@@ -65,7 +71,7 @@ def _reach_mlflow(conf: dict[str, Any]) -> str | None:
         try:
             MlflowClient(uri).search_experiments(max_results=1)
         except Exception as exc:  # noqa: BLE001 - any failure to answer is the refusal's reason
-            return f"{uri}: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+            return f"{tracking.redact_uri(uri)}: {why(exc, uri)}"
     return None
 
 

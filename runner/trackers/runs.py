@@ -19,7 +19,7 @@ from typing import Any
 
 from ddp_runner.contract import layout, tracking
 from ddp_runner.contract.errors import PlanError
-from ddp_runner.trackers.preflight import mlflow_uri, quick_requests
+from ddp_runner.trackers.preflight import mlflow_uri, quick_requests, why
 
 # MLflow's run status by the job's run.json status.
 MLFLOW_STATUS = {layout.STATUS_COMPLETED: "FINISHED", layout.STATUS_FAILED: "FAILED",
@@ -88,13 +88,14 @@ def _open_mlflow(conf: dict[str, Any], plan: dict[str, Any], run_url: str, sweep
                 if parent is not None:
                     tags["mlflow.parentRunId"] = parent
                 run_id = client.create_run(exp_id, run_name=_name(run_url), tags=tags).info.run_id
-                record = {"tracking_uri": uri, "experiment_id": exp_id, "run_id": run_id, "parent_run_id": parent}
+                record = {"tracking_uri": tracking.redact_uri(uri), "experiment_id": exp_id, "run_id": run_id,
+                          "parent_run_id": parent}
             items = [Param(k, v) for k, v in wanted.items()]
             for i in range(0, len(items), PARAMS_PER_CALL):
                 client.log_batch(run_id, params=items[i:i + PARAMS_PER_CALL])
     except Exception as exc:  # noqa: BLE001 - the server refused or went away since the preflight check
-        raise PlanError("logger.mlflow", uri, f"the MLflow run could not be opened ({type(exc).__name__}:"
-                        f" {str(exc).splitlines()[0][:300] if str(exc) else ''})",
+        raise PlanError("logger.mlflow", tracking.redact_uri(uri),
+                        f"the MLflow run could not be opened ({why(exc, uri)})",
                         "check the tracking server, or leave mlflow out of logger=[...]") from exc
     return record
 
@@ -121,7 +122,7 @@ def _sweep_parent(client: Any, exp_id: str, sweep_dir: str) -> str:
     return client.create_run(exp_id, run_name=_name(sweep_dir), tags={tracking.TAG_SWEEP: sweep_dir}).info.run_id
 
 
-def finish(record: dict[str, Any], status: str | None) -> str | None:
+def finish(conf: dict[str, Any], record: dict[str, Any], status: str | None) -> str | None:
     """Close this job's tracker runs with its run.json ``status`` (a sweep's parent run too: FAILED once a job
     failed); returns a warning when the tracker could not be told (the run's own files are complete)."""
     ml = record.get(tracking.MLFLOW)
@@ -134,12 +135,12 @@ def finish(record: dict[str, Any], status: str | None) -> str | None:
         return None
     try:
         with quick_requests():
-            client = MlflowClient(ml["tracking_uri"])
+            client = MlflowClient(tracking.mlflow_uri(conf) or ml["tracking_uri"])
             client.set_terminated(ml["run_id"], status=mstatus)
             if ml.get("parent_run_id"):
                 parent = client.get_run(ml["parent_run_id"])
                 failed = parent.info.status == "FAILED" or mstatus != "FINISHED"
                 client.set_terminated(ml["parent_run_id"], status="FAILED" if failed else "FINISHED")
     except Exception as exc:  # noqa: BLE001 - the run is over either way; say it
-        return f"the MLflow run {ml['run_id']} could not be closed ({type(exc).__name__}: {exc})"
+        return f"the MLflow run {ml['run_id']} could not be closed ({why(exc, tracking.mlflow_uri(conf) or '')})"
     return None

@@ -167,4 +167,12 @@ def test_wandb_runs_get_an_id_the_sweep_group_and_a_continued_run_keeps_its_own(
     other = open_runs(conf, {"global_batch": 8}, "/o/d/12-00-00_sweep/1_gpt_w1", "/o/d/12-00-00_sweep", None)
     assert other["wandb"]["id"] != w["id"] and other["wandb"]["group"] == w["group"]
     assert open_runs(conf, {}, "/o/d/x", None, job)["wandb"] == w, "a continued run goes on under its own id"
-    assert finish(job, "completed") is None  # nothing to close without MLflow
+    assert finish(conf, job, "completed") is None  # nothing to close without MLflow
+
+
+def test_run_json_records_a_tracking_uri_without_its_credentials():
+    assert tracking.redact_uri("https://user:tok@mlflow.example.com/x") == "https://***@mlflow.example.com/x"
+    assert tracking.redact_uri("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
+    assert tracking.redact_uri("sqlite:////tmp/a@b/mlflow.db") == "sqlite:////tmp/a@b/mlflow.db"
+    conf = {"logger": {"mlflow": {"tracking_uri": "http://h:1"}}, "output": {"root": "outputs"}}
+    assert tracking.mlflow_uri(conf) == "http://h:1"

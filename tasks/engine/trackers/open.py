@@ -57,8 +57,8 @@ def _open(name: str, cfg: Config, run_dir: str, local_dir: str, record: dict[str
     if name == tracking.MLFLOW:
         from ddp_runner.tasks.engine.trackers.mlflow_log import MlflowLog
 
-        r = record[name]
-        return Background(MlflowLog(r["tracking_uri"], r["run_id"]))
+        # The URI from the config (run.json holds it without credentials), resolved as the driver did.
+        return Background(MlflowLog(tracking.mlflow_uri(cfg) or record[name]["tracking_uri"], record[name]["run_id"]))
     from ddp_runner.tasks.engine.trackers.wandb_log import WandbLog
 
     bp = batch_plan(cfg, int(os.environ.get("WORLD_SIZE", "1")))
