@@ -24,6 +24,7 @@ class CsvLog:
         self.columns: list[str] = ["step"]
         self.rows: list[dict[str, Any]] = []  # written rows, kept to rewrite the file when a column is added
         self.pending: dict[str, Any] | None = None
+        self._file: Any = None  # open for appending between rewrites: a row costs one write
         if os.path.exists(path):  # a continued run: what earlier launches wrote
             with open(path, newline="") as f:
                 reader = csv.DictReader(f)
@@ -45,12 +46,17 @@ class CsvLog:
             self.columns += new
             self._rewrite()
             return
-        with open(self.path, "a", newline="") as f:
-            csv.DictWriter(f, self.columns).writerow(row)
+        if self._file is None:
+            self._file = open(self.path, "a", newline="")  # noqa: SIM115 - kept open across rows, closed in close()
+        csv.DictWriter(self._file, self.columns).writerow(row)
+        self._file.flush()
 
     def _rewrite(self) -> None:
         import io
 
+        if self._file is not None:
+            self._file.close()
+            self._file = None
         buf = io.StringIO()
         writer = csv.DictWriter(buf, self.columns)
         writer.writeheader()
@@ -68,3 +74,6 @@ class CsvLog:
 
     def close(self) -> None:
         self.flush()
+        if self._file is not None:
+            self._file.close()
+            self._file = None

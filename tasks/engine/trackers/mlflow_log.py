@@ -9,6 +9,7 @@ interrupted attempt logged it after the checkpoint this launch resumed from) is 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 # MLflow's limit of metrics in one log_batch call.
 BATCH_MAX = 1000
@@ -24,8 +25,7 @@ class MlflowLog:
 
         self.client, self.run_id = MlflowClient(tracking_uri), run_id
         # The last step the run holds for each metric: points at or before it were logged by an earlier attempt.
-        run = self.client.get_run(run_id)
-        self.logged = {m.key: m.step for m in getattr(run.data, "_metric_objs", [])}
+        self.logged = last_steps(self.client, run_id)
 
     def log(self, scalars: dict[str, float], step: int) -> None:
         self.log_many([(scalars, step)])
@@ -48,3 +48,13 @@ class MlflowLog:
 
     def close(self) -> None:
         pass  # the driver ends the run with the job's status
+
+
+def last_steps(client: Any, run_id: str) -> dict[str, int]:
+    """The last step the run holds for each metric: the run's latest metrics carry their step (``runs/get``); read
+    from each metric's history where this MLflow's client does not expose them."""
+    data = client.get_run(run_id).data
+    objs = getattr(data, "_metric_objs", None)
+    if objs is not None:
+        return {m.key: m.step for m in objs}
+    return {k: max((m.step for m in client.get_metric_history(run_id, k)), default=-1) for k in data.metrics}
