@@ -83,6 +83,7 @@ def main() -> None:
     p.add_argument("--log-every", type=int, default=None, help="default: the preset's train.log_every")
     p.add_argument("--tracking-uri", default=None, help="default: a server started here on loopback")
     p.add_argument("--tolerance", type=float, default=0.01)
+    p.add_argument("--reverse", action="store_true", help="the extra-logger arm first in each pair (order bias)")
     p.add_argument("--root", default=None, help="output root (default: a temporary folder)")
     p.add_argument("extra", nargs="*", help="more ddp-run overrides, e.g. train.compile=false")
     args = p.parse_args()
@@ -93,7 +94,7 @@ def main() -> None:
     try:
         for i in range(args.pairs):
             print(f"pair {i + 1}/{args.pairs}", flush=True)
-            for arm in ARMS:
+            for arm in (reversed(list(ARMS)) if args.reverse else ARMS):
                 rates[arm].append(_run(args, root, arm, uri))
     finally:
         if proc is not None:

@@ -65,6 +65,8 @@ def quick_requests() -> Iterator[None]:
 def _reach_mlflow(conf: dict[str, Any]) -> str | None:
     """Why the MLflow tracking server cannot be reached (None: it answered)."""
     uri = mlflow_uri(conf)
+    # MLflow's own usage telemetry posts to the internet from a thread: off unless the user set it (their env wins)
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     from mlflow.tracking import MlflowClient
 
     with quick_requests():

@@ -21,6 +21,10 @@ class MlflowLog:
     name = "mlflow"
 
     def __init__(self, tracking_uri: str, run_id: str) -> None:
+        import os
+
+        # No usage telemetry from rank 0 (MLflow posts it to the internet from a thread), unless the user asked.
+        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
         from mlflow.tracking import MlflowClient
 
         self.client, self.run_id = MlflowClient(tracking_uri), run_id
