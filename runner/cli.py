@@ -175,7 +175,7 @@ def _hydra_args(args: list[str]) -> tuple[Any, list[str], str]:
 
 def main() -> None:
     """Console entry point of ``ddp-run``."""
-    from ddp_runner.config import task_module
+    from ddp_runner.config import overrides, task_module
 
     task_module.register_resolver()
     args = sys.argv[1:]
@@ -194,7 +194,7 @@ def main() -> None:
         sys.exit(0)
     from ddp_runner.config.cli_help import info_args
 
-    args = info_args(args)
+    args = overrides.logger_list(info_args(args))
     with secrets.masked_console():  # URL credentials and oc.env values never reach the console
         _main(args)
 

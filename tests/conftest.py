@@ -29,6 +29,7 @@ from typing import TypeVar
 import pytest
 
 from tests.support.fake_smi import fake_smi  # noqa: F401 - fixtures for every tier
+from tests.support.mlflow_server import mlflow_server  # noqa: F401 - fixtures for every tier
 from tests.support.s3_server import s3_server, s3_url  # noqa: F401 - fixtures for every tier
 from tests.support.tokenized import tokenized  # noqa: F401 - fixtures for every tier
 
@@ -57,7 +58,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # `xdist_group` marker, kept on that module too, does not group under pytest 9: its loadgroup scheduler reads a
 # suffix that xdist 3.8 can no longer add to the node ids. The scheduler below groups by file path instead, and
 # honours such a suffix where one is there.)
-SERIAL_FILES = {"tests/e2e/test_slurm.py": "slurm", "tests/e2e/test_multinode.py": "multinode"}
+SERIAL_FILES = {"tests/e2e/test_slurm.py": "slurm", "tests/e2e/test_multinode.py": "multinode",
+                # one MLflow server per session, started by the first of these tests
+                "tests/e2e/test_trackers_e2e.py": "trackers"}
 
 if importlib.util.find_spec("xdist") is not None:
     def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN201 - xdist's hook

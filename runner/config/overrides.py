@@ -32,7 +32,7 @@ OWNED = ("batch", "train", "checkpoint", "output", "launcher", "world_size", "de
 OPEN = ("train.inductor",)
 # Keys a task's YAML sets that the workers cannot do without.
 TASK_REQUIRED = ("task.name", "task.module", "data.name")
-GROUPS = ("task", "data", "launcher", "experiment")
+GROUPS = ("task", "data", "launcher", "logger", "experiment")
 _GRAMMAR = "see `ddp-run --help`; values with spaces or commas need quotes, e.g. key='a,b'"
 # Words a user types to look at runs; ddp-run takes overrides only: the refusal points at ddp-runs.
 RUNS_WORDS = ("status", "list", "ls", "runs", "show", "ps")
@@ -58,6 +58,18 @@ def parse(argv: Sequence[str]) -> Cli:
     info = bool(args.help or args.hydra_help or args.cfg or args.info or args.shell_completion
                 or args.resolve or args.package)
     return Cli(list(args.overrides), args.config_dir, args.config_name, bool(args.multirun), info, args.cfg)
+
+
+def logger_list(argv: Sequence[str]) -> list[str]:
+    """``logger=tensorboard,mlflow`` as ``logger=[tensorboard,mlflow]``: several loggers at once (Hydra would read
+    the comma as a sweep over loggers, which no one means)."""
+    out = []
+    for a in argv:
+        key, eq, value = a.partition("=")
+        if eq and key.lstrip("+") == "logger" and "," in value and not value.startswith("["):
+            a = f"{key}=[{value}]"
+        out.append(a)
+    return out
 
 
 def user_dir_first(argv: list[str], config_dir: str, config_name: str | None,
@@ -270,6 +282,10 @@ def _check_key(o: Any, keys: set[str]) -> None:
                             + (f" (did you mean {near}?)" if near else ""),
                             f"use {near}={value}" if near else "remove it (ddp-run --help lists every key)")
         return
+    if key.startswith("logger.") and key not in keys and key.count(".") >= 2:
+        name = key.split(".")[1]
+        raise PlanError(key, value, f"a setting of the {name} logger, which this run does not select",
+                        f"select it too, e.g. logger=[tensorboard,{name}] {key}={value}")
     if key not in keys:
         near = _nearest(key, keys)
         raise PlanError(key, value, "no such key" + (f" (did you mean {near}?)" if near else ""),

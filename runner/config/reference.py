@@ -20,7 +20,7 @@ from ddp_runner.config.key_docs import KEY_DOCS
 from ddp_runner.config.validate import DATA_RULES, ENGINE_RULES
 from ddp_runner.contract.rules import Rule, flatten
 
-GROUPS = ("task", "data", "strategy", "launcher", "experiment")
+GROUPS = ("task", "data", "strategy", "launcher", "logger", "experiment")
 _KINDS = {"int": "int", "number": "float", "bool": "bool", "str": "string", "choice": "choice",
           "numbers": "list", "mapping": "mapping", "signal": "signal"}
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z`(])")

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ddp_runner.contract import stops
+from ddp_runner.contract import stops, tracking
 from ddp_runner.contract.errors import (
     BACKENDS,
     COMPILE_MODES,
@@ -35,6 +35,10 @@ from ddp_runner.contract.rules import Rule, check_keys, choice, flag, get, integ
 
 # Seeds feed torch, numpy and Python generators alike (seed + rank, seed + epoch): numpy takes 32 bits.
 SEED_MAX = 2**32 - 1024
+
+# checkpoint.export: the formats ddp-export writes (hf: the GPT task's models only).
+EXPORT_FORMATS = ("safetensors", "hf")
+GPT_MODULE = "ddp_runner.tasks.gpt.task"
 
 # Every key of conf/config.yaml the driver or the engine reads, except those with rules of their own elsewhere
 # (world_size's relation to devices and nodes and batch.global's divisibility: runner/config/plan.py; data.*:
@@ -98,6 +102,14 @@ ENGINE_RULES: tuple[Rule, ...] = (
     integer("sweep.cores_per_rank", lo=1, example="2"),
     text("sweep.objective", example="val_loss"),
     choice("sweep.direction", SWEEP_DIRECTIONS),
+    choice("checkpoint.export", EXPORT_FORMATS, null=True),
+    text("logger.mlflow.tracking_uri", null=True, example="http://127.0.0.1:5000"),
+    text("logger.mlflow.experiment", null=True, example="my-experiment"),
+    choice("logger.mlflow.on_unreachable", tracking.ON_UNREACHABLE),
+    text("logger.wandb.project", example="ddp-runner"),
+    text("logger.wandb.entity", null=True, example="my-team"),
+    choice("logger.wandb.mode", tracking.WANDB_MODES),
+    choice("logger.wandb.on_unreachable", tracking.ON_UNREACHABLE),
 )
 
 # The data group's own keys, by ``data.name`` (file checks and data.format/val_fraction: runner/data/prep.py).
@@ -116,6 +128,9 @@ def check_engine(cfg: Mapping[str, Any]) -> None:
     if get(cfg, "train.compile_mode") is not None and get(cfg, "train.compile") is False:
         raise PlanError("train.compile_mode", get(cfg, "train.compile_mode"),
                         "has no effect: train.compile is false", "set train.compile=true, or train.compile_mode=null")
+    if get(cfg, "checkpoint.export") == "hf" and get(cfg, "task.module") != GPT_MODULE:
+        raise PlanError("checkpoint.export", "hf", "the Hugging Face format is written for the GPT task's models only",
+                        "use checkpoint.export=safetensors (any task), or null")
 
 
 def warnings(cfg: Mapping[str, Any]) -> list[str]:

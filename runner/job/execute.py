@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from ddp_runner.config import memory_plan
 from ddp_runner.config.diagnostic_keys import without_fault
 from ddp_runner.config.plan import Plan
-from ddp_runner.contract import checkpoints, layout, secrets
+from ddp_runner.contract import checkpoints, layout, secrets, tracking
 from ddp_runner.contract.errors import PlanError
 from ddp_runner.data import prep as data_prep
 from ddp_runner.diagnostics.doctor import cheap_report
@@ -34,6 +34,8 @@ from ddp_runner.rundir import resume as resume_checks
 from ddp_runner.rundir import run_dir as rundir
 from ddp_runner.rundir.lease import take_or_refuse
 from ddp_runner.rundir.manifest import initial_manifest
+from ddp_runner.trackers import preflight as tracker_checks
+from ddp_runner.trackers import runs as tracker_runs
 
 
 @dataclass
@@ -252,7 +254,7 @@ def _announce(conf: dict[str, Any], plan: Plan, mem: dict[str, Any] | None) -> N
 
 
 def _record_start(job: Job, rd: rundir.RunDir, cmd: list[str], how: Invocation, started: datetime,
-                  mem: dict[str, Any] | None) -> dict[str, Any]:
+                  mem: dict[str, Any] | None, trackers: dict[str, Any]) -> dict[str, Any]:
     """config.yaml (what the workers run) and run.json (the manifest) into the opened run directory."""
     conf, plan = job.conf, job.plan
     rd.write_text(layout.CONFIG, OmegaConf.to_yaml(OmegaConf.create(job.written or on_disk(conf, how.env_raw))))
@@ -263,6 +265,7 @@ def _record_start(job: Job, rd: rundir.RunDir, cmd: list[str], how: Invocation, 
     manifest[layout.MANIFEST_MEMORY_PLAN] = mem
     if how.resume_changes:  # what differs from the checkpoint's run, the value used, and from which step
         manifest["resume_changes"] = how.resume_changes
+    manifest[tracking.MANIFEST_TRACKERS] = trackers
     if rd.continued:
         previous = rd.read_json(layout.MANIFEST)
         manifest["started"] = previous.get("started", manifest["started"])
@@ -329,6 +332,9 @@ def execute(composed: dict[str, Any], how: Invocation,
             path = layout.join(rd.url, layout.CONFIG)
             raise records.DamagedFile(path, f"holds a value the plan cannot use ({type(exc).__name__}: {exc})",
                                       records.fix_for(layout.CONFIG, rd.url)).refusal() from None
+        tracker_checks.check_installed(conf)
+        if not conf["dry_run"]:  # before anything is created: a tracker that cannot be reached refuses the launch
+            tracker_checks.preflight(conf)
     except PlanError as err:
         if rd is not None and rd.lease is not None:  # refused after taking the lease: give it back now
             rd.lease.release()
@@ -392,12 +398,21 @@ def _open_and_launch(job: Job, launcher: Any, how: Invocation, started: datetime
             return Outcome(launcher.join(job))
     except PlanError as err:
         return refuse(err)
+    try:
+        trackers = _open_trackers(job, rd, how)
+    except PlanError as err:
+        if rd.continued:
+            if rd.lease is not None:
+                rd.lease.release()
+        else:
+            rd.remove()  # no half-made run directory
+        return refuse(err)
     if rd.continued:
         job.staged = rundir.prepare_continue(rd)
     if probe is not None:
         probe.keep()  # the next job with this task and model skips the probe
     cmd = launcher.command(job.plan, job.launcher, rd.url)
-    manifest = _record_start(job, rd, cmd, how, started, mem)
+    manifest = _record_start(job, rd, cmd, how, started, mem, trackers)
     try:
         return Outcome(launcher.launch(job, rd, manifest), run_dir=rd.url)
     except PlanError as err:  # refused by the launcher at launch (sbatch): it left no run directory
@@ -407,3 +422,24 @@ def _open_and_launch(job: Job, launcher: Any, how: Invocation, started: datetime
 
         return Outcome(failed_while(rd, manifest, "running (the run directory could not be written)", exc),
                        run_dir=rd.url)
+    finally:
+        _close_trackers(job.conf, rd, trackers)
+
+
+def _open_trackers(job: Job, rd: rundir.RunDir, how: Invocation) -> dict[str, Any]:
+    """This job's tracker runs (a continued run's own again), for run.json's ``trackers``."""
+    previous = rd.read_json(layout.MANIFEST).get(tracking.MANIFEST_TRACKERS) if rd.continued else None
+    sweep_dir = rd.url.rstrip("/").rsplit("/", 1)[0] if how.new_run_dir is not None else None
+    return tracker_runs.open_runs(job.conf, tracker_runs.plan_params(job.plan), rd.url, sweep_dir, previous)
+
+
+def _close_trackers(conf: dict[str, Any], rd: rundir.RunDir, trackers: dict[str, Any]) -> None:
+    """Tell the trackers how the job ended (run.json's status)."""
+    if tracking.MLFLOW not in trackers:
+        return
+    try:
+        status = rd.read_json(layout.MANIFEST).get("status")
+    except (OSError, ValueError):
+        status = None
+    if (warning := tracker_runs.finish(conf, trackers, status)) is not None:
+        print(f"ddp-run: warning: {warning}", file=sys.stderr, flush=True)

@@ -36,6 +36,9 @@ from ddp_runner.tasks.engine.sampler import ResumableDistributedSampler
 from ddp_runner.tasks.engine.stop import StopAgreement
 from ddp_runner.tasks.engine.strategy import factory, grad_sync
 from ddp_runner.tasks.engine.strategy.base import Strategy
+from ddp_runner.tasks.engine.trackers.base import Trackers
+from ddp_runner.tasks.engine.trackers.open import open_trackers
+from ddp_runner.tasks.engine.trackers.tensorboard import TensorBoard
 from ddp_runner.tasks.engine.train_state import TrainState
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -323,6 +326,8 @@ class Trainer:
         losses of the logging window still open too, so that a resume logs exactly what an uninterrupted run would."""
         if loop is not None:
             self._keep_window(loop)
+            if loop.writer is not None:  # what this checkpoint covers is in the trackers: a resume leaves no gap
+                loop.writer.flush()
         self.checkpoints.save(self.state, final=final)
 
     def _keep_window(self, loop: _Loop) -> None:
@@ -461,7 +466,7 @@ class Trainer:
         self.strategy.on_grads_ready(timer.grads_ready)  # when its gradient sync starts, if the strategy can tell
         startup.mark("loop_start")
         if writer is not None and self.resumed_from is not None:
-            tb.purge_from(writer, self.state.step + 1)  # the interrupted attempt's later points are superseded
+            writer.resume_at(self.state.step)  # the interrupted attempt's later points are superseded
         s = self.state
         window = s.window_loss[ctx.rank] if s.logged_step is not None and ctx.rank < len(s.window_loss) else 0.0
         self.extras = task_metrics.Sums(ctx.device)
@@ -562,14 +567,9 @@ class Trainer:
             self.gpu_windows.setdefault(r, []).append(g)
         for r, w in times.items():
             self.time_windows.setdefault(r, []).append(w)
-        if loop.writer is not None:
-            for k, v in last.items():
-                loop.writer.add_scalar(k, v, pending.step)
-            for r, g in gpus.items():
-                for k, v in g.items():
-                    loop.writer.add_scalar(f"gpu{r}/{k}", v, pending.step)
-            for k, v in timing.scalars(times).items():
-                loop.writer.add_scalar(k, v, pending.step)
+        if loop.writer is not None:  # every rank's GPU and phase times, gathered: rank 0 logs them all
+            loop.writer.log({**last, **{f"gpu{r}/{k}": v for r, g in gpus.items() for k, v in g.items()},
+                             **timing.scalars(times)}, pending.step)
         if loop.progress is not None:
             rate_key = "perf/tokens_per_s" if self._rate_unit == "tokens/s" else "perf/samples_per_s"
             loop.progress.update(pending.step, train_loss, last.get(rate_key) or last["perf/samples_per_s"])
@@ -599,8 +599,7 @@ class Trainer:
         v["runs"], v["seconds"] = v["runs"] + 1, v["seconds"] + v["last_s"]
         extra = task_metrics.named(tuple(found), list(found.values()), "val")
         if writer is not None:
-            for k, val in {"val/loss": loss, **extra, "time/validation_s": v["last_s"]}.items():
-                writer.add_scalar(k, val, step)
+            writer.log({"val/loss": loss, **extra, "time/validation_s": v["last_s"]}, step)
         self._say(f"step {step} val/loss {loss:.4f}" + "".join(f" {k} {val:.4g}" for k, val in extra.items()))
         self._say(f"validation: {v['last_s']:.2f} s ({v['compile_mode']}; graphs compiled in validations so far:"
                   f" {v['graphs_compiled']})")
@@ -661,6 +660,7 @@ class Trainer:
         }
         if loop.writer is not None:
             loop.writer.close()
+            summary["trackers"] = loop.writer.report()
         return summary
 
     def _series(self, loop: _Loop) -> dict[str, Any]:
@@ -714,15 +714,19 @@ class Trainer:
         self.loader = None  # persistent workers stop when their iterator is collected
         gc.collect()  # the LR lambda's closure makes a cycle through the trainer
 
-    def _writer(self) -> Any:
-        writer = self.writer_future.result()
+    def _writer(self) -> Trackers:
+        """Rank 0's loggers (opened in the background at start-up); TensorBoard gets the plan and settings."""
+        trackers = self.writer_future.result()
+        board = next((t for t in trackers.trackers if isinstance(t, TensorBoard)), None)
+        if board is None:
+            return trackers
         cfg = self.cfg
         plan = self.plan.as_dict()
         # A sweep's swept values too: its jobs sit side by side in HPARAMS (tensorboard --logdir <sweep dir>).
         hparams = {"task": cfg.task.name, "lr": cfg.train.lr, "precision": cfg.train.precision, "device": cfg.device,
                    **tb.swept_values(self.ctx.run_dir)}
-        tb.write_plan(writer, plan, hparams, tokens=bool(self.parts.tokens_per_sample))
-        return writer
+        board.start(plan, hparams, tokens=bool(self.parts.tokens_per_sample))
+        return trackers
 
 
 def run(run_dir: str, local_dir: str, console: IO[str] | None) -> None:
@@ -733,8 +737,9 @@ def run(run_dir: str, local_dir: str, console: IO[str] | None) -> None:
     termination.configure(grace_s, preempt)
     writer_future = None
     if int(os.environ.get("RANK", "0")) == 0:
-        # TensorBoard's import overlaps the process-group and DDP set-up instead of delaying the first step.
-        writer_future = ThreadPoolExecutor(1).submit(tb.open_writer, os.path.join(local_dir, layout.TB))
+        # The loggers' imports (and the trackers' first requests) overlap the process-group and DDP set-up instead
+        # of delaying the first step.
+        writer_future = ThreadPoolExecutor(1).submit(open_trackers, cfg, run_dir, local_dir, console)
     t0 = time.perf_counter()
     console_progress.stage(console, "joining the process group")
     ctx = setup(run_dir, local_dir, console, cfg)

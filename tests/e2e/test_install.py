@@ -74,7 +74,7 @@ def workdir(tmp_path: Path) -> Path:
 def test_version_and_help_from_anywhere(venv: Path, workdir: Path) -> None:
     r = _run([str(venv / "bin/ddp-run"), "--version"], cwd=workdir)
     assert r.stdout.strip() == "ddp-run 0.1.0"
-    for tool in ("ddp-tokenize", "ddp-compare", "ddp-doctor", "ddp-runs"):
+    for tool in ("ddp-tokenize", "ddp-compare", "ddp-doctor", "ddp-runs", "ddp-export"):
         assert _run([str(venv / "bin" / tool), "--help"], cwd=workdir).stdout.startswith("usage:"), tool
     r = _run([str(venv / "bin/ddp-run"), "--help"], cwd=workdir)
     for group in ("task:", "data:", "launcher:", "smoke", "gpt2_small"):

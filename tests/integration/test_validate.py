@@ -22,7 +22,6 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from ddp_runner.config.validate import ENGINE_RULES
-from ddp_runner.contract import layout
 from ddp_runner.contract.errors import PlanError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -186,8 +185,8 @@ def _train_briefly(cfg: dict[str, Any], run_dir: Path) -> None:
 
     import torch
 
-    from ddp_runner.tasks.engine import logging as tb
     from ddp_runner.tasks.engine.config import Config
+    from ddp_runner.tasks.engine.trackers.open import open_trackers
     from ddp_runner.tasks.engine.trainer import Context, Trainer
 
     cfg = copy.deepcopy(cfg)
@@ -197,7 +196,7 @@ def _train_briefly(cfg: dict[str, Any], run_dir: Path) -> None:
     t["val_samples"] = min(t["val_samples"] or 8, 8)
     ctx = Context(0, 0, 1, torch.device("cpu"), str(run_dir), str(run_dir), None)
     writer: Future = Future()
-    writer.set_result(tb.open_writer(str(run_dir / layout.TB)))
+    writer.set_result(open_trackers(Config(cfg), str(run_dir), str(run_dir)))  # the config's loggers, as rank 0
     trainer = Trainer(Config(cfg), ctx, writer)
     try:
         summary = trainer.train()

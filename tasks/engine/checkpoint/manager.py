@@ -95,7 +95,8 @@ class CheckpointManager:
         c = cfg.checkpoint
         self.cfg, self.rank, self.console, self.plan = cfg, rank, console, plan
         self.strategy, self.optimizer, self.scheduler, self.scaler = strategy, optimizer, scheduler, scaler
-        self.root = layout.join(run_dir, layout.CHECKPOINTS)
+        self.root, self.run_dir = layout.join(run_dir, layout.CHECKPOINTS), run_dir
+        self.export_format = c.get("export")  # also export the weights at every checkpoint (ddp-export's formats)
         self.every_steps, self.keep_last, self.final = c.every_steps, c.keep_last, bool(c.get("final", True))
         self.resumed_from: str | None = None
         self._hooks = faults.save_hooks()  # the tests' hold before a commit; None in a real run
@@ -179,10 +180,12 @@ class CheckpointManager:
         model_optim = self.strategy.state_dict(self.optimizer) if spread else None  # collective
         if self.strategy.sharded_checkpoint:
             self._save_sharded(progress, rng, model_optim, final)
+            self._export(progress)
             return
         if not self.is_main:
             return
         state = {**(model_optim or self.strategy.state_dict(self.optimizer)), **self._small_state(progress, rng)}
+        self._export(progress, state["model"])
         if self.saver is not None:
             self.saver.save(self.root, progress.step, state, keep_last=self.keep_last, protect=self._protected())
         else:
@@ -210,6 +213,25 @@ class CheckpointManager:
                      keep_last=self.keep_last, protect=self._protected(),
                      export=self.strategy.model if final else None, hooks=self._hooks)
         self._committed()
+
+    def _export(self, progress: TrainState, model_state: dict[str, Any] | None = None) -> None:
+        """``checkpoint.export``: this checkpoint's weights into ``<run>/export/step_<N>`` too (ddp-export's files).
+        ``model_state``: rank 0's whole model state; None: a sharded model, gathered here (collective)."""
+        if not self.export_format:
+            return
+        if model_state is None:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            model_state = get_model_state_dict(self.strategy.model,
+                                               options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if not self.is_main:
+            return
+        from ddp_runner.tasks.engine.checkpoint import export
+
+        small = {"progress": progress.state_dict(), "plan": self.plan.as_dict(), "config": self.cfg.to_yaml()}
+        out = export.default_dir(self.run_dir, progress.step, str(self.export_format))
+        export.write(export.clean_names(model_state), small, out, str(self.export_format),
+                     data_path=(self.cfg.get("data") or {}).get("path"))
 
     def _small_state(self, progress: TrainState, rng: list[Any]) -> dict[str, Any]:
         """Everything in a checkpoint but model and optimizer state."""

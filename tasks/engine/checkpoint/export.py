@@ -1,0 +1,125 @@
+"""A checkpoint's weights out of the run directory: ``model.safetensors`` (plain tensors, no pickle) and
+``export.json`` (what they are: task, model config, step, loss), from any strategy.
+
+A whole-state checkpoint (ddp, zero1) holds the model in ``state.pt``; a sharded one (fsdp) holds DCP shards,
+consolidated here without a process group (``torch.distributed.checkpoint`` reads every shard's slices into whole
+tensors), or its ``model.pt`` when the final save wrote one. Tied weights come out as separate tensors, so that
+``model.load_state_dict(safetensors.torch.load_file(...))`` works as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import fsspec
+import torch
+import yaml
+
+from ddp_runner.contract import layout
+from ddp_runner.tasks.engine.checkpoint import sharded, storage
+from ddp_runner.tasks.engine.checkpoint.weights import INFO_FILE, WEIGHTS_FILE, clean_names, plain
+
+FORMAT = "ddp-runner-export/1"
+EXPORT_DIR = "export"
+
+
+def default_dir(run_dir: str, step: int, fmt: str) -> str:
+    """Where an export of step ``step`` goes by default: ``<run>/export/step_<N>`` (``-hf`` for the hf format)."""
+    return layout.join(run_dir, EXPORT_DIR, f"step_{step}" + ("-hf" if fmt == "hf" else ""))
+
+
+def checkpoint_url(source: str, step: int | None = None) -> str:
+    """The checkpoint ``source`` names: a checkpoint itself, else the newest complete one (or step ``step``) of a run
+    directory. ValueError with the fix when there is none."""
+    if storage.is_checkpoint(source) and step is None:
+        return source
+    root = layout.join(source.rstrip("/"), layout.CHECKPOINTS)
+    found = dict(storage.list_complete(root))
+    if not found:
+        raise ValueError(f"{source}: no complete checkpoint under {root}. Fix: point at a run directory that saved"
+                         " one (checkpoint.final=true), or at a checkpoint step_<N>")
+    if step is None:
+        return found[max(found)]
+    if step not in found:
+        raise ValueError(f"{source}: no complete checkpoint of step {step}; there are steps"
+                         f" {', '.join(map(str, sorted(found)))}")
+    return found[step]
+
+
+def load_weights(url: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The whole model's weights of the checkpoint at ``url`` (integrity-checked), and its small state (progress,
+    plan, config)."""
+    state = storage.load(url, map_location="cpu")
+    if not sharded.is_sharded(state):
+        return clean_names(state["model"]), state
+    ckpt = url.rstrip("/")
+    if ckpt.endswith("/" + storage.STATE_FILE):
+        ckpt = ckpt.rsplit("/", 1)[0]
+    consolidated = f"{ckpt}/{sharded.EXPORT_FILE}"
+    fs, path = fsspec.core.url_to_fs(consolidated)
+    if fs.exists(path):
+        with fs.open(path, "rb") as f:
+            return clean_names(torch.load(f, map_location="cpu", weights_only=True)), state
+    return clean_names(_consolidate(f"{ckpt}/{state['sharded']}")), state
+
+
+def _consolidate(shards: str) -> dict[str, torch.Tensor]:
+    """The model's whole tensors from DCP shards, read without a process group."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    if storage.is_local(shards):
+        reader: Any = dcp.FileSystemReader(shards)
+    else:
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader  # not re-exported (torch 2.13)
+
+        reader = FsspecReader(shards)
+    meta = reader.read_metadata().state_dict_metadata
+    model = {k[len("model."):]: torch.empty(m.size, dtype=m.properties.dtype) for k, m in meta.items()
+             if k.startswith("model.") and isinstance(m, TensorStorageMetadata)}
+    dcp.load({"model": model}, storage_reader=reader, no_dist=True)
+    return model
+
+
+def describe(state: dict[str, Any]) -> dict[str, Any]:
+    """What the weights are: the task, its model config, the step, the last logged training loss."""
+    cfg = yaml.safe_load(state.get("config") or "{}") or {}
+    task = cfg.get("task") or {}
+    progress = state.get("progress") or {}
+    losses = [x for x in progress.get("losses") or [] if x is not None]
+    return {"format": FORMAT, "task": task.get("name"), "module": task.get("module"), "model": task.get("model"),
+            "step": progress.get("step"), "loss": losses[-1] if losses else None, "plan": state.get("plan")}
+
+
+def write_safetensors(weights: dict[str, torch.Tensor], info: dict[str, Any], out_dir: str) -> list[str]:
+    """``model.safetensors`` and ``export.json`` into ``out_dir`` (any fsspec URL); returns the files written."""
+    from safetensors.torch import save
+
+    fs, path = fsspec.core.url_to_fs(out_dir)
+    fs.makedirs(path, exist_ok=True)
+    with fs.open(f"{path}/{WEIGHTS_FILE}", "wb") as f:
+        f.write(save(plain(weights), metadata={"format": "pt"}))
+    with fs.open(f"{path}/{INFO_FILE}", "w") as f:
+        f.write(json.dumps(info, indent=2) + "\n")
+    return [os.path.join(out_dir, WEIGHTS_FILE), os.path.join(out_dir, INFO_FILE)]
+
+
+def write(weights: dict[str, torch.Tensor], state: dict[str, Any], out_dir: str, fmt: str,
+          data_path: str | None = None) -> list[str]:
+    """Export ``weights`` as ``fmt`` (``safetensors`` or ``hf``) into ``out_dir``."""
+    info = describe(state)
+    if fmt != "hf":
+        return write_safetensors(weights, info, out_dir)
+    from ddp_runner.tasks.gpt import hf
+
+    if storage.is_local(out_dir):
+        return hf.write(weights, info, out_dir, tokenizer_dir=hf.tokenizer_dir(data_path))
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:  # transformers writes local files: then uploaded
+        hf.write(weights, info, tmp, tokenizer_dir=hf.tokenizer_dir(data_path))
+        fs, path = fsspec.core.url_to_fs(out_dir)
+        fs.put(tmp + "/", path, recursive=True)
+        return [layout.join(out_dir, n) for n in sorted(os.listdir(tmp))]
