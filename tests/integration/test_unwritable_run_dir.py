@@ -36,9 +36,16 @@ def _job(root: Path) -> object:
     return Job(conf, plan, 0.0, written=conf)  # type: ignore[arg-type]
 
 
+def _stand_ins(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's start as recorded, and no tracker runs (the default logger, TensorBoard, opens none)."""
+    monkeypatch.setattr(execute, "_record_start",
+                        lambda job, rd, cmd, how, started, mem, trackers: {"status": "running"})
+    monkeypatch.setattr(execute, "_open_trackers", lambda job, rd, how: {})
+
+
 def test_unwritable_mid_run_ends_with_one_line_and_failed(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(execute, "_record_start", lambda job, rd, cmd, how, started, mem: {"status": "running"})
+    _stand_ins(monkeypatch)
     out = execute._launch(_job(tmp_path), _Launcher(), execute.Invocation(argv=["ddp-run"]), datetime.now(), None,
                           None)
     err = capsys.readouterr().err
@@ -51,7 +58,7 @@ def test_unwritable_mid_run_ends_with_one_line_and_failed(tmp_path: Path, capsys
 
 def test_when_run_json_cannot_be_written_either_it_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(execute, "_record_start", lambda job, rd, cmd, how, started, mem: {"status": "running"})
+    _stand_ins(monkeypatch)
 
     def refuse(self, rel, text):  # noqa: ANN001, ANN202
         raise PermissionError(13, "Permission denied")
