@@ -128,6 +128,8 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="run numbers to run, e.g. 1,2,3,4")
     ap.add_argument("--budget-s", type=float, default=400, help="start no run after this many seconds")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--base", default="", metavar="OVERRIDE,OVERRIDE",
+                    help="change the runs' common overrides, e.g. task=gpt2_xl,batch.per_rank=8 (another preset)")
     ap.add_argument("--add", action="append", default=[], metavar="LABEL=OVERRIDE,OVERRIDE",
                     help="one more ddp-run after the listed ones (numbered on from them): its label and overrides")
     ap.add_argument("--cpu-smoke", action="store_true",
@@ -139,6 +141,9 @@ def main() -> None:
                    "train.val_samples=64"]
     if not a.reference and not a.cpu_smoke:
         ap.error("--reference is required: every figure is set beside the reference of the same call")
+    for override in (o for o in a.base.split(",") if o):
+        key = override.split("=", 1)[0]
+        BASE[:] = [b for b in BASE if b.split("=", 1)[0] != key] + [override]
     for spec in a.add:
         label, _, overrides = spec.partition("=")
         RUNS.append((label, [o for o in overrides.split(",") if o]))
