@@ -65,7 +65,7 @@ def test_report_over_a_fixed_global_batch_sweep_and_a_failed_run(tmp_path, gpt_w
     assert "| failed ⚠ |" in report
     assert "| GPU-hours |" not in report and "$" not in report and "CPU runs only: no GPU-hours or cost" in report
     assert all(line.startswith(f"- {name} (") for line, name in zip(
-        report.split("## Where the time goes")[1].strip().splitlines(), sorted(table, key=lambda n: (
+        report.split("## Where the time goes")[1].split("\n## ")[0].strip().splitlines(), sorted(table, key=lambda n: (
             int(table[n]["world"]), n)), strict=True)), "every bottleneck sentence names its run"
     assert json.dumps(table)  # parses as plain data
 

@@ -13,8 +13,6 @@ import pytest
 import yaml
 from conftest import ddp_run, load_json, run_dirs
 
-pytestmark = pytest.mark.slow
-
 # 4 per rank × 2 ranks × 2 accumulation = 16 samples per optimizer step; a per-rank count would be 8.
 ARGS = ["task=gpt", "device=cpu", "world_size=2", "batch.per_rank=4", "batch.accumulation=2", "train.max_steps=6",
         "train.log_every=2", "train.val_samples=64"]

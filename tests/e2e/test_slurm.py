@@ -161,6 +161,20 @@ def test_ctrl_c_while_waiting_cancels_the_job(slurm, out_root):
     wait_for("every rank to end", lambda: _procs_of(run) == [], timeout=30)
 
 
+def _requeued_job_completes(run: Path, job_id: str, env: dict[str, str]) -> dict[str, Any]:
+    """The requeued job's summary once it completed: a whole job again (allocation, start-up), minutes when the
+    machine is busy. On a time-out, what Slurm says of the job and the run's status, to tell a slow cluster
+    from a job that failed or never started."""
+    try:
+        return wait_for("the requeued job to complete",
+                        lambda: (s := _json(run / "summary.json")).get("status") == "completed" and s, timeout=600)
+    except AssertionError as exc:
+        job = subprocess.run(["scontrol", "show", "job", job_id], env=env, capture_output=True, text=True,
+                             timeout=60).stdout
+        raise AssertionError(f"{exc}; run.json status {_json(run / 'run.json').get('status')!r}; Slurm: {job}"
+                             ) from None
+
+
 def test_a_requeued_job_resumes_from_its_checkpoint(slurm, out_root):
     # Rank 0 hangs after step 5 on the first attempt only: step_4 is committed, then the job is requeued.
     args = [*SMOKE, "launcher.wait=false", "train.max_steps=8", "checkpoint.every_steps=2",
@@ -177,8 +191,7 @@ def test_a_requeued_job_resumes_from_its_checkpoint(slurm, out_root):
     wait_for("the job to be requeued", lambda: "JobState=PENDING" in subprocess.run(
         ["scontrol", "show", "job", job_id], env=env, capture_output=True, text=True, timeout=60).stdout)
     subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env, check=True, timeout=60)
-    summary = wait_for("the requeued job to complete",  # a whole job again (allocation, start-up): minutes if busy
-                       lambda: (s := _json(run / "summary.json")).get("status") == "completed" and s, timeout=400)
+    summary = _requeued_job_completes(run, job_id, env)
     assert summary["steps"] == 8
     manifest = load_json(run / "run.json")
     assert manifest["slurm"]["restarts"] >= 1 and len(manifest["continued"]) >= 1
@@ -207,7 +220,6 @@ def test_the_warning_signal_saves_and_the_job_requeues_itself(slurm, out_root):
     stopped = load_json(run / layout.rank_facts(0))["stopped"]
     assert (run / "checkpoints" / stopped["checkpoint"] / "meta.json").exists() and stopped["step"] < 30
     subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env, check=True, timeout=60)
-    summary = wait_for("the requeued job to complete",  # a whole job again (allocation, start-up): minutes if busy
-                       lambda: (s := _json(run / "summary.json")).get("status") == "completed" and s, timeout=400)
+    summary = _requeued_job_completes(run, job_id, env)
     assert summary["steps"] == 30 and summary["resumed_from"].endswith(stopped["checkpoint"])
     assert len(summary["losses"]) == 30 and run_dirs(out_root) == [run]
