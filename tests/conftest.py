@@ -148,8 +148,15 @@ def text_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """~5 KB of text: with context 64 and 4 samples per rank, 8 optimizer steps per epoch on 2 ranks."""
     rng = random.Random(0)
     words = ["alpha", "beta", "gamma", "delta", "ranks", "gloo", "torch", "step", "epoch", "loss", "the", "a"]
-    path = tmp_path_factory.mktemp("data") / "small.txt"
-    path.write_text(" ".join(rng.choice(words) for _ in range(1200))[:5000])
+    # One path for every xdist worker: a shared reference run (gpt_dropout_reference) records its data.path, and
+    # a resume from its checkpoint by another worker must name the same file.
+    from filelock import FileLock
+
+    path = _shared_base(tmp_path_factory) / "data" / "small.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock"):  # written once: a run reading it never sees it replaced
+        if not path.exists():
+            path.write_text(" ".join(rng.choice(words) for _ in range(1200))[:5000])
     return path
 
 

@@ -124,18 +124,31 @@ def node_differences(mine: Mapping[str, Any], node0: Mapping[str, Any]) -> dict[
             if k not in NODE_KEYS and a.get(k, "<absent>") != b.get(k, "<absent>")}
 
 
-def check_same_config(rd: RunDir, written: Mapping[str, Any] | None) -> None:
+def check_same_config(rd: RunDir, written: Mapping[str, Any] | None, grace_s: float = 20.0) -> None:
     """A joining node: refuse (PlanError, before its ranks start) a config that differs from node 0's (its
-    config.yaml in the shared run directory), naming the keys; every node must run the same plan."""
+    config.yaml in the shared run directory), naming the keys; every node must run the same plan. A run
+    continued with new settings (more steps) still shows the last launch's config.yaml until node 0's copy of
+    this launch's lands (an object store, a loaded host): a difference is read again for ``grace_s`` first."""
     if written is None:
         return
     from ddp_runner.rundir import records
 
-    try:
-        node0 = records.yaml_text_container(records.read_config_text(rd.fs, rd.path))
-    except records.DamagedFile as damaged:
-        raise damaged.refusal("launcher.rdzv_id") from None
-    diff = node_differences(written, node0)
+    try:  # only a continued run can show the previous launch's config.yaml
+        continued = bool(rd.read_json(layout.MANIFEST).get("continued"))
+    except (OSError, ValueError):
+        continued = False
+    deadline = time.monotonic() + (grace_s if continued else 0.0)
+    while True:
+        try:
+            node0 = records.yaml_text_container(records.read_config_text(rd.fs, rd.path))
+        except records.DamagedFile as damaged:
+            raise damaged.refusal("launcher.rdzv_id") from None
+        diff = node_differences(written, node0)
+        if not diff or time.monotonic() > deadline:
+            break
+        time.sleep(POLL_S)
+        if hasattr(rd.fs, "invalidate_cache"):
+            rd.fs.invalidate_cache()
     if diff:
         shown = "; ".join(f"{k}: node 0 {a!r}, this node {b!r}" for k, (a, b) in list(diff.items())[:6])
         more = f" (and {len(diff) - 6} more)" if len(diff) > 6 else ""
@@ -384,7 +397,11 @@ def collect(rd: RunDir, nnodes: int, grace_s: float = NODES_GRACE_S) -> dict[str
     import fsspec
 
     fs, path = fsspec.core.url_to_fs(rd.url)
-    deadline = time.monotonic() + grace_s
+    try:  # only a continued run can show the previous launch's config.yaml
+        continued = bool(rd.read_json(layout.MANIFEST).get("continued"))
+    except (OSError, ValueError):
+        continued = False
+    deadline = time.monotonic() + (grace_s if continued else 0.0)
     while True:
         fs.invalidate_cache()
         nodes: dict[str, dict[str, Any]] = {}
