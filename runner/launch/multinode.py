@@ -397,11 +397,7 @@ def collect(rd: RunDir, nnodes: int, grace_s: float = NODES_GRACE_S) -> dict[str
     import fsspec
 
     fs, path = fsspec.core.url_to_fs(rd.url)
-    try:  # only a continued run can show the previous launch's config.yaml
-        continued = bool(rd.read_json(layout.MANIFEST).get("continued"))
-    except (OSError, ValueError):
-        continued = False
-    deadline = time.monotonic() + (grace_s if continued else 0.0)
+    deadline = time.monotonic() + grace_s
     while True:
         fs.invalidate_cache()
         nodes: dict[str, dict[str, Any]] = {}
