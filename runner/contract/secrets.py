@@ -15,6 +15,8 @@ import sys
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from ddp_runner.contract.rules import flatten
+
 MASK = "***"
 # {dotted config key: real value} for the values config.yaml holds redacted; set by the driver for its workers.
 ENV_SECRETS = "DDP_RUNNER_SECRETS"
@@ -59,21 +61,10 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
     return redact_urls(text)
 
 
-def _flat(conf: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in conf.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, Mapping):
-            out.update(_flat(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
 def secret_keys(conf: Mapping[str, Any], env_keys: Iterable[str] = ()) -> dict[str, str]:
     """``{dotted key: real value}`` of the config values that hold a secret: the ``env_keys`` (their value came
     from ``oc.env``) and every string holding a URL with credentials."""
-    flat, env_keys = _flat(conf), set(env_keys)
+    flat, env_keys = flatten(conf), set(env_keys)
     return {k: str(v) for k, v in flat.items()
             if v is not None and (k in env_keys or (isinstance(v, str) and url_secrets(v)))}
 

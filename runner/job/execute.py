@@ -24,6 +24,7 @@ from ddp_runner.config.diagnostic_keys import without_fault
 from ddp_runner.config.plan import Plan
 from ddp_runner.contract import checkpoints, layout, secrets, tracking
 from ddp_runner.contract.errors import PlanError
+from ddp_runner.contract.rules import flatten
 from ddp_runner.data import prep as data_prep
 from ddp_runner.diagnostics.doctor import cheap_report
 from ddp_runner.job.planning import memory, plan_job
@@ -134,7 +135,7 @@ def _restore_redacted(conf: dict[str, Any], run_url: str, overrides: list[str]) 
     """A continued run's config.yaml holds URL credentials masked: the command line gives them again (the same
     URL), or the continuation is refused before launch."""
     given = {o.split("=", 1)[0].lstrip("+~"): o.split("=", 1)[1] for o in overrides if "=" in o}
-    for key, value in records.flat(conf).items():
+    for key, value in flatten(conf).items():
         if not secrets.is_redacted(value):
             continue
         if key in given and secrets.redact_urls(given[key]) == value:
@@ -168,7 +169,7 @@ def _settings_changed(conf: dict[str, Any], composed: dict[str, Any], overrides:
     """The settings a continued run's command line changes (their values as Hydra composed them): refused
     (PlanError) when the checkpoint fixes them (runner/rundir/resume_keys.py), else ``{key: (old, new)}``, applied
     from the step it continues at. A config group named (``data=text``) is ignored, with a warning."""
-    recorded, given = records.flat(conf), records.flat(composed)
+    recorded, given = flatten(conf), flatten(composed)
     theirs, mine, ignored = {}, {}, []
     for o in overrides:
         key = o.split("=", 1)[0].lstrip("+~")

@@ -29,7 +29,7 @@ from typing import Any
 from ddp_runner.config.plan import Plan
 from ddp_runner.contract import layout
 from ddp_runner.contract.errors import PlanError
-from ddp_runner.contract.rules import global_batch
+from ddp_runner.contract.rules import flatten, global_batch
 from ddp_runner.launch import finalize
 from ddp_runner.launch.base import BaseLauncher, Job
 from ddp_runner.launch.local import LOOPBACK, agent_prefix, loopback_interface, worker_tail
@@ -117,9 +117,8 @@ NODE_KEYS = ("launcher.node_rank", "launcher.local_addr", "launcher.join_timeout
 def node_differences(mine: Mapping[str, Any], node0: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
     """``{key: (node 0's value, this node's)}`` for every key of the config as config.yaml records it (secrets
     masked) that differs between this node and node 0, the per-node keys aside."""
-    from ddp_runner.rundir.records import flat
 
-    a, b = flat(dict(node0)), flat(dict(mine))
+    a, b = flatten(node0), flatten(mine)
     return {k: (a.get(k, "<absent>"), b.get(k, "<absent>")) for k in sorted(set(a) | set(b))
             if k not in NODE_KEYS and a.get(k, "<absent>") != b.get(k, "<absent>")}
 

@@ -140,17 +140,6 @@ def parse_config(text: bytes | str, path: str, run: str, complete: bool = True) 
     return conf
 
 
-def flat(conf: Any, prefix: str = "") -> dict[str, Any]:
-    """``{dotted key: value}`` of a nested mapping's leaves."""
-    out: dict[str, Any] = {}
-    for k, v in conf.items():
-        if isinstance(v, dict):
-            out.update(flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def env_interpolations(raw: Any, prefix: str = "") -> dict[str, str]:
     """``{dotted key: its text}`` of the values of an unresolved config that come from the environment
     (``${oc.env:NAME}``): config.yaml keeps the text, never the value, and a continued run resolves it again."""

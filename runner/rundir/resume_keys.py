@@ -15,6 +15,7 @@ from typing import Any
 
 from ddp_runner.contract import secrets
 from ddp_runner.contract.errors import PlanError
+from ddp_runner.contract.rules import flatten
 
 # (key or section, why it cannot change). Every key not matched here may change on resume.
 FIXED: tuple[tuple[str, str], ...] = (
@@ -51,16 +52,6 @@ FREE_NOTES: tuple[tuple[str, str], ...] = (
 _IGNORED = ("resume", "dry_run", "output.root", "fault")
 
 
-def _flat(conf: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in conf.items():
-        if isinstance(v, Mapping):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def _under(key: str, section: str) -> bool:
     return key == section or key.startswith(section + ".")
 
@@ -76,7 +67,7 @@ def differences(theirs: Mapping[str, Any], mine: Mapping[str, Any]) -> dict[str,
     """``{key: (checkpoint's run value, this run's value)}`` for every key of this run whose value differs from the
     checkpoint's run's (credentials compared masked: config.yaml never holds them). A key only this run has (the
     checkpoint's run predates it) and one it dropped are no difference: the plan's own checks judge them."""
-    a, b = _flat(theirs), _flat(mine)
+    a, b = flatten(theirs), flatten(mine)
     out = {}
     for key in sorted(b):  # a key the checkpoint's run lacks is newer than that run: nothing to compare it with
         if any(_under(key, k) for k in _IGNORED) or key in ("batch.accumulation", "world_size"):
