@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -75,9 +76,6 @@ class MlflowRest:
         """Every point of one metric of a run."""
         q = urllib.parse.urlencode({"run_id": run_id, "metric_key": key, "max_results": 25000})
         return self.call("GET", f"metrics/get-history?{q}").get("metrics", [])
-
-
-import urllib.parse  # noqa: E402 - used by MlflowRest above
 
 
 def _wait_until_up(proc: subprocess.Popen, url: str, log: Path, timeout: float = 90.0) -> None:
