@@ -212,6 +212,42 @@ def tight(memory: dict[str, Any]) -> str | None:
             " leaves room)")
 
 
+def larger_fsdp_micro_batch(facts: ModelFacts, cfg: dict[str, Any], plan: Plan,
+                            cap: float | None) -> tuple[int, float] | None:
+    """Under fsdp with accumulation: the largest per-rank batch that divides the global batch and fits ``cap`` with
+    the planner's headroom, when it is larger than the plan's, and its estimate in GiB (None otherwise). FSDP runs
+    its per-block hooks and copies on the host in every micro-step, so small micro-steps leave the GPU waiting on
+    the host; fewer, larger ones hide that cost (BENCHMARKS.md, issue 33's fsdp profile)."""
+    if cap is None or plan.accumulation <= 1 or plan.device != "cuda":
+        return None
+    train, scfg = cfg.get("train", {}), cfg.get("strategy") or {}
+    per_rank_total = plan.global_batch // plan.world_size
+    best = None
+    for b in range(plan.per_rank_batch + 1, per_rank_total + 1):
+        if per_rank_total % b:
+            continue
+        e = estimate(facts, "fsdp", world_size=plan.world_size, per_rank=b, accumulation=per_rank_total // b,
+                     precision=train.get("precision", "fp32"), optimizer=train.get("optimizer", "adamw"),
+                     momentum=train.get("momentum") or 0.0, cuda=True,
+                     reshard_after_forward=bool(scfg.get("reshard_after_forward", True)),
+                     accumulate_unsharded=bool(scfg.get("accumulate_unsharded", True)))
+        if e["total_gb"] <= cap * HEADROOM:
+            best = (b, e["total_gb"])
+    return best
+
+
+def fsdp_micro_batch_hint(memory: dict[str, Any], plan: Plan) -> str | None:
+    """A warning for an fsdp plan whose micro-steps could be fewer and larger within the memory plan (None: no)."""
+    b = memory.get("fsdp_micro_batch")
+    if memory["strategy"] != "fsdp" or not b:
+        return None
+    acc = plan.global_batch // plan.world_size // b
+    return (f"strategy=fsdp runs its per-block hooks on the host in each of the {plan.accumulation} micro-steps of"
+            f" {plan.per_rank_batch}, which leaves the GPU waiting; batch.per_rank={b} (accumulation {acc}, the same"
+            f" global batch {plan.global_batch}) fits the memory plan at ~{memory['fsdp_micro_batch_gb']:.3g} GiB of"
+            f" {memory['cap_gb']:.3g}: fewer, larger micro-steps run faster")
+
+
 def wanted(cfg: dict[str, Any]) -> bool:
     """Whether this config's plan will be checked (and so the probe's model facts are needed): on GPUs, or under
     an explicit cap. Decided before the devices are listed, so that the probe can start first."""
@@ -258,4 +294,6 @@ def check(cfg: dict[str, Any], plan: Plan, probe: Probe | None) -> dict[str, Any
     record = {"strategy": chosen, "params": facts.params, "cap_gb": cap, "cap_source": source,
               "estimates": estimates, "activations_estimated": facts.arch is not None}
     decide(estimates, chosen, cap, source, plan)
+    if chosen == "fsdp" and (larger := larger_fsdp_micro_batch(facts, cfg, plan, cap)) is not None:
+        record.update(fsdp_micro_batch=larger[0], fsdp_micro_batch_gb=larger[1])
     return record

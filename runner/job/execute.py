@@ -250,8 +250,9 @@ def _announce(conf: dict[str, Any], plan: Plan, mem: dict[str, Any] | None) -> N
           flush=True)
     if mem is not None:
         print(f"ddp-run: {memory_plan.describe(mem)}", flush=True)
-        if (tight := memory_plan.tight(mem)) is not None:
-            print(f"ddp-run: warning: {tight}", file=sys.stderr, flush=True)
+        for warning in (memory_plan.tight(mem), memory_plan.fsdp_micro_batch_hint(mem, plan)):
+            if warning is not None:
+                print(f"ddp-run: warning: {warning}", file=sys.stderr, flush=True)
 
 
 def _record_start(job: Job, rd: rundir.RunDir, cmd: list[str], how: Invocation, started: datetime,

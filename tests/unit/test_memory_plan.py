@@ -140,6 +140,27 @@ def test_when_no_strategy_fits_the_fix_is_a_smaller_batch_or_more_gpus():
     assert "no strategy fits" in e.value.fix
 
 
+def test_fsdp_with_small_micro_steps_is_told_the_largest_micro_batch_that_fits():
+    arch = {"layers": 12, "width": 768, "heads": 12, "context": 1024, "vocab": 50304, "loss": "fused"}
+    facts = mp.ModelFacts(params=124_000_000, largest_unit=7_000_000, root=40_000_000, arch=arch)
+    cfg = {"train": {"precision": "bf16"}, "strategy": {"name": "fsdp"}}
+    plan = _plan(world_size=1, per_rank=16, accumulation=4)  # GPT-2 small's preset under fsdp: 16 x 4
+    at = {b: mp.estimate(facts, "fsdp", world_size=1, per_rank=b, accumulation=64 // b, precision="bf16")["total_gb"]
+          for b in (16, 32, 64)}
+    # A cap where 32 fits with the planner's headroom and 64 does not: 32, and its own estimate.
+    cap = (at[32] + at[64]) / 2 / mp.HEADROOM
+    assert mp.larger_fsdp_micro_batch(facts, cfg, plan, cap) == (32, at[32])
+    assert mp.larger_fsdp_micro_batch(facts, cfg, plan, 140.0) == (64, at[64])  # an H200: one micro-step of 64
+    assert mp.larger_fsdp_micro_batch(facts, cfg, plan, at[16] / mp.HEADROOM) is None  # nothing larger fits
+    assert mp.larger_fsdp_micro_batch(facts, cfg, _plan(world_size=1, per_rank=64), 140.0) is None  # no accumulation
+    assert mp.larger_fsdp_micro_batch(facts, cfg, _plan(1, 16, 4, device="cpu"), 140.0) is None
+    memory = {"strategy": "fsdp", "cap_gb": 140.0, "fsdp_micro_batch": 64, "fsdp_micro_batch_gb": at[64]}
+    hint = mp.fsdp_micro_batch_hint(memory, plan)
+    assert "batch.per_rank=64 (accumulation 1, the same global batch 64)" in hint and "4 micro-steps of 16" in hint
+    assert mp.fsdp_micro_batch_hint({**memory, "strategy": "ddp"}, plan) is None
+    assert mp.fsdp_micro_batch_hint({"strategy": "fsdp", "cap_gb": None}, plan) is None
+
+
 def test_cap_source_order(monkeypatch):
     monkeypatch.delenv("DDP_RUNNER_MEMORY_CAP_GB", raising=False)
     assert mp.cap_gb({}, 139.8) == (139.8, "the GPU's total memory")
