@@ -74,8 +74,10 @@ class StepMeter:
 
     def __init__(self, samples_per_step: int, world_size: int, tokens_per_sample: int | None,
                  flops_per_sample: float | None, peak: float | None,
-                 sync: Callable[[], None] | None = None, clock: Any = None) -> None:
+                 sync: Callable[[], None] | None = None, clock: Any = None,
+                 now: Callable[[], float] = time.perf_counter) -> None:
         self.samples_per_step, self.world_size = samples_per_step, world_size
+        self.now = now  # the host's clock, for pauses
         self.sync = sync
         self.clock = clock if clock is not None else HostClock()
         self.excluded: dict[str, float] = {}  # seconds left out of the step times, by kind
@@ -112,13 +114,13 @@ class StepMeter:
         """
         if sync and self.sync is not None:
             self.sync()
-        t0 = time.perf_counter()
+        t0 = self.now()
         try:
             yield
         finally:
             if sync and self.sync is not None:
                 self.sync()
-            dt = time.perf_counter() - t0
+            dt = self.now() - t0
             self.pause_s += dt
             self.excluded[kind] = self.excluded.get(kind, 0.0) + dt
 

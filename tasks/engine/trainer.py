@@ -387,7 +387,9 @@ class Trainer:
         """Optimizer steps to ``total_steps``, or to the step boundary where the ranks agree to stop."""
         t = self.cfg.train
         while self.state.step < self.total_steps:
-            with loop.meter.paused("profile", sync=False):
+            # Where the profiler starts or stops, the pause drains the device before its clock starts: the
+            # profiler's own drain would otherwise count the queued training work as the pause's time.
+            with loop.meter.paused("profile", sync=loop.profiler.acts_before(self.state.step + 1)):
                 loop.profiler.before_step(self.state.step + 1)
             loop.timer.begin_step(self.state.step + 1)
             for m in range(self.accumulation):
@@ -404,7 +406,7 @@ class Trainer:
                 # The previous log step's values. Waiting for them here, with this step already queued, keeps the
                 # GPU busy while the host logs; a sync right at the log step would drain its queue.
                 self._finish_log(loop)
-            with loop.meter.paused("profile", sync=False):  # writing the trace is not a training step
+            with loop.meter.paused("profile", sync=loop.profiler.acts_after(step)):  # writing the trace is not a step
                 loop.profiler.after_step(step)
             if loop.first_step_s is None:
                 self._after_first_step(loop)

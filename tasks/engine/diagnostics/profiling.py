@@ -125,9 +125,17 @@ class StepProfiler:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def acts_before(self, step: int) -> bool:
+        """Whether :meth:`before_step` starts the trace at ``step`` (it drains the device first)."""
+        return self.enabled and step == self.first
+
+    def acts_after(self, step: int) -> bool:
+        """Whether :meth:`after_step` ends the trace at ``step`` (it drains the device, then writes the files)."""
+        return self.prof is not None and step >= self.last
+
     def before_step(self, step: int) -> None:
         """Call before running optimizer step ``step`` (1-based)."""
-        if not self.enabled or step != self.first:
+        if not self.acts_before(step):
             return
         acts = [torch.profiler.ProfilerActivity.CPU]
         if self.device.type == "cuda":
@@ -139,9 +147,7 @@ class StepProfiler:
 
     def after_step(self, step: int) -> dict[str, Any] | None:
         """Call after optimizer step ``step``; after the last traced one, writes the files and returns the summary."""
-        if self.prof is None or step < self.last:
-            return None
-        return self.finish(step)
+        return self.finish(step) if self.acts_after(step) else None
 
     def finish(self, step: int) -> dict[str, Any] | None:
         """Stop tracing at step ``step`` (training may end before the last planned one), write the files and
