@@ -307,3 +307,7 @@ def gpt_fsdp_reference(tmp_path_factory: pytest.TempPathFactory, text_file: Path
         return run
 
     return shared_run(tmp_path_factory, "gpt-fsdp-bf16", make)
+
+
+# test_remote.py's module-scoped S3 run lives on its worker's own S3 server: its tests run on one worker.
+SERIAL_FILES["tests/e2e/test_remote.py"] = "remote"

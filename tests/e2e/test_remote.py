@@ -8,6 +8,7 @@ environment the ``s3_server`` fixture sets.
 from __future__ import annotations
 
 import sys
+import uuid
 from pathlib import Path
 
 import fsspec
@@ -40,12 +41,18 @@ def assert_same_as_local(summary: dict, final: dict, local: Path) -> None:
         assert torch.equal(final["model"][k], v), k
 
 
-def test_run_under_s3_root_mirrors_the_whole_tree(s3_url, local_run):  # noqa: F811 - fixture
-    root = f"{s3_url}/runs"
+@pytest.fixture(scope="module")
+def s3_run(s3_server: str) -> tuple[str, str]:  # noqa: F811 - fixture
+    """One completed SMOKE run under an ``s3://`` root (once per module and server): its URL and its stdout."""
+    root = f"{s3_server}/{uuid.uuid4().hex[:12]}/runs"
     r = ddp_run(SMOKE, root)
     assert r.returncode == 0, r.stdout + r.stderr
-    run = only_remote_run(root)
-    assert r.stdout.strip().splitlines()[-1] == run
+    return only_remote_run(root), r.stdout
+
+
+def test_run_under_s3_root_mirrors_the_whole_tree(s3_run, local_run):
+    run, stdout = s3_run
+    assert stdout.strip().splitlines()[-1] == run
 
     tree = files(run)
     for f in ("config.yaml", "run.json", "summary.json", "logs/rank0.log", "logs/rank1.log", "logs/rank0.json",
@@ -91,14 +98,12 @@ def test_s3_run_killed_then_resumed_in_place(s3_url, local_run, tmp_path):  # no
     assert any(f.startswith("tb/events.out.tfevents.") for f in files(crashed))
 
 
-def test_dry_run_of_a_remote_continue_leaves_no_local_staging(s3_url, tmp_path):  # noqa: F811 - fixture
-    root = f"{s3_url}/staging"
-    assert ddp_run([*SMOKE, "train.max_steps=2"], root).returncode == 0
-    run = only_remote_run(root)
+def test_dry_run_of_a_remote_continue_leaves_no_local_staging(s3_run, tmp_path):
+    run, _ = s3_run  # the completed 8-step run of the test above (a dry run changes nothing in it)
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    # (a completed run continues only when trained longer: train.max_steps above its 2 steps)
-    r = ddp_run([f"resume={run}", "train.max_steps=4", "dry_run=true"], tmp_path / "unused",
+    # (a completed run continues only when trained longer: train.max_steps above its 8 steps)
+    r = ddp_run([f"resume={run}", "train.max_steps=10", "dry_run=true"], tmp_path / "unused",
                 env={"TMPDIR": str(tmp)})
     assert r.returncode == 0 and "dry run, nothing launched" in r.stdout, r.stdout + r.stderr
     assert not [p for p in tmp.iterdir() if p.name.startswith("ddp-run-")]
