@@ -309,5 +309,8 @@ def gpt_fsdp_reference(tmp_path_factory: pytest.TempPathFactory, text_file: Path
     return shared_run(tmp_path_factory, "gpt-fsdp-bf16", make)
 
 
-# test_remote.py's module-scoped S3 run lives on its worker's own S3 server: its tests run on one worker.
-SERIAL_FILES["tests/e2e/test_remote.py"] = "remote"
+# Files whose tests share a module-scoped launched run: on one worker, so that the run is made once (split over two
+# workers, each made its own: test_hardening_e2e.py's SIGHUP run was launched twice in a measured session). And
+# test_remote.py's run lives on its worker's own S3 server.
+SERIAL_FILES.update({"tests/e2e/test_remote.py": "remote", "tests/e2e/test_hardening_e2e.py": "hardening",
+                     "tests/e2e/test_secrets_e2e.py": "secrets"})
