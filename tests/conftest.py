@@ -258,3 +258,59 @@ def gpt_dropout_reference(tmp_path_factory: pytest.TempPathFactory, text_file: P
 def cli(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., subprocess.CompletedProcess[str]]]:
     """``cli(args, root, env=None)``: :func:`cli_in_process` with this test's monkeypatch."""
     yield lambda args, root, env=None: cli_in_process(args, root, monkeypatch, env)
+
+
+# --- shared runs (merge helper) ---
+
+# SMOKE_CKPT2 with rank 1 SIGKILLed after step 7: a failed run that holds step_4 and step_6 (keep_last 2). The tests
+# that continue it (test_resume.py, test_resume_fallback_e2e.py) each continue a copy of their own (copy_run).
+KILL_SMOKE = ["fault.kind=sigkill", "fault.rank=1", "fault.step=7"]
+
+
+@pytest.fixture(scope="session")
+def smoke_crashed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The failed run of SMOKE_CKPT2 + KILL_SMOKE (made once per session; tests read it or copy it)."""
+    def make(root: Path) -> Path:
+        r = ddp_run([*SMOKE_CKPT2, *KILL_SMOKE], root)
+        assert r.returncode != 0, r.stdout + r.stderr
+        [run] = run_dirs(root)
+        assert load_json(run / "run.json")["status"] == "failed"
+        return run
+
+    return shared_run(tmp_path_factory, "smoke-crashed", make)
+
+
+def copy_run(run: Path, root: Path) -> Path:
+    """A copy of the run directory ``run`` under the output root ``root`` (its ``<date>/<name>`` kept): a shared
+    run that a test may continue, damage or prune without touching the one other tests read."""
+    import shutil
+
+    dest = root / run.parent.name / run.name
+    shutil.copytree(run, dest)
+    return dest
+
+
+def gpt_fsdp_args(text_file: Path) -> list[str]:
+    """:func:`gpt_dropout_args` under ``strategy=fsdp`` in bf16 (the mixed-precision policy too)."""
+    return [*gpt_dropout_args(text_file), "strategy=fsdp", "train.precision=bf16"]
+
+
+@pytest.fixture(scope="session")
+def gpt_fsdp_reference(tmp_path_factory: pytest.TempPathFactory, text_file: Path) -> Path:
+    """One uninterrupted run of :func:`gpt_fsdp_args` (test_stops.py's SIGINT under fsdp and test_strategies.py's
+    SIGKILL under fsdp resume to it)."""
+    def make(root: Path) -> Path:
+        r = ddp_run(gpt_fsdp_args(text_file), root)
+        assert r.returncode == 0, r.stdout + r.stderr
+        [run] = run_dirs(root)
+        assert load_json(run / "summary.json")["steps"] == GPT_DROPOUT_STEPS
+        return run
+
+    return shared_run(tmp_path_factory, "gpt-fsdp-bf16", make)
+
+
+# Files whose tests share a module-scoped launched run: on one worker, so that the run is made once (split over two
+# workers, each made its own: test_hardening_e2e.py's SIGHUP run was launched twice in a measured session). And
+# test_remote.py's run lives on its worker's own S3 server.
+SERIAL_FILES.update({"tests/e2e/test_remote.py": "remote", "tests/e2e/test_hardening_e2e.py": "hardening",
+                     "tests/e2e/test_secrets_e2e.py": "secrets"})

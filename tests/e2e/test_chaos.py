@@ -1,6 +1,7 @@
 """Chaos: short real runs (smoke task, 2 gloo ranks, real torchrun) where a random rank, the driver or the storage
 fails at a random moment (seeded: ``CHAOS_SEED``). After each, the run directory either resumes to per-step losses
 bit-identical to an uninterrupted run, or its run.json says truthfully why not; and no process is left behind.
+The kinds strike one launch each, each next one the launch that continues the run the one before left.
 
 Also a remote run whose object store goes away mid-run (a private moto server, stopped): the driver ends with one
 line and a non-zero exit, no traceback, and no process left.
@@ -90,18 +91,70 @@ def reference(tmp_path_factory) -> tuple[list[float], float]:
     return losses, time.monotonic() - t0
 
 
+def _launch(args: list[str], root: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "ddp_runner", *args, f"output.root={root}"],
+                            cwd=tempfile.gettempdir(), env=os.environ, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _check_says_why_not(kind: str, st: str, code: int, err: str, run: Path) -> None:
+    """A run that did not complete says truthfully why not."""
+    expected = {"driver_kill": {"lost"}, "driver_term": {"interrupted"}}.get(kind, {"failed"})
+    assert st in expected, (kind, st, err[-2000:])
+    assert code != 0
+    if st != "lost":
+        summary = load_json(run / layout.SUMMARY)
+        assert summary["status"] == st
+        if st == "failed":
+            assert summary["root_cause"], "a failure names its cause"
+        else:  # a stop asked for (SIGTERM): no failure to blame once the ranks agreed on a stop (as
+            # tests/e2e/test_stops.py); stopped earlier (before the ranks ran), the signal is named
+            cause = summary["root_cause"]
+            assert cause is None or (cause["class"] == "interrupted" and "signal 15" in cause["message"]), cause
+
+
+def _check_completed_exactly(kind: str, run: Path, losses: list[float]) -> None:
+    assert load_json(run / layout.MANIFEST)["status"] == layout.STATUS_COMPLETED
+    assert load_json(run / layout.SUMMARY)["losses"] == losses, (kind, "per-step losses differ")
+    assert not [p for p in run.rglob("*") if ".tmp" in p.name and p.is_file()], "temporary files left"
+
+
 @pytest.mark.timeout(900)  # ~2 min on an idle 2-core machine; far more when it is shared
 def test_every_run_directory_resumes_bit_identically_or_says_why_not(reference, tmp_path):
+    """The kinds strike in a seeded order, one launch each: the first a fresh run, each next one the launch that
+    continues the run directory the one before left (``resume=<run>``; or, when that run had no checkpoint yet, the
+    refusal that asks for a decision and then its fix, ``resume=restart``). A continued run must survive them as a
+    fresh one does. A launch that completes before its kind strikes, and the last one, are checked to the
+    reference's per-step losses; a kind then strikes a fresh run."""
     losses, wall = reference
     rng = random.Random(SEED)
     kinds = list(KINDS)
     rng.shuffle(kinds)
     report = []
+    run: Path | None = None  # the run directory the next launch continues (None: a fresh run)
+
+    def next_launch(i: int, kind: str) -> tuple[subprocess.Popen[str], Path]:
+        """The launch that continues ``run`` (or a fresh one), once its driver has the run directory."""
+        if run is None:
+            root = tmp_path / f"{i}-{kind}"
+            driver = _start(root)
+            return driver, wait_for("the run directory", lambda r=root: (run_dirs(r) or [None])[0])
+        if not list((run / "checkpoints").glob("step_*")):  # stopped before its first checkpoint
+            r = ddp_run([f"resume={run}"], tmp_path / "unused")
+            assert r.returncode == 2 and "resume=restart" in r.stderr, (kind, r.stdout + r.stderr)
+            root = tmp_path / f"{i}-restart"
+            driver = _launch([*ARGS, "resume=restart"], root)
+            return driver, wait_for("the run directory", lambda r=root: (run_dirs(r) or [None])[0])
+        driver = _launch([f"resume={run}"], tmp_path / "unused")
+        # (it records itself in run.json once it has the run: a refused continuation fails here, with its output)
+        wait_for("the driver to take the run directory",
+                 lambda d=driver, r=run: (load_json(r / layout.MANIFEST).get("driver") or {}).get("pid") == d.pid,
+                 driver=driver)
+        return driver, run
+
     for i, kind in enumerate(kinds):
-        root = tmp_path / f"{i}-{kind}"
-        driver = _start(root)
+        driver, run = next_launch(i, kind)
         seen: list[psutil.Process] = []
-        run = wait_for("the run directory", lambda r=root: (run_dirs(r) or [None])[0])
         # A random moment between the run directory's creation and the end of an undisturbed run.
         moment_s = rng.uniform(0.0, wall * 0.6)  # (the reference's wall-clock includes start-up and the end)
         moment = time.monotonic() + moment_s
@@ -132,30 +185,20 @@ def test_every_run_directory_resumes_bit_identically_or_says_why_not(reference, 
         st = status_of(manifest)
         report.append(f"{kind}: rc {driver.returncode}, {st}")
         print(f"chaos: {kind} after {moment_s:.1f} s: rc {driver.returncode}, {st}", flush=True)
-        if st != layout.STATUS_COMPLETED:  # it says why not ...
-            expected = {"driver_kill": {"lost"}, "driver_term": {"interrupted"}}.get(kind, {"failed"})
-            assert st in expected, (kind, st, err[-2000:])
-            assert driver.returncode != 0
-            if st != "lost":
-                summary = load_json(run / layout.SUMMARY)
-                assert summary["status"] == st
-                if st == "failed":
-                    assert summary["root_cause"], "a failure names its cause"
-                else:  # a stop asked for (SIGTERM): no failure to blame once the ranks agreed on a stop (as
-                    # tests/e2e/test_stops.py); stopped earlier (before the ranks ran), the signal is named
-                    cause = summary["root_cause"]
-                    assert cause is None or (cause["class"] == "interrupted" and "signal 15" in cause["message"]), cause
-            # ... and resumes to the very same losses; a run stopped before its first checkpoint asks for a
-            # decision (nothing to continue), and its fix, a restart from step 0, gives them too.
-            r = ddp_run([f"resume={run}"], tmp_path / "unused")
-            if not list((run / "checkpoints").glob("step_*")):
-                assert r.returncode == 2 and "resume=restart" in r.stderr, (kind, r.stdout + r.stderr)
-                r = ddp_run([*ARGS, "resume=restart"], tmp_path / f"{i}-restart")
-                [run] = run_dirs(tmp_path / f"{i}-restart")
-            assert r.returncode == 0, (kind, r.stdout + r.stderr)
-        assert load_json(run / layout.MANIFEST)["status"] == layout.STATUS_COMPLETED
-        assert load_json(run / layout.SUMMARY)["losses"] == losses, (kind, "per-step losses differ")
-        assert not [p for p in run.rglob("*") if ".tmp" in p.name and p.is_file()], "temporary files left"
+        if st != layout.STATUS_COMPLETED:  # it says why not, and the next launch continues it
+            _check_says_why_not(kind, st, driver.returncode, err, run)
+        else:  # it completed before the kind struck: the very same losses; the next kind strikes a fresh run
+            _check_completed_exactly(kind, run, losses)
+            run = None
+    if run is not None:  # ... and it resumes to the very same losses (a run stopped before its first checkpoint:
+        # the refusal that asks for a decision, and its fix, a restart from step 0, gives them too)
+        r = ddp_run([f"resume={run}"], tmp_path / "unused")
+        if not list((run / "checkpoints").glob("step_*")):
+            assert r.returncode == 2 and "resume=restart" in r.stderr, r.stdout + r.stderr
+            r = ddp_run([*ARGS, "resume=restart"], tmp_path / "last-restart")
+            [run] = run_dirs(tmp_path / "last-restart")
+        assert r.returncode == 0, r.stdout + r.stderr
+        _check_completed_exactly("last", run, losses)
     print(f"chaos (seed {SEED}): {'; '.join(report)}")
 
 

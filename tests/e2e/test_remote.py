@@ -1,13 +1,15 @@
 """A remote output root end to end: a real S3 server (moto, on loopback), real torchrun and gloo workers.
 
 The driver stages logs and TensorBoard files locally and mirrors them; rank 0 writes checkpoints straight to
-the bucket. The server's endpoint and fake credentials reach the driver and the workers through the
-environment the ``s3_server`` fixture sets.
+the bucket. One run, killed and continued in place (``s3_cycle``), is read by the mirror, resume and dry-run
+tests. The server's endpoint and fake credentials reach the driver and the workers through the environment the
+``s3_server`` fixture sets.
 """
 
 from __future__ import annotations
 
 import sys
+import uuid
 from pathlib import Path
 
 import fsspec
@@ -40,12 +42,30 @@ def assert_same_as_local(summary: dict, final: dict, local: Path) -> None:
         assert torch.equal(final["model"][k], v), k
 
 
-def test_run_under_s3_root_mirrors_the_whole_tree(s3_url, local_run):  # noqa: F811 - fixture
-    root = f"{s3_url}/runs"
-    r = ddp_run(SMOKE, root)
+@pytest.fixture(scope="module")
+def s3_cycle(s3_server: str, tmp_path_factory: pytest.TempPathFactory) -> dict:  # noqa: F811 - fixture
+    """SMOKE under an ``s3://`` root, rank 1 SIGKILLed after step 7 (once step_6 is in the bucket), then continued
+    in place to completion (once per module and server): the tests below read the run it leaves. Returns the run's
+    URL, the checkpoint it resumed from, rank 0's mirrored log before the resume and the resume's stdout."""
+    root = f"{s3_server}/{uuid.uuid4().hex[:12]}/crash"
+    r = ddp_run([*SMOKE, "fault.kind=sigkill", "fault.rank=1", "fault.step=7"], root)
+    assert r.returncode != 0, r.stdout + r.stderr
+    crashed = only_remote_run(root)
+    assert read_json(f"{crashed}/run.json")["status"] == "failed"
+    # step_6 normally; step_4 if the rank-0 upload of step_6 was cut short when torchrun stopped it
+    source = ck.latest(f"{crashed}/checkpoints")
+    assert source is not None and source.rsplit("/", 1)[1] in ("step_4", "step_6"), source
+    log_before = s3().cat_file(f"{crashed}/logs/rank0.log").decode()
+
+    r = ddp_run([f"resume={crashed}"], tmp_path_factory.mktemp("unused"))
     assert r.returncode == 0, r.stdout + r.stderr
-    run = only_remote_run(root)
-    assert r.stdout.strip().splitlines()[-1] == run
+    return {"run": crashed, "source": source, "log_before": log_before, "stdout": r.stdout}
+
+
+def test_run_under_s3_root_mirrors_the_whole_tree(s3_cycle, local_run):
+    """The run's whole tree is in the bucket (the one of s3_cycle: its first attempt's files and its second's)."""
+    run = s3_cycle["run"]
+    assert s3_cycle["stdout"].strip().splitlines()[-1] == run
 
     tree = files(run)
     for f in ("config.yaml", "run.json", "summary.json", "logs/rank0.log", "logs/rank1.log", "logs/rank0.json",
@@ -56,28 +76,20 @@ def test_run_under_s3_root_mirrors_the_whole_tree(s3_url, local_run):  # noqa: F
     assert read_json(f"{run}/run.json")["status"] == "completed"
     summary = read_json(f"{run}/summary.json")
     assert summary["status"] == "completed" and summary["steps"] == 8
-    # The workers reached the server themselves: rank 0 wrote these checkpoints straight into the bucket.
-    assert [u.rsplit("/", 1)[1] for _, u in ck.list_complete(f"{run}/checkpoints")] == ["step_6", "step_8"]
+    # The workers reached the server themselves: rank 0 wrote these checkpoints straight into the bucket (keep_last
+    # 2; a step_4 it resumed from is kept too).
+    kept = ["step_6", "step_8"] if s3_cycle["source"].endswith("step_6") else ["step_4", "step_6", "step_8"]
+    assert [u.rsplit("/", 1)[1] for _, u in ck.list_complete(f"{run}/checkpoints")] == kept
     final = ck.load(f"{run}/checkpoints/step_8")
     assert final["progress"]["step"] == 8 and final["progress"]["losses"] == summary["losses"]
     assert_same_as_local(summary, final, local_run)
 
 
-def test_s3_run_killed_then_resumed_in_place(s3_url, local_run, tmp_path):  # noqa: F811 - fixture
-    # Rank 1 is SIGKILLed after step 7, once step_6 is in the bucket; then the remote run is continued in place.
-    root = f"{s3_url}/crash"
-    r = ddp_run([*SMOKE, "fault.kind=sigkill", "fault.rank=1", "fault.step=7"], root)
-    assert r.returncode != 0, r.stdout + r.stderr
-    crashed = only_remote_run(root)
-    assert read_json(f"{crashed}/run.json")["status"] == "failed"
-    # step_6 normally; step_4 if the rank-0 upload of step_6 was cut short when torchrun stopped it
-    source = ck.latest(f"{crashed}/checkpoints")
-    assert source is not None and source.rsplit("/", 1)[1] in ("step_4", "step_6"), source
-    log_before = s3().cat_file(f"{crashed}/logs/rank0.log").decode()
-
-    r = ddp_run([f"resume={crashed}"], tmp_path / "unused")
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.strip().splitlines()[-1] == crashed
+def test_s3_run_killed_then_resumed_in_place(s3_cycle, local_run):
+    # Rank 1 was SIGKILLed after step 7, once step_6 was in the bucket; then the remote run was continued in place
+    # (s3_cycle).
+    crashed, source, log_before = s3_cycle["run"], s3_cycle["source"], s3_cycle["log_before"]
+    assert s3_cycle["stdout"].strip().splitlines()[-1] == crashed
     manifest, summary = read_json(f"{crashed}/run.json"), read_json(f"{crashed}/summary.json")
     assert manifest["status"] == "completed" and len(manifest["continued"]) == 1
     assert summary["resumed_from"] == source
@@ -91,14 +103,12 @@ def test_s3_run_killed_then_resumed_in_place(s3_url, local_run, tmp_path):  # no
     assert any(f.startswith("tb/events.out.tfevents.") for f in files(crashed))
 
 
-def test_dry_run_of_a_remote_continue_leaves_no_local_staging(s3_url, tmp_path):  # noqa: F811 - fixture
-    root = f"{s3_url}/staging"
-    assert ddp_run([*SMOKE, "train.max_steps=2"], root).returncode == 0
-    run = only_remote_run(root)
+def test_dry_run_of_a_remote_continue_leaves_no_local_staging(s3_cycle, tmp_path):
+    run = s3_cycle["run"]  # the completed 8-step run of the tests above (a dry run changes nothing in it)
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    # (a completed run continues only when trained longer: train.max_steps above its 2 steps)
-    r = ddp_run([f"resume={run}", "train.max_steps=4", "dry_run=true"], tmp_path / "unused",
+    # (a completed run continues only when trained longer: train.max_steps above its 8 steps)
+    r = ddp_run([f"resume={run}", "train.max_steps=10", "dry_run=true"], tmp_path / "unused",
                 env={"TMPDIR": str(tmp)})
     assert r.returncode == 0 and "dry run, nothing launched" in r.stdout, r.stdout + r.stderr
     assert not [p for p in tmp.iterdir() if p.name.startswith("ddp-run-")]

@@ -13,7 +13,17 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import GPT_DROPOUT_STEPS, SMOKE_CKPT2, ddp_run, gpt_dropout_args, load_json, run_dirs
+from conftest import (
+    GPT_DROPOUT_STEPS,
+    KILL_SMOKE,
+    SMOKE_CKPT2,
+    copy_run,
+    ddp_run,
+    gpt_dropout_args,
+    load_json,
+    run_dirs,
+    shared_run,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -23,8 +33,8 @@ from ddp_runner.tasks.engine import checkpoint as ck  # noqa: E402
 
 # smoke: 64 samples / (8 per rank × 2 ranks) = 4 optimizer steps per epoch, 2 epochs = 8 steps. With a
 # checkpoint every 2 steps, killing rank 1 after step 7 leaves step_6 (epoch 1, 2 of 4 micro-batches done).
+# (conftest.KILL_SMOKE: ["fault.kind=sigkill", "fault.rank=1", "fault.step=7"])
 SMOKE = SMOKE_CKPT2
-KILL_SMOKE = ["fault.kind=sigkill", "fault.rank=1", "fault.step=7"]
 
 
 def only_run(root: Path) -> Path:
@@ -53,6 +63,25 @@ def assert_killed(r, run: Path) -> None:
 def smoke_baseline(smoke_reference: Path) -> Path:
     """One uninterrupted smoke run (SMOKE) that the recovery tests compare against (made once per session)."""
     return smoke_reference
+
+
+@pytest.fixture(scope="session")
+def smoke_every_step(tmp_path_factory: pytest.TempPathFactory, smoke_reference: Path) -> Path:
+    """SMOKE with a checkpoint every step (keep_last 2) and ``resume=never``, launched into the output root of
+    smoke_reference, which already holds a run with checkpoints: a new run from step 0 (made once per session;
+    test_resume_never_starts_a_new_run_from_step_0 and test_keep_last_and_resumed_from_checkpoint_is_protected
+    read it)."""
+    root = smoke_reference.parent.parent
+
+    def make(_: Path) -> Path:
+        before = run_dirs(root)
+        r = ddp_run(["task=smoke", "device=cpu", "world_size=2", "checkpoint.every_steps=1", "checkpoint.keep_last=2",
+                     "resume=never"], root)
+        assert r.returncode == 0, r.stdout + r.stderr
+        [new] = set(run_dirs(root)) - set(before)
+        return new
+
+    return shared_run(tmp_path_factory, "smoke-every-step", make)
 
 
 def test_kill_then_resume_run_dir_is_bit_identical(tmp_path, text_file, gpt_dropout_reference):
@@ -138,10 +167,9 @@ def test_elastic_restart_recovers_and_is_recorded(tmp_path, smoke_baseline):
     assert_same_params(final_params(run), final_params(smoke_baseline))
 
 
-def test_keep_last_and_resumed_from_checkpoint_is_protected(tmp_path, smoke_baseline):
-    r = ddp_run(["task=smoke", "device=cpu", "checkpoint.every_steps=1", "checkpoint.keep_last=2"], tmp_path / "a")
-    assert r.returncode == 0, r.stdout + r.stderr
-    a = only_run(tmp_path / "a")
+def test_keep_last_and_resumed_from_checkpoint_is_protected(tmp_path, smoke_baseline, smoke_every_step,
+                                                           smoke_crashed):
+    a = smoke_every_step  # every step checkpointed, keep_last 2
     assert [Path(u).name for _, u in ck.list_complete(f"{a}/checkpoints")] == ["step_7", "step_8"]
     assert sorted(p.name for p in (a / "checkpoints").iterdir()) == ["step_7", "step_8"], "no leftovers"
 
@@ -162,54 +190,29 @@ def test_keep_last_and_resumed_from_checkpoint_is_protected(tmp_path, smoke_base
     assert ck.load(source)["progress"]["step"] == 7
     assert [Path(u).name for _, u in ck.list_complete(f"{a}/checkpoints")] == ["step_7", "step_8"]
 
-    # Continued in place with keep_last=1: the checkpoint it resumed from survives the newer saves.
-    r = ddp_run([*SMOKE, "checkpoint.keep_last=1", *KILL_SMOKE], tmp_path / "c")
-    c = only_run(tmp_path / "c")
-    assert_killed(r, c)
+    # Continued in place with keep_last=1 (a copy of the session's killed SMOKE run, rank 1 SIGKILLed after step 7:
+    # conftest.smoke_crashed): the checkpoint it resumed from survives the newer saves.
+    c = copy_run(smoke_crashed, tmp_path / "c")
+    assert load_json(c / "run.json")["status"] == "failed"
     resumed_from = ck.latest(f"{c}/checkpoints")
-    r = ddp_run([f"resume={c}"], tmp_path / "c")
+    r = ddp_run([f"resume={c}", "checkpoint.keep_last=1"], tmp_path / "c")
     assert r.returncode == 0, r.stdout + r.stderr
     assert load_json(c / "summary.json")["resumed_from"] == resumed_from
     assert ck.is_checkpoint(resumed_from) and ck.latest(f"{c}/checkpoints").endswith("step_8")
     assert load_json(c / "summary.json")["losses"] == load_json(smoke_baseline / "summary.json")["losses"]
 
 
-def test_incompatible_resume_is_refused(tmp_path, text_file, gpt_dropout_reference):
-    args = gpt_dropout_args(text_file)
-    source = f"{gpt_dropout_reference}/checkpoints/step_4"  # a checkpoint of 2 ranks, model width 64
-
-    # Another model width: refused by the driver from the checkpoint's run's config, before anything starts
-    # (issue 30; the workers' state-dict comparison stays as the last line of defence).
-    r = ddp_run([*args, f"resume={source}", "task.model.width=32"], tmp_path / "width")
-    assert r.returncode == 2, r.stdout + r.stderr
-    assert "task.model.width=32: differs from the checkpoint's run (64)" in r.stderr, r.stderr
-    assert "cannot change on resume" in r.stderr and "Nothing was started" in r.stderr
-    assert not (tmp_path / "width").exists()
-
-    # Another world size: refused by the driver, before anything starts.
-    r = ddp_run([*args, f"resume={source}", "world_size=1"], tmp_path / "ws")
-    assert r.returncode == 2, r.stdout + r.stderr
-    assert "world_size=2" in r.stderr and "Nothing was started" in r.stderr
-    assert not (tmp_path / "ws").exists()
-
-
-def test_resume_never_and_missing_source(tmp_path, smoke_baseline):
-    # A root that already holds a run with checkpoints: resume=never starts from scratch.
-    root = smoke_baseline.parent.parent
-    before = run_dirs(root)
-    r = ddp_run([*SMOKE, "resume=never"], root)
-    assert r.returncode == 0, r.stdout + r.stderr
-    [new] = set(run_dirs(root)) - set(before)
+def test_resume_never_starts_a_new_run_from_step_0(smoke_baseline, smoke_every_step):
+    # A root that already holds a run with checkpoints: resume=never starts from scratch (smoke_every_step was
+    # launched so into smoke_baseline's root).
+    new = smoke_every_step
+    assert new.parent.parent == smoke_baseline.parent.parent and new != smoke_baseline
     summary = load_json(new / "summary.json")
     assert summary["resumed_from"] is None and "resumed from" not in (new / "logs/rank0.log").read_text()
     assert summary["losses"] == load_json(smoke_baseline / "summary.json")["losses"]
 
-    for source, problem in ((tmp_path / "nope", "no such run directory or checkpoint"),
-                            (tmp_path, "holds no complete checkpoint")):
-        r = ddp_run([*SMOKE, f"resume={source}"], tmp_path / "out")
-        assert r.returncode == 2, r.stdout + r.stderr
-        assert problem in r.stderr and "Nothing was started" in r.stderr
-        assert not (tmp_path / "out").exists()
+    # (A missing source and one with no complete checkpoint, refused before launch: tests/integration/
+    # test_resume_refusals.py::test_missing_resume_source_is_refused, in process.)
 
 
 def test_epoch_based_resume_with_another_batch_finishes_the_same_epochs(tmp_path, smoke_baseline):

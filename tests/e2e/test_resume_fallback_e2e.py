@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import torch
-from conftest import SMOKE_CKPT2, ddp_run, load_json, run_dirs
+from conftest import SMOKE_CKPT2, copy_run, ddp_run, load_json
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -35,16 +35,15 @@ def names(root: Path) -> list[str]:
 # ------------------------------------------------------------------------------------------------ end to end
 
 # As in test_resume.py: 8 steps on 2 gloo ranks, a checkpoint every 2 (keep_last 2); rank 1 killed after step 7
-# leaves step_4 and step_6.
+# leaves step_4 and step_6 (conftest.smoke_crashed, made once per session: this test damages a copy of it).
 SMOKE = SMOKE_CKPT2
 
 
-def test_corrupt_newest_checkpoint_resume_falls_back_bit_identically(tmp_path, smoke_reference):
+def test_corrupt_newest_checkpoint_resume_falls_back_bit_identically(tmp_path, smoke_reference, smoke_crashed):
     clean = smoke_reference  # SMOKE, uninterrupted (made once per session)
 
-    r = ddp_run([*SMOKE, "fault.kind=sigkill", "fault.rank=1", "fault.step=7"], tmp_path / "crash")
-    assert r.returncode != 0
-    [crashed] = run_dirs(tmp_path / "crash")
+    crashed = copy_run(smoke_crashed, tmp_path / "crash")  # (its exit code: asserted non-zero by the fixture)
+    assert load_json(crashed / "run.json")["status"] == "failed"
     assert names(crashed / "checkpoints") == ["step_4", "step_6"]
     truncate(crashed / "checkpoints/step_6")
 

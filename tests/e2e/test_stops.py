@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import GPT_DROPOUT_STEPS, ddp_run, gpt_dropout_args, load_json, run_dirs, shared_run, wait_for
+from conftest import GPT_DROPOUT_STEPS, ddp_run, gpt_dropout_args, gpt_fsdp_args, load_json, run_dirs, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -149,24 +149,11 @@ def test_a_completed_run_trains_longer_when_max_steps_is_raised(tmp_path, smoke_
     assert tb_points(run, "train/loss") == list(range(1, 11))
 
 
-def fsdp_args(text_file: Path) -> list[str]:
-    return [*gpt_dropout_args(text_file), "strategy=fsdp"]
-
-
-@pytest.fixture(scope="session")
-def gpt_fsdp_reference(tmp_path_factory: pytest.TempPathFactory, text_file: Path) -> Path:
-    def make(root: Path) -> Path:
-        r = ddp_run(fsdp_args(text_file), root)
-        assert r.returncode == 0, r.stdout + r.stderr
-        [run] = run_dirs(root)
-        return run
-
-    return shared_run(tmp_path_factory, "gpt-fsdp", make)
-
-
 def test_sigint_under_fsdp_saves_every_shard_and_the_resume_is_exact(tmp_path, text_file, gpt_fsdp_reference):
+    """In bf16 with dropout: conftest.gpt_fsdp_reference, which test_strategies.py's SIGKILL under fsdp resumes to
+    as well."""
     at = random.randint(3, 11)
-    code, out, err = stop_mid_run([*with_default_checkpoints(fsdp_args(text_file)), *SLOW], tmp_path / "out", at,
+    code, out, err = stop_mid_run([*with_default_checkpoints(gpt_fsdp_args(text_file)), *SLOW], tmp_path / "out", at,
                                   "driver")
     run = check_stopped(code, out, err, tmp_path / "out", at, signal.SIGINT)
     shards = Path(ck.latest(f"{run}/checkpoints")) / "shards"

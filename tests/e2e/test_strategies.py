@@ -3,10 +3,15 @@
 - Same losses as DDP. fp32 with accumulation 2 and clipping: the strategies compute the same sums in another
   order (FSDP2 reduce-scatters, then each rank clips and steps its shard), so losses agree to 1e-4 relative, not
   bit for bit.
-- A killed run resumed in place gives exactly the uninterrupted run's losses (bit-identical; fsdp in bf16, so the
-  mixed-precision policy is covered too).
+- A killed run resumed in place gives exactly the uninterrupted run's losses (bit-identical; fsdp in bf16 with
+  dropout, the session's ``gpt_fsdp_reference`` that test_stops.py resumes to as well, so the mixed-precision policy
+  and the ranks' RNG are covered too).
 - A checkpoint from 2 ranks resumes on 1 at the same global batch (fsdp: DCP reshards on load; zero1: the
   optimizer state was consolidated) and continues with the 2-rank run's losses to 1e-3 relative.
+
+One fp32 run per strategy (``strategy_run``, made once per session, on the recipe of the session's world sweep,
+whose 2-rank job is the DDP run they are compared with) is both the comparison with DDP and the uninterrupted run
+that the zero1 kill and the one-rank resumes are checked against.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ddp_run, load_json, run_dirs
+from conftest import GPT_DROPOUT_STEPS, GPT_WORLD_SWEEP, ddp_run, gpt_fsdp_args, load_json, run_dirs, shared_run
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -26,10 +31,12 @@ if str(ROOT) not in sys.path:
 from ddp_runner.tasks.engine import checkpoint as ck  # noqa: E402
 
 
-def _args(text_file: Path, strategy: str, *extra: str) -> list[str]:
-    return ["task=gpt", "device=cpu", "world_size=2", f"data.path={text_file}", "batch.per_rank=4",
-            "train.max_steps=null", "train.epochs=2", "checkpoint.every_steps=4", "checkpoint.async_save=false",
-            f"strategy={strategy}", *extra]
+def _args(strategy: str, *extra: str) -> list[str]:
+    """The session's world-sweep recipe (conftest.GPT_WORLD_SWEEP: the tiny GPT, fp32, micro-batches of 2 at a
+    global batch of 24, 12 steps, a loss logged every 2, a synchronous checkpoint every 2) on 2 ranks (accumulation
+    6), every checkpoint kept (step_8 stays for the one-rank resume). Under ``strategy=ddp`` it is the sweep's
+    2-rank job."""
+    return [*GPT_WORLD_SWEEP, "world_size=2", "checkpoint.keep_last=0", f"strategy={strategy}", *extra]
 
 
 def _run(args: list[str], root: Path, env: dict[str, str] | None = None, ok: bool = True) -> Path:
@@ -43,29 +50,43 @@ def _losses(run: Path) -> list[float]:
     return load_json(run / "summary.json")["losses"]
 
 
-def test_zero1_and_fsdp_train_to_ddps_losses(tmp_path, text_file):
-    extra = ("train.epochs=1", "batch.accumulation=2", "batch.per_rank=2", "checkpoint.every_steps=0")
-    losses = {s: _losses(_run(_args(text_file, s, *extra), tmp_path / s)) for s in ("ddp", "zero1", "fsdp")}
-    assert len(losses["ddp"]) == 8 and losses["ddp"][-1] < losses["ddp"][0]
+@pytest.fixture(scope="session")
+def strategy_run(tmp_path_factory: pytest.TempPathFactory):
+    """``strategy_run(name)``: the uninterrupted run of :func:`_args` under zero1 or fsdp (once per session)."""
+    return lambda strategy: shared_run(tmp_path_factory, f"gpt-strategy-{strategy}",
+                                       lambda root: _run(_args(strategy), root))
+
+
+def test_zero1_and_fsdp_train_to_ddps_losses(strategy_run, gpt_world_sweep):
+    [ddp] = [p for p in run_dirs(gpt_world_sweep) if load_json(p / "run.json")["plan"]["world_size"] == 2]
+    assert load_json(ddp / "run.json")["plan"]["accumulation"] == 6
+    losses = {"ddp": _losses(ddp), **{s: _losses(strategy_run(s)) for s in ("zero1", "fsdp")}}
+    assert len(losses["ddp"]) == 6 and losses["ddp"][-1] < losses["ddp"][0]  # logged at steps 2, 4, ... 12
     for s in ("zero1", "fsdp"):
         assert len(losses[s]) == len(losses["ddp"])
         for a, b in zip(losses[s], losses["ddp"], strict=True):
             assert math.isclose(a, b, rel_tol=1e-4), (s, losses[s], losses["ddp"])
 
 
-@pytest.mark.timeout(600)  # four CLI runs; about 200 s each on a shared 2-core machine
+@pytest.mark.timeout(600)  # three CLI runs (and the uninterrupted one, where no other test made it yet)
 @pytest.mark.parametrize("strategy,precision", [("fsdp", "bf16"), ("zero1", "fp32")])
-def test_kill_resume_is_bit_identical_and_resumes_on_one_rank(tmp_path, text_file, strategy, precision):
-    args = _args(text_file, strategy, f"train.precision={precision}")
-    clean = _run(args, tmp_path / "clean")
-    assert len(_losses(clean)) == 16
+def test_kill_resume_is_bit_identical_and_resumes_on_one_rank(tmp_path, text_file, strategy, precision,
+                                                              strategy_run, request):
+    # Rank 1 is SIGKILLed after step 7: the newest complete checkpoint is step_4 (a checkpoint every 4) or step_6
+    # (every 2); resumed in place.
+    if strategy == "fsdp":  # bf16 with dropout: the session's fsdp run that test_stops.py resumes to as well
+        args, clean, newest = gpt_fsdp_args(text_file), request.getfixturevalue("gpt_fsdp_reference"), "step_4"
+        assert f"train.precision={precision}" in args
+        assert len(_losses(clean)) == GPT_DROPOUT_STEPS == 16
+    else:
+        args, clean, newest = _args(strategy, f"train.precision={precision}"), strategy_run(strategy), "step_6"
+        assert len(_losses(clean)) == 6
 
-    # Rank 1 is SIGKILLed after step 7: step_4 is the newest complete checkpoint; resumed in place.
     crashed = _run([*args, "fault.kind=sigkill", "fault.rank=1", "fault.step=7"], tmp_path / "crash", ok=False)
-    assert ck.latest(f"{crashed}/checkpoints").endswith("step_4")
+    assert ck.latest(f"{crashed}/checkpoints").endswith(newest)
     r = ddp_run([f"resume={crashed}"], tmp_path / "unused")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert load_json(crashed / "summary.json")["resumed_from"].endswith("step_4")
+    assert load_json(crashed / "summary.json")["resumed_from"].endswith(newest)
     assert _losses(crashed) == _losses(clean)
     last = ck.latest(f"{clean}/checkpoints")
     if strategy == "fsdp":  # sharded: one DCP file per rank, and the last checkpoint's consolidated model
@@ -75,12 +96,13 @@ def test_kill_resume_is_bit_identical_and_resumes_on_one_rank(tmp_path, text_fil
         assert model["tok.weight"].shape == (256, 64) and model["tok.weight"].dtype == torch.float32
         assert set(load_json(step / "meta.json")["files"]) >= {"model.pt", "shards/.metadata"}
 
-    # step_12 of the 2-rank run on one rank, same global batch (accumulation 2): the same last losses.
-    one = [a for a in args if not a.startswith("world_size")] + [
-        "world_size=1", "batch.global=8", f"resume={clean}/checkpoints/step_12"]
+    # step_8 of the 2-rank fp32 run (no dropout: one rank draws other masks than two) on one rank, same global
+    # batch (accumulation 12): the same losses up to step 8 (logged at 2, 4, 6, 8), then the same to 1e-3.
+    clean, args = strategy_run(strategy), _args(strategy)
+    one = [a for a in args if not a.startswith("world_size")] + ["world_size=1", f"resume={clean}/checkpoints/step_8"]
     single = _run(one, tmp_path / "one")
-    assert load_json(single / "summary.json")["resumed_from"].endswith("step_12")
+    assert load_json(single / "summary.json")["resumed_from"].endswith("step_8")
     a, b = _losses(single), _losses(clean)
-    assert a[:12] == b[:12] and len(a) == 16
-    for x, y in zip(a[12:], b[12:], strict=True):
+    assert a[:4] == b[:4] and len(a) == 6
+    for x, y in zip(a[4:], b[4:], strict=True):
         assert math.isclose(x, y, rel_tol=1e-3), (a, b)
