@@ -258,3 +258,72 @@ def gpt_dropout_reference(tmp_path_factory: pytest.TempPathFactory, text_file: P
 def cli(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., subprocess.CompletedProcess[str]]]:
     """``cli(args, root, env=None)``: :func:`cli_in_process` with this test's monkeypatch."""
     yield lambda args, root, env=None: cli_in_process(args, root, monkeypatch, env)
+
+
+# --- shared runs (merge2 helper) ---
+# Launches several test files read instead of each making its own (each ddp-run launch costs ~10 CPU-seconds of
+# torch imports before it trains). Tests only read them.
+
+# The tiny GPT on 2 gloo ranks for 30 optimizer steps under accumulation 2 (4 per rank × 2 ranks × 2 = 16), a
+# validation every 10 steps, and torch.profiler asked for 5 steps after step 28 (training ends inside that window:
+# steps 29 and 30 are traced). test_gpt.py (every scalar per optimizer step, the console, the x-axis under
+# accumulation), test_goodput_global.py (goodput is global) and test_profiling_e2e.py (a trace cut short by the
+# end of training) read it.
+GPT_W2_STEPS = 30
+GPT_W2 = ["task=gpt", "world_size=2", "device=cpu", "checkpoint.async_save=false", f"train.max_steps={GPT_W2_STEPS}",
+          "train.val_every=10", "data.val_fraction=0.01", "batch.per_rank=4", "batch.accumulation=2",
+          "train.profile.steps=5", "train.profile.start=28"]
+
+
+def _console_of(run: Path) -> Path:
+    """Where a shared run's fixture keeps what the launch printed (beside the run directory, not in it)."""
+    return run.parent / f"{run.name}.console.json"
+
+
+def shared_console(run: Path) -> dict:
+    """A shared run's launch as seen from outside: ``stdout``, ``stderr``, ``rc`` and ``outside_s`` (seconds)."""
+    return load_json(_console_of(run))
+
+
+def _launch_shared(root: Path, args: list[str], ok: bool = True, env: dict[str, str] | None = None) -> Path:
+    t0 = time.monotonic()
+    r = ddp_run(args, root, env=env)
+    outside_s = time.monotonic() - t0
+    if ok:
+        assert r.returncode == 0, r.stdout + r.stderr
+    [run] = run_dirs(root)
+    _console_of(run).write_text(json.dumps({"stdout": r.stdout, "stderr": r.stderr, "rc": r.returncode,
+                                            "outside_s": outside_s}))
+    return run
+
+
+@pytest.fixture(scope="session")
+def gpt_w2_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run directory of :data:`GPT_W2` (its console: :func:`shared_console`)."""
+    return shared_run(tmp_path_factory, "gpt-w2", lambda root: _launch_shared(root, GPT_W2))
+
+
+# The tiny GPT on 2 gloo ranks from a local uint16 token file (ids up to 319, a fixed cycle of 300: the next token
+# is predictable), in bf16 autocast, 20 steps, with torch.profiler tracing steps 3 and 4. test_gpt.py (uint16 data,
+# bf16 on CPU) and test_profiling_e2e.py (a full traced window) read it.
+GPT_BIN_VOCAB, GPT_BIN_PERIOD, GPT_BIN_STEPS = 320, 300, 20
+
+
+def gpt_bin_args(path: Path) -> list[str]:
+    return ["task=gpt", "world_size=2", "device=cpu", "checkpoint.async_save=false", f"data.path={path}",
+            f"task.model.vocab={GPT_BIN_VOCAB}", f"train.max_steps={GPT_BIN_STEPS}", "train.lr=3e-3",
+            "data.val_fraction=0.05", "train.precision=bf16", "train.profile.steps=2", "train.profile.start=2"]
+
+
+@pytest.fixture(scope="session")
+def gpt_bin_bf16_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run directory of :func:`gpt_bin_args` on a 120k-token file (~1.7k windows of 64 + 1)."""
+    import numpy as np
+
+    def make(root: Path) -> Path:
+        path = root.parent / "tokens.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.tile(np.arange(GPT_BIN_PERIOD, dtype="<u2"), 400).tofile(path)
+        return _launch_shared(root, gpt_bin_args(path))
+
+    return shared_run(tmp_path_factory, "gpt-bin-bf16", make)
