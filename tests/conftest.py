@@ -327,3 +327,16 @@ def gpt_bin_bf16_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         return _launch_shared(root, gpt_bin_args(path))
 
     return shared_run(tmp_path_factory, "gpt-bin-bf16", make)
+
+
+# The tiny GPT of GPT_WORLD_SWEEP on 2 ranks, another learning rate, rank 1 raising at step 3 (a rehearsal fault),
+# under a 5 s hang watchdog and a 90 s collective timeout: test_compare_e2e.py (a failed run in the report beside
+# the sweep) and test_diagnostics_e2e.py (an exception attributed to its rank and class) read it.
+GPT_FAILED = [*GPT_WORLD_SWEEP, "world_size=2", "train.lr=0.002", "fault.kind=exception", "fault.rank=1",
+              "fault.step=3", "watchdog.timeout_s=5", "timeout_s=90"]
+
+
+@pytest.fixture(scope="session")
+def gpt_failed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run directory of :data:`GPT_FAILED` (its console: :func:`shared_console`), alone under its root."""
+    return shared_run(tmp_path_factory, "gpt-failed", lambda root: _launch_shared(root, GPT_FAILED, ok=False))

@@ -10,17 +10,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import GPT_WORLD_SWEEP, ddp_run, load_json, run_dirs
+from conftest import ddp_run, load_json, run_dirs, shared_console
 
 
-def test_report_over_a_fixed_global_batch_sweep_and_a_failed_run(tmp_path, gpt_world_sweep):
+def test_report_over_a_fixed_global_batch_sweep_and_a_failed_run(tmp_path, gpt_world_sweep, gpt_failed_run):
     sweep = gpt_world_sweep  # 1, 2, 3 and 4 ranks at a global batch of 24, 12 steps (tests/conftest.py)
     console = (sweep.parent / "console.txt").read_text()
-    failed_root = tmp_path / "failed"
-    f = ddp_run([*GPT_WORLD_SWEEP, "world_size=2", "train.lr=0.002", "fault.kind=exception", "fault.rank=1",
-                 "fault.step=3"], failed_root)
-    assert f.returncode != 0
-    (failed,) = run_dirs(failed_root)
+    # The sweep's settings at world_size=2, another learning rate and rank 1 raising at step 3 (GPT_FAILED).
+    failed = gpt_failed_run
+    assert shared_console(failed)["rc"] != 0
     out = tmp_path / "report"
     res = subprocess.run([sys.executable, "-m", "ddp_runner.report.compare", str(sweep), str(failed), "--out", str(out),
                           "--price", "3"], capture_output=True, text=True, timeout=120)
