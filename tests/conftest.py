@@ -340,3 +340,38 @@ GPT_FAILED = [*GPT_WORLD_SWEEP, "world_size=2", "train.lr=0.002", "fault.kind=ex
 def gpt_failed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The run directory of :data:`GPT_FAILED` (its console: :func:`shared_console`), alone under its root."""
     return shared_run(tmp_path_factory, "gpt-failed", lambda root: _launch_shared(root, GPT_FAILED, ok=False))
+
+
+# A dry run of a 1-rank, 2-step smoke plan (the CLI's main() in process), then the command it printed typed as
+# printed into a shell (the console script beside this interpreter, else the one on PATH): test_dry_run_e2e.py
+# checks that the launch was that plan; test_cli.py re-runs the run directory from its own config.
+SMOKE_W1_DRY = ["task=smoke", "device=cpu", "world_size=1", "train.max_steps=2", "dry_run=true"]
+DRY_RUN_SAYS = "ddp-run: dry run, nothing launched. To launch this plan, run:"
+
+
+@pytest.fixture(scope="session")
+def smoke_w1_typed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run directory the printed command made, alone under its root; :func:`shared_console` holds the shell's
+    output and ``dry`` (the dry run's stdout, stderr and rc), ``printed`` (the command) and ``exe``."""
+    import shlex
+    import shutil
+
+    def make(root: Path) -> Path:
+        with pytest.MonkeyPatch.context() as mp:
+            dry = cli_in_process(SMOKE_W1_DRY, root, mp)
+        lines = dry.stdout.splitlines()
+        printed = lines[lines.index(DRY_RUN_SAYS) + 1].strip() if DRY_RUN_SAYS in lines else ""
+        here = Path(sys.executable).parent / "ddp-run"
+        exe = str(here) if here.exists() else shutil.which("ddp-run")
+        record = {"dry": {"stdout": dry.stdout, "stderr": dry.stderr, "rc": dry.returncode}, "printed": printed,
+                  "exe": exe}
+        assert dry.returncode == 0 and printed and exe, record
+        r = subprocess.run(shlex.join([exe]) + printed.removeprefix("ddp-run"), shell=True, cwd=tempfile.gettempdir(),
+                           env=os.environ, capture_output=True, text=True, timeout=240)
+        assert r.returncode == 0, r.stdout + r.stderr
+        [run] = run_dirs(root)
+        _console_of(run).write_text(json.dumps({**record, "stdout": r.stdout, "stderr": r.stderr,
+                                                "rc": r.returncode}))
+        return run
+
+    return shared_run(tmp_path_factory, "smoke-w1-typed", make)
