@@ -375,3 +375,28 @@ def smoke_w1_typed(tmp_path_factory: pytest.TempPathFactory) -> Path:
         return run
 
     return shared_run(tmp_path_factory, "smoke-w1-typed", make)
+
+
+# One sequential smoke sweep on 1 and 2 ranks at a global batch of 24 (which 2 ranks of 8 cannot make: those two
+# jobs are refused), two learning rates, 3 steps each: test_compare_e2e.py (a sweep records every job, a refused
+# one too) and test_sweep_parallel.py (its 1-rank jobs are the sequential twins of the concurrent Optuna trials).
+SMOKE_LR_SWEEP = ["task=smoke", "device=cpu", "batch.global=24", "train.max_steps=3", "sweep.objective=final_loss"]
+SMOKE_LR_SWEEP_LRS = ("0.01", "0.05")
+
+
+@pytest.fixture(scope="session")
+def smoke_lr_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sweep directory; ``<sweep>.console.json`` beside it: the launch's ``stdout``, ``stderr``, ``rc`` and
+    ``cwd_multirun_yaml`` (the mtime of a multirun.yaml in the launch's working directory, before and after)."""
+    def make(root: Path) -> Path:
+        cwd_record = Path(tempfile.gettempdir(), "multirun.yaml")  # ddp_run's working directory
+        before = cwd_record.stat().st_mtime_ns if cwd_record.exists() else None
+        r = ddp_run(["-m", "world_size=1,2", f"train.lr={','.join(SMOKE_LR_SWEEP_LRS)}", *SMOKE_LR_SWEEP], root,
+                    timeout=400)
+        after = cwd_record.stat().st_mtime_ns if cwd_record.exists() else None
+        [sweep] = list(root.glob("*/*_sweep"))
+        _console_of(sweep).write_text(json.dumps({"stdout": r.stdout, "stderr": r.stderr, "rc": r.returncode,
+                                                  "cwd_multirun_yaml": [before, after]}))
+        return sweep
+
+    return shared_run(tmp_path_factory, "smoke-lr-sweep", make)
