@@ -15,8 +15,7 @@ if str(ROOT) not in sys.path:
 
 
 
-# Two blocks: the estimates are arithmetic, and ZeRO-1's still exceeds FSDP's (by ~10 %), DDP's both.
-TINY = ["task=gpt", "device=cpu", "world_size=2", "task.model.layers=2", "task.model.width=128",
+TINY = ["task=gpt", "device=cpu", "world_size=2", "task.model.layers=8", "task.model.width=128",
         "task.model.context=16", "batch.per_rank=2", "checkpoint.async_save=false", "train.val_every=0",
         "data.val_fraction=0.01"]
 

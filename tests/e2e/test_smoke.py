@@ -107,7 +107,7 @@ def test_multirun_sweep_one_dir_per_job(out_root):
 
 
 # A failing rank named as the root cause (its exception, exit code and traceback in summary.json and on the
-# console): tests/e2e/test_diagnostics_e2e.py::test_fault_is_attributed_to_its_rank_and_class[exception-1-exception].
+# console): tests/e2e/test_diagnostics_e2e.py::test_an_exception_is_attributed_to_its_rank_and_class.
 
 
 # A signal to the driver (SIGTERM, SIGINT) stops the run within bounds, says so, leaves no process and reads as
