@@ -314,3 +314,145 @@ def gpt_fsdp_reference(tmp_path_factory: pytest.TempPathFactory, text_file: Path
 # test_remote.py's run lives on its worker's own S3 server.
 SERIAL_FILES.update({"tests/e2e/test_remote.py": "remote", "tests/e2e/test_hardening_e2e.py": "hardening",
                      "tests/e2e/test_secrets_e2e.py": "secrets"})
+
+
+# --- shared runs (merge2 helper) ---
+# Launches several test files read instead of each making its own (each ddp-run launch costs ~10 CPU-seconds of
+# torch imports before it trains). Tests only read them.
+
+# The tiny GPT on 2 gloo ranks for 30 optimizer steps under accumulation 2 (4 per rank × 2 ranks × 2 = 16), a
+# validation every 10 steps, and torch.profiler asked for 5 steps after step 28 (training ends inside that window:
+# steps 29 and 30 are traced). test_gpt.py (every scalar per optimizer step, the console, the x-axis under
+# accumulation), test_goodput_global.py (goodput is global) and test_profiling_e2e.py (a trace cut short by the
+# end of training) read it.
+GPT_W2_STEPS = 30
+GPT_W2 = ["task=gpt", "world_size=2", "device=cpu", "checkpoint.async_save=false", f"train.max_steps={GPT_W2_STEPS}",
+          "train.val_every=10", "data.val_fraction=0.01", "batch.per_rank=4", "batch.accumulation=2",
+          "train.profile.steps=5", "train.profile.start=28"]
+
+
+def _console_of(run: Path) -> Path:
+    """Where a shared run's fixture keeps what the launch printed (beside the run directory, not in it)."""
+    return run.parent / f"{run.name}.console.json"
+
+
+def shared_console(run: Path) -> dict:
+    """A shared run's launch as seen from outside: ``stdout``, ``stderr``, ``rc`` and ``outside_s`` (seconds)."""
+    return load_json(_console_of(run))
+
+
+def _launch_shared(root: Path, args: list[str], ok: bool = True, env: dict[str, str] | None = None) -> Path:
+    t0 = time.monotonic()
+    r = ddp_run(args, root, env=env)
+    outside_s = time.monotonic() - t0
+    if ok:
+        assert r.returncode == 0, r.stdout + r.stderr
+    [run] = run_dirs(root)
+    _console_of(run).write_text(json.dumps({"stdout": r.stdout, "stderr": r.stderr, "rc": r.returncode,
+                                            "outside_s": outside_s}))
+    return run
+
+
+@pytest.fixture(scope="session")
+def gpt_w2_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run directory of :data:`GPT_W2` (its console: :func:`shared_console`)."""
+    return shared_run(tmp_path_factory, "gpt-w2", lambda root: _launch_shared(root, GPT_W2))
+
+
+# The tiny GPT on 2 gloo ranks from a local uint16 token file (ids up to 319, a fixed cycle of 300: the next token
+# is predictable), in bf16 autocast, 20 steps, with torch.profiler tracing steps 3 and 4. test_gpt.py (uint16 data,
+# bf16 on CPU) and test_profiling_e2e.py (a full traced window) read it.
+GPT_BIN_VOCAB, GPT_BIN_PERIOD, GPT_BIN_STEPS = 320, 300, 20
+
+
+def gpt_bin_args(path: Path) -> list[str]:
+    return ["task=gpt", "world_size=2", "device=cpu", "checkpoint.async_save=false", f"data.path={path}",
+            f"task.model.vocab={GPT_BIN_VOCAB}", f"train.max_steps={GPT_BIN_STEPS}", "train.lr=3e-3",
+            "data.val_fraction=0.05", "train.precision=bf16", "train.profile.steps=2", "train.profile.start=2"]
+
+
+@pytest.fixture(scope="session")
+def gpt_bin_bf16_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run directory of :func:`gpt_bin_args` on a 120k-token file (~1.7k windows of 64 + 1)."""
+    import numpy as np
+
+    def make(root: Path) -> Path:
+        path = root.parent / "tokens.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.tile(np.arange(GPT_BIN_PERIOD, dtype="<u2"), 400).tofile(path)
+        return _launch_shared(root, gpt_bin_args(path))
+
+    return shared_run(tmp_path_factory, "gpt-bin-bf16", make)
+
+
+# The tiny GPT of GPT_WORLD_SWEEP on 2 ranks, another learning rate, rank 1 raising at step 3 (a rehearsal fault),
+# under a 5 s hang watchdog and a 90 s collective timeout: test_compare_e2e.py (a failed run in the report beside
+# the sweep) and test_diagnostics_e2e.py (an exception attributed to its rank and class) read it.
+GPT_FAILED = [*GPT_WORLD_SWEEP, "world_size=2", "train.lr=0.002", "fault.kind=exception", "fault.rank=1",
+              "fault.step=3", "watchdog.timeout_s=5", "timeout_s=90"]
+
+
+@pytest.fixture(scope="session")
+def gpt_failed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run directory of :data:`GPT_FAILED` (its console: :func:`shared_console`), alone under its root."""
+    return shared_run(tmp_path_factory, "gpt-failed", lambda root: _launch_shared(root, GPT_FAILED, ok=False))
+
+
+# A dry run of a 1-rank, 2-step smoke plan (the CLI's main() in process), then the command it printed typed as
+# printed into a shell (the console script beside this interpreter, else the one on PATH): test_dry_run_e2e.py
+# checks that the launch was that plan; test_cli.py re-runs the run directory from its own config.
+SMOKE_W1_DRY = ["task=smoke", "device=cpu", "world_size=1", "train.max_steps=2", "dry_run=true"]
+DRY_RUN_SAYS = "ddp-run: dry run, nothing launched. To launch this plan, run:"
+
+
+@pytest.fixture(scope="session")
+def smoke_w1_typed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run directory the printed command made, alone under its root; :func:`shared_console` holds the shell's
+    output and ``dry`` (the dry run's stdout, stderr and rc), ``printed`` (the command) and ``exe``."""
+    import shlex
+    import shutil
+
+    def make(root: Path) -> Path:
+        with pytest.MonkeyPatch.context() as mp:
+            dry = cli_in_process(SMOKE_W1_DRY, root, mp)
+        lines = dry.stdout.splitlines()
+        printed = lines[lines.index(DRY_RUN_SAYS) + 1].strip() if DRY_RUN_SAYS in lines else ""
+        here = Path(sys.executable).parent / "ddp-run"
+        exe = str(here) if here.exists() else shutil.which("ddp-run")
+        record = {"dry": {"stdout": dry.stdout, "stderr": dry.stderr, "rc": dry.returncode}, "printed": printed,
+                  "exe": exe}
+        assert dry.returncode == 0 and printed and exe, record
+        r = subprocess.run(shlex.join([exe]) + printed.removeprefix("ddp-run"), shell=True, cwd=tempfile.gettempdir(),
+                           env=os.environ, capture_output=True, text=True, timeout=240)
+        assert r.returncode == 0, r.stdout + r.stderr
+        [run] = run_dirs(root)
+        _console_of(run).write_text(json.dumps({**record, "stdout": r.stdout, "stderr": r.stderr,
+                                                "rc": r.returncode}))
+        return run
+
+    return shared_run(tmp_path_factory, "smoke-w1-typed", make)
+
+
+# One sequential smoke sweep on 1 and 2 ranks at a global batch of 24 (which 2 ranks of 8 cannot make: those two
+# jobs are refused), two learning rates, 3 steps each: test_compare_e2e.py (a sweep records every job, a refused
+# one too) and test_sweep_parallel.py (its 1-rank jobs are the sequential twins of the concurrent Optuna trials).
+SMOKE_LR_SWEEP = ["task=smoke", "device=cpu", "batch.global=24", "train.max_steps=3", "sweep.objective=final_loss"]
+SMOKE_LR_SWEEP_LRS = ("0.01", "0.05")
+
+
+@pytest.fixture(scope="session")
+def smoke_lr_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sweep directory; ``<sweep>.console.json`` beside it: the launch's ``stdout``, ``stderr``, ``rc`` and
+    ``cwd_multirun_yaml`` (the mtime of a multirun.yaml in the launch's working directory, before and after)."""
+    def make(root: Path) -> Path:
+        cwd_record = Path(tempfile.gettempdir(), "multirun.yaml")  # ddp_run's working directory
+        before = cwd_record.stat().st_mtime_ns if cwd_record.exists() else None
+        r = ddp_run(["-m", "world_size=1,2", f"train.lr={','.join(SMOKE_LR_SWEEP_LRS)}", *SMOKE_LR_SWEEP], root,
+                    timeout=400)
+        after = cwd_record.stat().st_mtime_ns if cwd_record.exists() else None
+        [sweep] = list(root.glob("*/*_sweep"))
+        _console_of(sweep).write_text(json.dumps({"stdout": r.stdout, "stderr": r.stderr, "rc": r.returncode,
+                                                  "cwd_multirun_yaml": [before, after]}))
+        return sweep
+
+    return shared_run(tmp_path_factory, "smoke-lr-sweep", make)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import ddp_run, run_dirs
+from conftest import ddp_run, run_dirs, shared_console
 
 
 @pytest.mark.parametrize("args, key, value", [
@@ -62,13 +62,14 @@ def test_task_module_problems_are_refused_before_launch(out_root, tmp_path, sour
     assert not out_root.exists()
 
 
-def test_a_run_directory_reruns_its_exact_config(out_root, tmp_path):
-    """The run's saved config.yaml, given back with --config-dir, is not shadowed by the package's own."""
+def test_a_run_directory_reruns_its_exact_config(smoke_w1_typed, tmp_path):
+    """The run's saved config.yaml, given back with --config-dir, is not shadowed by the package's own. The first
+    run: test_dry_run_e2e.py's launch (1 rank, train.max_steps=2, not the package's 8 steps; tests/conftest.py)."""
     import json
 
-    first = ddp_run(["device=cpu", "batch.global=32", "train.lr=0.05", "world_size=1"], out_root)
-    assert first.returncode == 0, first.stderr
-    (run,) = run_dirs(out_root)
+    first = shared_console(smoke_w1_typed)
+    assert first["rc"] == 0, first["stderr"]
+    run = smoke_w1_typed
     again_root = tmp_path / "again"
     r = ddp_run(["--config-dir", str(run), "--config-name", "config"], again_root)
     assert r.returncode == 0, r.stderr

@@ -7,20 +7,17 @@ import csv
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from conftest import GPT_WORLD_SWEEP, ddp_run, load_json, run_dirs
+from conftest import load_json, run_dirs, shared_console
 
 
-def test_report_over_a_fixed_global_batch_sweep_and_a_failed_run(tmp_path, gpt_world_sweep):
+def test_report_over_a_fixed_global_batch_sweep_and_a_failed_run(tmp_path, gpt_world_sweep, gpt_failed_run):
     sweep = gpt_world_sweep  # 1, 2, 3 and 4 ranks at a global batch of 24, 12 steps (tests/conftest.py)
     console = (sweep.parent / "console.txt").read_text()
-    failed_root = tmp_path / "failed"
-    f = ddp_run([*GPT_WORLD_SWEEP, "world_size=2", "train.lr=0.002", "fault.kind=exception", "fault.rank=1",
-                 "fault.step=3"], failed_root)
-    assert f.returncode != 0
-    (failed,) = run_dirs(failed_root)
+    # The sweep's settings at world_size=2, another learning rate and rank 1 raising at step 3 (GPT_FAILED).
+    failed = gpt_failed_run
+    assert shared_console(failed)["rc"] != 0
     out = tmp_path / "report"
     res = subprocess.run([sys.executable, "-m", "ddp_runner.report.compare", str(sweep), str(failed), "--out", str(out),
                           "--price", "3"], capture_output=True, text=True, timeout=120)
@@ -70,21 +67,16 @@ def test_report_over_a_fixed_global_batch_sweep_and_a_failed_run(tmp_path, gpt_w
     assert json.dumps(table)  # parses as plain data
 
 
-def test_a_sweep_records_every_job_even_a_refused_one(tmp_path):
-    import tempfile
-
-    root = tmp_path / "outputs"
-    cwd_record = Path(tempfile.gettempdir(), "multirun.yaml")  # ddp_run's working directory
-    before = cwd_record.stat().st_mtime_ns if cwd_record.exists() else None
-    r = ddp_run(["-m", "world_size=1,2", "batch.global=24", "device=cpu", "train.lr=0.01,0.02"], root)
-    assert r.returncode == 2, r.stderr  # some job was refused: the sweep says so in its exit code
-    (sweep_dir,) = [p for p in root.glob("*/*_sweep")]
+def test_a_sweep_records_every_job_even_a_refused_one(smoke_lr_sweep):
+    # world_size=1,2 × train.lr=0.01,0.05 at batch.global=24 (tests/conftest.py: SMOKE_LR_SWEEP)
+    sweep_dir, r = smoke_lr_sweep, shared_console(smoke_lr_sweep)
+    assert r["rc"] == 2, r["stderr"]  # some job was refused: the sweep says so in its exit code
     record = json.loads((sweep_dir / "sweep.json").read_text())
     status = {(j["values"]["world_size"], j["values"]["train.lr"]): j["status"] for j in record["jobs"]}
-    assert status == {("1", "0.01"): "completed", ("1", "0.02"): "completed",
-                      ("2", "0.01"): "refused", ("2", "0.02"): "refused"}
+    assert status == {("1", "0.01"): "completed", ("1", "0.05"): "completed",
+                      ("2", "0.01"): "refused", ("2", "0.05"): "refused"}
     names = sorted(p.name for p in sweep_dir.iterdir() if p.is_dir())
-    assert names == ["0_smoke_w1_lr=0.01", "1_smoke_w1_lr=0.02"]
+    assert names == ["0_smoke_w1_lr=0.01", "1_smoke_w1_lr=0.05"]
     assert (sweep_dir / "multirun.yaml").is_file() and "refused" in (sweep_dir / "sweep.md").read_text()
     # TensorBoard over the sweep directory: each job a run of its own, its swept values in the HPARAMS table.
     from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
@@ -94,9 +86,9 @@ def test_a_sweep_records_every_job_even_a_refused_one(tmp_path):
     mux.AddRunsFromDirectory(str(sweep_dir))
     mux.Reload()
     assert sorted(mux.Runs()) == [f"{n}/tb" for n in names]
-    for name, lr in zip(names, (0.01, 0.02), strict=True):
+    for name, lr in zip(names, (0.01, 0.05), strict=True):
         content = mux.PluginRunToTagToContent("hparams")[f"{name}/tb"]["_hparams_/session_start_info"]
         hparams = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info.hparams
         assert hparams["train.lr"].number_value == pytest.approx(lr) and hparams["world_size"].number_value == 1
-    after = cwd_record.stat().st_mtime_ns if cwd_record.exists() else None
+    before, after = r["cwd_multirun_yaml"]
     assert before == after, "Hydra's multirun.yaml landed in the working directory"

@@ -1,6 +1,10 @@
 """Diagnostics end to end, through the real CLI (Hydra → torchrun → 2 gloo ranks on CPU): every rehearsal fault is
 attributed to the right rank and class, a rank stopped from outside (SIGSTOP) is named as hung with its stack on
-disk, debug mode names a collective mismatch and keeps its logs private, and no process is left behind."""
+disk, debug mode names a collective mismatch and keeps its logs private, and no process is left behind.
+
+Two launches are shared: the exception fault is the tiny GPT's failed run that test_compare_e2e.py also reports on
+(tests/conftest.py: ``gpt_failed_run``), and a slow rank below the watchdog is checked on the slow run that
+tests/e2e/test_terminal.py draws under a terminal."""
 
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import ddp_run, load_json, run_dirs
+from conftest import ddp_run, load_json, run_dirs, shared_console
 
 from ddp_runner.contract import layout
 
@@ -41,20 +45,19 @@ def _last_lines(stderr: str) -> str:
     return "\n".join(stderr.strip().splitlines()[-2:])
 
 
-def _listed_as_failed(run: Path, root: Path) -> None:
+def _listed_as_failed(run: Path, root: Path, max_steps: int) -> None:
     """ddp-runs lists a real failed run as failed, at the step it reached, and ``show`` names its cause."""
     from ddp_runner.report import runs
     from ddp_runner.rundir import listing
 
     [row] = listing.scan(str(root)).rows
-    assert (row.status, row.step, row.max_steps) == ("failed", 3, 6), row
+    assert (row.status, row.step, row.max_steps) == ("failed", 3, max_steps), row
     text = runs.describe(str(run))
     assert "root cause  earliest error on rank 1 [exception]: RuntimeError: injected fault on rank 1" in text
     assert f"continue    ddp-run resume={run}" in text
 
 
 @pytest.mark.parametrize(("kind", "rank", "cls"), [
-    ("exception", 1, "exception"),
     ("oom", 1, "oom"),
     ("sigkill", 1, "signal"),
     ("hang", 1, "hang"),
@@ -64,11 +67,24 @@ def test_fault_is_attributed_to_its_rank_and_class(tmp_path, kind, rank, cls):
     t0 = time.monotonic()
     r = ddp_run([*COMMON, f"fault.kind={kind}", f"fault.rank={rank}", "fault.step=3"], tmp_path, timeout=240)
     elapsed = time.monotonic() - t0
-    assert r.returncode not in (0, layout.EXIT_REFUSED), r.stdout + r.stderr
     [run] = run_dirs(tmp_path)
+    _attributed(run, tmp_path, r.returncode, r.stderr, elapsed, kind, rank, cls, max_steps=6)
+
+
+def test_an_exception_is_attributed_to_its_rank_and_class(gpt_failed_run):
+    """The ``exception`` case of the test above, on the shared failed GPT run (rank 1 raises at step 3 of 12)."""
+    run, console = gpt_failed_run, shared_console(gpt_failed_run)
+    _attributed(run, run.parents[1], console["rc"], console["stderr"], console["outside_s"], "exception", 1,
+                "exception", max_steps=12)
+
+
+def _attributed(run: Path, root: Path, rc: int, stderr: str, elapsed: float, kind: str, rank: int, cls: str,
+                max_steps: int) -> None:
+    """The run (alone under ``root``) failed with ``kind`` injected on ``rank`` at step 3, named as class ``cls``."""
+    assert rc not in (0, layout.EXIT_REFUSED), stderr
     cause = load_json(run / layout.SUMMARY)["root_cause"]
     assert (cause["rank"], cause["class"]) == (rank, cls), cause
-    assert f"earliest error on rank {rank} [{cls}]" in _last_lines(r.stderr), r.stderr
+    assert f"earliest error on rank {rank} [{cls}]" in _last_lines(stderr), stderr
     assert cause["where"] and all(c["rank"] != rank for c in cause["consequences"])
     if kind == "hang":
         hang = load_json(run / layout.HANG_RECORD)
@@ -80,22 +96,18 @@ def test_fault_is_attributed_to_its_rank_and_class(tmp_path, kind, rank, cls):
     if kind == "oom":
         assert "simulated on CPU" in cause["message"]
     if kind == "exception":  # the failing rank's own words, exit code and traceback
-        assert "earliest error on rank 1 [exception]: RuntimeError: injected fault on rank 1 at step 3" in r.stderr
+        assert "earliest error on rank 1 [exception]: RuntimeError: injected fault on rank 1 at step 3" in stderr
         manifest = load_json(run / layout.MANIFEST)
         assert manifest["status"] == "failed" and manifest["exit_codes"]["1"] == 1
         assert cause["type"] == "RuntimeError" and any("injected fault" in line for line in cause["traceback"])
-        _listed_as_failed(run, tmp_path)
+        _listed_as_failed(run, root, max_steps)
     assert _procs_of(run) == []
     assert elapsed < 200  # generous: a loaded CI machine starts two ranks slowly
 
 
-def test_a_slow_rank_below_the_watchdog_is_not_a_hang(tmp_path):
-    r = ddp_run([*COMMON, "train.max_steps=4", "fault.kind=slow", "fault.rank=1", "fault.step=2", "fault.slow_s=1"],
-                tmp_path, timeout=240)
-    assert r.returncode == 0, r.stdout + r.stderr
-    [run] = run_dirs(tmp_path)
-    assert not (run / layout.HANG_RECORD).exists()
-    assert not (run / layout.STACKS).exists(), "the empty stack files are tidied away"
+# A slow rank below the watchdog is not a hang (no hang record; the empty stack files are tidied away): the slow
+# run of tests/e2e/test_terminal.py::test_a_bar_under_a_terminal_redrawn_every_second_while_a_step_takes_longer
+# (rank 0 sleeps 2.5 s after steps 2 and 3, under an 8 s watchdog).
 
 
 def test_a_long_validation_is_progress_not_a_hang(tmp_path):

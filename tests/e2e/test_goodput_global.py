@@ -1,37 +1,32 @@
 """summary.json's goodput (tasks/engine/trainer.py, tasks/engine/metrics.py) counts the whole job, every rank: on
 a 2-rank run, samples/s × wall seconds is the steps × the GLOBAL batch, and tokens/s × wall seconds that many
-samples' tokens. A per-rank figure (half of it) must fail. One real 2-rank gloo launch of the tiny GPT, shared."""
+samples' tokens. A per-rank figure (half of it) must fail. One real 2-rank gloo launch of the tiny GPT, shared
+with test_gpt.py and test_profiling_e2e.py (tests/conftest.py: ``gpt_w2_reference``)."""
 
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from conftest import ddp_run, load_json, run_dirs
+from conftest import GPT_W2_STEPS, load_json, shared_console
 
 # 4 per rank × 2 ranks × 2 accumulation = 16 samples per optimizer step; a per-rank count would be 8.
-ARGS = ["task=gpt", "device=cpu", "world_size=2", "batch.per_rank=4", "batch.accumulation=2", "train.max_steps=6",
-        "train.log_every=2", "train.val_samples=64"]
 GLOBAL_BATCH = 16
 TOLERANCE = 0.1  # the figures are computed from the same clock: far tighter than the factor 2 being guarded
 
 
-@pytest.fixture(scope="module")
-def gpt_w2(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+@pytest.fixture
+def gpt_w2(gpt_w2_reference: Path) -> dict[str, Any]:
     """The launch: its console, summary, plan, tokens per sample, and how long it took seen from outside."""
-    root = tmp_path_factory.mktemp("goodput") / "outputs"
-    t0 = time.monotonic()
-    r = ddp_run(ARGS, root)
-    outside_s = time.monotonic() - t0
-    assert r.returncode == 0, r.stdout + r.stderr
-    [run] = run_dirs(root)
+    run = gpt_w2_reference
+    console = shared_console(run)
     config = yaml.safe_load((run / "config.yaml").read_text())
-    return {"stdout": r.stdout, "summary": load_json(run / "summary.json"), "plan": load_json(run / "run.json")["plan"],
-            "tokens_per_sample": int(config["task"]["model"]["context"]), "outside_s": outside_s, "run": Path(run)}
+    return {"stdout": console["stdout"], "summary": load_json(run / "summary.json"),
+            "plan": load_json(run / "run.json")["plan"], "tokens_per_sample": int(config["task"]["model"]["context"]),
+            "outside_s": console["outside_s"], "run": run}
 
 
 def test_goodput_samples_per_s_is_global_on_two_ranks(gpt_w2: dict[str, Any]) -> None:
@@ -41,7 +36,7 @@ def test_goodput_samples_per_s_is_global_on_two_ranks(gpt_w2: dict[str, Any]) ->
     g = summary["goodput"]
     assert 0 < g["wall_s"] <= gpt_w2["outside_s"]  # the driver's start to the end of training, within the launch
     samples = summary["steps"] * GLOBAL_BATCH
-    assert summary["steps"] == 6
+    assert summary["steps"] == GPT_W2_STEPS
     assert g["samples_per_s"] * g["wall_s"] == pytest.approx(samples, rel=TOLERANCE)
 
 

@@ -1,7 +1,9 @@
 """End-to-end task=gpt through the CLI on CPU: real torchrun, 2 gloo ranks, TensorBoard read back.
 
 Runs are short (the tiny preset is ~0.1M parameters) and validate on a sliver of the default corpus
-(``data.val_fraction``): a full 10 % tail is ~19k windows, seconds per validation on a CPU.
+(``data.val_fraction``): a full 10 % tail is ~19k windows, seconds per validation on a CPU. Two launches, each
+shared with other files (tests/conftest.py): ``gpt_w2_reference`` (30 steps under accumulation 2) and
+``gpt_bin_bf16_run`` (a uint16 token file, bf16 autocast).
 """
 
 from __future__ import annotations
@@ -12,19 +14,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ddp_run, load_json, run_dirs
+import yaml
+from conftest import GPT_BIN_STEPS, GPT_BIN_VOCAB, GPT_W2_STEPS, load_json, shared_console
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-BASE = ["task=gpt", "world_size=2", "device=cpu", "checkpoint.async_save=false"]
 SCALARS = ("train/loss", "val/loss", "lr", "grad_norm", "perf/tokens_per_s", "perf/tokens_per_s_per_device",
            "perf/samples_per_s", "perf/step_time_s", "perf/data_wait_s", "memory/peak_gb")
-
-
-def _run(root: Path, *args: str) -> Path:
-    r = ddp_run([*BASE, *args], root)
-    assert r.returncode == 0, r.stdout + r.stderr
-    [run] = run_dirs(root)
-    return run
 
 
 def _tb(run: Path) -> dict[str, list[tuple[int, float]]]:
@@ -37,12 +32,9 @@ def _steps(points: list[tuple[int, float]]) -> list[int]:
     return [s for s, _ in points]
 
 
-def test_gpt_two_ranks_trains_and_logs_every_scalar_per_optimizer_step(tmp_path):
-    steps, val_every = 30, 10
-    r = ddp_run([*BASE, f"train.max_steps={steps}", f"train.val_every={val_every}", "data.val_fraction=0.01"],
-                tmp_path)
-    assert r.returncode == 0, r.stdout + r.stderr
-    [run] = run_dirs(tmp_path)
+def test_gpt_two_ranks_trains_and_logs_every_scalar_per_optimizer_step(gpt_w2_reference):
+    steps, val_every = GPT_W2_STEPS, 10
+    run, stdout = gpt_w2_reference, shared_console(gpt_w2_reference)["stdout"]
     summary, tb = load_json(run / "summary.json"), _tb(run)
 
     assert summary["status"] == "completed" and summary["steps"] == steps
@@ -70,14 +62,14 @@ def test_gpt_two_ranks_trains_and_logs_every_scalar_per_optimizer_step(tmp_path)
 
     # The console (piped): every validation loss when it is computed, step lines in tokens/s, and, for a run of
     # 30 steps, one table of the ranks whose marked rank is the one the sentence under it names.
-    assert [line for line in r.stdout.splitlines() if "val loss" in line and line.startswith("  step")] == [
+    assert [line for line in stdout.splitlines() if "val loss" in line and line.startswith("  step")] == [
         f"  step {s}/{steps}  val loss {v:.4f}" for s, v in val]
-    assert re.search(r"^  step 30/30  loss \d+\.\d{4}  [\d,]+ tokens/s$", r.stdout, re.MULTILINE), r.stdout
+    assert re.search(r"^  step 30/30  loss \d+\.\d{4}  [\d,]+ tokens/s$", stdout, re.MULTILINE), stdout
     slowest = summary["time_breakdown"]["slowest_rank"]
-    marked = [line.split()[0] for line in r.stdout.splitlines() if line.endswith("  most work")]
-    assert marked == [str(slowest)], r.stdout
-    assert f"ddp-run: rank {slowest} has the most work per step" in r.stdout
-    assert f"val loss {summary['val_loss']:.4f}" in r.stdout.split("ddp-run: completed:")[1].splitlines()[0]
+    marked = [line.split()[0] for line in stdout.splitlines() if line.endswith("  most work")]
+    assert marked == [str(slowest)], stdout
+    assert f"ddp-run: rank {slowest} has the most work per step" in stdout
+    assert f"val loss {summary['val_loss']:.4f}" in stdout.split("ddp-run: completed:")[1].splitlines()[0]
 
     # Throughput arithmetic holds at every step: tokens = samples × context; per device = total / world size.
     for (_, tps), (_, per_dev), (_, sps) in zip(tb["perf/tokens_per_s"], tb["perf/tokens_per_s_per_device"],
@@ -106,34 +98,31 @@ def test_gpt_two_ranks_trains_and_logs_every_scalar_per_optimizer_step(tmp_path)
     assert summary["gpus"] == {} and not any(tag.startswith("gpu") for tag in tb)
 
 
-def test_x_axis_is_the_optimizer_step_under_accumulation(tmp_path):
-    steps = 12
-    run = _run(tmp_path, f"train.max_steps={steps}", "batch.accumulation=2", "batch.per_rank=4",
-               "train.val_every=4", "data.val_fraction=0.002")
+def test_x_axis_is_the_optimizer_step_under_accumulation(gpt_w2_reference):
+    # The shared run accumulates 2 micro-steps per optimizer step (4 per rank × 2 ranks × 2 = 16).
+    steps, run = GPT_W2_STEPS, gpt_w2_reference
     summary, tb = load_json(run / "summary.json"), _tb(run)
+    assert load_json(run / "run.json")["plan"]["accumulation"] == 2
     assert summary["global_batch"] == 16 and summary["steps"] == steps
     for tag in set(SCALARS) - {"val/loss"}:
         assert _steps(tb[tag]) == list(range(1, steps + 1)), tag
-    assert _steps(tb["val/loss"]) == [4, 8, 12]
+    assert _steps(tb["val/loss"]) == [10, 20, 30]
 
 
-def test_bf16_autocast_runs_on_cpu(tmp_path):
-    run = _run(tmp_path, "train.max_steps=8", "train.precision=bf16", "data.val_fraction=0.002")
+def test_bf16_autocast_runs_on_cpu(gpt_bin_bf16_run):
+    run = gpt_bin_bf16_run
+    assert yaml.safe_load((run / "config.yaml").read_text())["train"]["precision"] == "bf16"
     summary = load_json(run / "summary.json")
-    assert summary["status"] == "completed" and summary["steps"] == 8
+    assert summary["status"] == "completed" and summary["steps"] == GPT_BIN_STEPS
     assert all(math.isfinite(v) for v in summary["losses"]) and math.isfinite(summary["val_loss"])
     assert summary["losses"][-1] < summary["losses"][0]
 
 
-def test_trains_from_a_local_uint16_bin(tmp_path):
+def test_trains_from_a_local_uint16_bin(gpt_bin_bf16_run):
     # Ids above 255 prove the file is read as uint16, not bytes. A fixed cycle: the next token is predictable.
-    vocab, period = 320, 300
-    path = tmp_path / "tokens.bin"
-    np.tile(np.arange(period, dtype="<u2"), 400).tofile(path)  # 120k tokens, ~1.7k windows of 64 + 1
-    run = _run(tmp_path / "out", f"data.path={path}", f"task.model.vocab={vocab}", "train.max_steps=20",
-               "train.lr=3e-3", "data.val_fraction=0.05")
+    vocab, run = GPT_BIN_VOCAB, gpt_bin_bf16_run
     summary = load_json(run / "summary.json")
-    assert summary["status"] == "completed" and summary["steps"] == 20
+    assert summary["status"] == "completed" and summary["steps"] == GPT_BIN_STEPS
     losses = summary["losses"]
     assert losses[0] == pytest.approx(math.log(vocab), abs=0.3)  # uniform over the vocabulary at init
     assert losses[-1] < losses[0] - 0.5, losses

@@ -20,13 +20,14 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from conftest import ddp_run, load_json, shared_run, wait_for
+from conftest import SMOKE_LR_SWEEP, SMOKE_LR_SWEEP_LRS, ddp_run, load_json, shared_run, wait_for
 
 from ddp_runner.contract import layout
 from ddp_runner.report.compare import sweep_trials
 
-TINY = ["task=smoke", "device=cpu", "world_size=1", "train.max_steps=3", "sweep.objective=final_loss"]
-LRS = ("0.01", "0.05")
+# The 1-rank jobs of the shared sequential sweep (tests/conftest.py: SMOKE_LR_SWEEP), run concurrently.
+TINY = [*SMOKE_LR_SWEEP, "world_size=1"]
+LRS = SMOKE_LR_SWEEP_LRS
 
 
 def _sweep_dir(root: Path) -> Path:
@@ -59,14 +60,10 @@ def optuna_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return shared_run(tmp_path_factory, "sweep-optuna-concurrent", make)
 
 
-@pytest.fixture(scope="session")
-def sequential_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    def make(root: Path) -> Path:
-        r = ddp_run(["-m", f"train.lr={','.join(LRS)}", *TINY], root, timeout=400)
-        assert r.returncode == 0, r.stdout + r.stderr
-        return _sweep_dir(root)
-
-    return shared_run(tmp_path_factory, "sweep-sequential", make)
+@pytest.fixture
+def sequential_sweep(smoke_lr_sweep: Path) -> Path:
+    """The same two jobs one after the other: the 1-rank jobs of the shared sweep (its 2-rank ones are refused)."""
+    return smoke_lr_sweep
 
 
 def test_concurrent_jobs_ran_at_the_same_time_on_disjoint_cores(optuna_sweep: Path) -> None:
@@ -100,7 +97,9 @@ def test_every_launched_job_completed_and_the_refused_one_is_a_failed_trial(optu
 
 def test_concurrent_results_are_identical_to_the_sequential_sweep(optuna_sweep: Path, sequential_sweep: Path,
                                                                   ) -> None:
-    concurrent, sequential = _jobs(optuna_sweep), _jobs(sequential_sweep)
+    concurrent = _jobs(optuna_sweep)
+    sequential = {j["values"]["train.lr"]: j for j in load_json(sequential_sweep / "sweep.json")["jobs"]
+                  if j["values"]["world_size"] == "1"}
     for lr in LRS:
         assert sequential[lr]["status"] == "completed" and "cores" not in sequential[lr]
         a = load_json(Path(concurrent[lr]["run_dir"]) / "summary.json")["losses"]

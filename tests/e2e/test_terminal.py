@@ -20,6 +20,8 @@ from pathlib import Path
 
 from conftest import load_json, run_dirs
 
+from ddp_runner.contract import layout
+
 FRAME = re.compile(rb"\r\x1b\[2K")  # rich redraws its line: carriage return, erase the line
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
@@ -64,12 +66,17 @@ def frames(chunks: list[tuple[float, bytes]]) -> list[tuple[float, str]]:
 
 
 def test_a_bar_under_a_terminal_redrawn_every_second_while_a_step_takes_longer(tmp_path):
-    # Rank 0 sleeps 2.5 s after steps 2 and 3 (a rehearsal fault): steps far longer than a second.
+    # Rank 0 sleeps 2.5 s after steps 2 and 3 (a rehearsal fault): steps far longer than a second. An 8 s hang
+    # watchdog: the same run shows that a slow rank below the watchdog is not a hang (for
+    # tests/e2e/test_diagnostics_e2e.py).
     code, chunks = run_in_pty(["task=smoke", "device=cpu", "world_size=2", "train.max_steps=4", "fault.kind=slow",
-                               "fault.rank=0", "fault.step=2", "fault.slow_s=2.5"], tmp_path / "outputs")
+                               "fault.rank=0", "fault.step=2", "fault.slow_s=2.5", "watchdog.timeout_s=8"],
+                              tmp_path / "outputs")
     text = b"".join(d for _, d in chunks).decode("utf-8", "replace")
     assert code == 0, text
     [run] = run_dirs(tmp_path / "outputs")
+    assert not (run / layout.HANG_RECORD).exists(), "a slow rank below the watchdog is not a hang"
+    assert not (run / layout.STACKS).exists(), "the empty stack files are tidied away"
     drawn = frames(chunks)
     # From the first second on, start-up included: the bar is there before rank 0 has started.
     assert drawn and drawn[0][0] < 5.0 and "start-up: starting the workers" in drawn[0][1], drawn[:3]

@@ -7,72 +7,99 @@ what dynamo and its DDP graph splitter hand to inductor in a real run.
 from __future__ import annotations
 
 import gc
+from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from conftest import shared_run
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_runner.tasks.engine.strategy.ddp_compile import compiled_forwards
 from ddp_runner.tasks.gpt.model import GPT
 
+# The three cases, (split, with_buffer), each traced in both ranks of ONE process group (a spawn of two processes
+# per case cost more than the tracing): dynamo is reset and optimize_ddp set back to its default before each, and
+# the whole-graph case, which turns optimize_ddp off, comes last.
+CASES = {"split": (True, False), "buffer": (True, True), "no_split": (False, False)}
+
 
 def _gpt() -> GPT:
     torch.manual_seed(0)
-    # ~0.8 MB of parameters per block: 1 MB buckets (DDP's smallest the splitter accepts) give several pieces.
-    return GPT(vocab=64, context=16, width=128, layers=4, heads=2)
+    # One block of ~3 MB of parameters (its MLP's two matrices 1 MB each): 1 MB buckets (DDP's smallest the
+    # splitter accepts) give several pieces, with the fewest nodes to trace.
+    return GPT(vocab=64, context=16, width=256, layers=1, heads=2)
 
 
-def _worker(rank: int, store: str, split: bool, with_buffer: bool, out: str) -> None:
+def _case(rank: int, split: bool, with_buffer: bool) -> dict:
+    model = _gpt()
+    if with_buffer:
+        model.register_buffer("scale", torch.ones(1))
+    ddp = DDP(model, bucket_cap_mb=1)
+    graphs: list[int] = []
+
+    def backend(gm: torch.fx.GraphModule, _inputs: list) -> object:
+        graphs.append(len(gm.graph.nodes))
+        return gm.forward
+
+    sync, local = compiled_forwards(ddp, model, distributed=True, compile=True, split=split, backend=backend)
+    params = list(model.parameters())
+    x, y = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))
+    counts, same_grads = [], []
+    for _ in range(3):  # one optimizer step's micro-steps, three times: nothing recompiles
+        with ddp.no_sync():
+            local_grads = torch.autograd.grad(local(x, y), params)
+            ddp_grads = torch.autograd.grad(sync(x, y), params)
+        same_grads.append(all(torch.equal(a, b) for a, b in zip(local_grads, ddp_grads, strict=True)))
+        sync(x, y).backward()
+        counts.append(len(graphs))
+    # Each rank's own batch, one synchronising backward: DDP leaves the same averaged gradients on both.
+    for p in params:
+        p.grad = None
+    xr, yr = torch.randint(0, 64, (2, 16)) + rank, torch.randint(0, 64, (2, 16))
+    sync(xr.clamp(max=63), yr).backward()
+    flat = torch.cat([p.grad.flatten() for p in params])
+    both = [torch.empty_like(flat) for _ in range(2)]
+    dist.all_gather(both, flat)
+    out = {"graphs": graphs, "counts": counts, "same_grads": same_grads, "same_fn": sync is local,
+           "synced": torch.equal(both[0], both[1])}
+    del sync, local, ddp
+    gc.collect()  # DDP's reducer goes before the next case (and before the process group)
+    return out
+
+
+def _worker(rank: int, store: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     try:
-        model = _gpt()
-        if with_buffer:
-            model.register_buffer("scale", torch.ones(1))
-        ddp = DDP(model, bucket_cap_mb=1)
-        graphs: list[int] = []
-
-        def backend(gm: torch.fx.GraphModule, _inputs: list) -> object:
-            graphs.append(len(gm.graph.nodes))
-            return gm.forward
-
-        sync, local = compiled_forwards(ddp, model, distributed=True, compile=True, split=split, backend=backend)
-        params = list(model.parameters())
-        x, y = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))
-        counts, same_grads = [], []
-        for _ in range(3):  # one optimizer step's micro-steps, three times: nothing recompiles
-            with ddp.no_sync():
-                local_grads = torch.autograd.grad(local(x, y), params)
-                ddp_grads = torch.autograd.grad(sync(x, y), params)
-            same_grads.append(all(torch.equal(a, b) for a, b in zip(local_grads, ddp_grads, strict=True)))
-            sync(x, y).backward()
-            counts.append(len(graphs))
-        # Each rank's own batch, one synchronising backward: DDP leaves the same averaged gradients on both.
-        for p in params:
-            p.grad = None
-        xr, yr = torch.randint(0, 64, (2, 16)) + rank, torch.randint(0, 64, (2, 16))
-        sync(xr.clamp(max=63), yr).backward()
-        flat = torch.cat([p.grad.flatten() for p in params])
-        both = [torch.empty_like(flat) for _ in range(2)]
-        dist.all_gather(both, flat)
-        torch.save({"graphs": graphs, "counts": counts, "same_grads": same_grads, "same_fn": sync is local,
-                    "synced": torch.equal(both[0], both[1])}, f"{out}.{rank}")
-        del sync, local, ddp
-        gc.collect()  # DDP's reducer goes before the process group, not at interpreter exit
+        results = {}
+        for name, (split, with_buffer) in CASES.items():
+            torch._dynamo.reset()
+            torch._dynamo.config.optimize_ddp = True  # the default, as in a fresh process
+            results[name] = _case(rank, split, with_buffer)
+        torch.save(results, f"{out}.{rank}")
     finally:
         dist.destroy_process_group()
 
 
-def _run(tmp_path, split: bool, with_buffer: bool = False) -> dict:
-    out = str(tmp_path / "result")
-    mp.spawn(_worker, args=(str(tmp_path / "store"), split, with_buffer, out), nprocs=2, join=True)
-    results = [torch.load(f"{out}.{r}") for r in range(2)]
+def _spawn(root: Path) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    out = str(root / "result")
+    mp.spawn(_worker, args=(str(root / "store"), out), nprocs=2, join=True)
+    return root
+
+
+@pytest.fixture(scope="session")
+def traced(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """Each case's record (graphs handed to the backend, graph counts, gradient checks), the same on both ranks."""
+    root = shared_run(tmp_path_factory, "ddp-compile-cases", _spawn)
+    results = [torch.load(root / f"result.{r}") for r in range(2)]
     assert results[0] == results[1]
     return results[0]
 
 
-def test_split_cuts_only_the_synchronising_micro_steps_graph(tmp_path):
-    r = _run(tmp_path, split=True)
+def test_split_cuts_only_the_synchronising_micro_steps_graph(traced):
+    r = traced["split"]
     assert r["synced"]
     whole, *pieces = r["graphs"]  # the no_sync micro-step runs first, as in the engine
     assert len(pieces) >= 3, f"the synchronising graph is cut at DDP's buckets: {r['graphs']}"
@@ -81,14 +108,13 @@ def test_split_cuts_only_the_synchronising_micro_steps_graph(tmp_path):
     assert not r["same_fn"] and all(r["same_grads"]), "same gradients through either callable"
 
 
-def test_no_split_compiles_one_whole_graph_for_every_micro_step(tmp_path):
-    r = _run(tmp_path, split=False)
+def test_no_split_compiles_one_whole_graph_for_every_micro_step(traced):
+    r = traced["no_split"]
     assert len(r["graphs"]) == 1 and r["counts"] == [1, 1, 1] and r["same_fn"]
     assert r["synced"], "the model compiled in place under DDP still has its gradients all-reduced"
 
 
-def test_a_model_with_buffers_keeps_ddps_forward_for_every_micro_step(tmp_path):
+def test_a_model_with_buffers_keeps_ddps_forward_for_every_micro_step(traced):
     # DDP broadcasts rank 0's buffers in every forward, no_sync or not, so there is no bypass.
-    r = _run(tmp_path, split=True, with_buffer=True)
+    r = traced["buffer"]
     assert r["same_fn"] and len(r["graphs"]) >= 3
-
