@@ -136,14 +136,12 @@ def test_a_rank_killed_on_node_1_is_named_with_its_exit_code(out_root):
     assert summary["root_cause"]["rank"] == 1 and summary["root_cause"]["class"] == "signal", summary["root_cause"]
 
 
-def test_multinode_refuses_missing_endpoint_and_a_node_that_cannot_join(out_root):
-    r = subprocess.run([sys.executable, "-m", "ddp_runner", "device=cpu", "world_size=2", "launcher=multinode",
-                        "launcher.rdzv_id=x", f"output.root={out_root}"], capture_output=True, text=True,
-                       cwd=tempfile.gettempdir(), timeout=120)
+def test_multinode_refuses_missing_endpoint_and_a_node_that_cannot_join(out_root, cli):
+    # The config refusals in process (main() refuses before anything starts); the lonely node as a real process.
+    r = cli(["device=cpu", "world_size=2", "launcher=multinode", "launcher.rdzv_id=x"], out_root)
     assert r.returncode == 2 and "launcher.rdzv_endpoint" in r.stderr, r.stderr
-    r = subprocess.run([sys.executable, "-m", "ddp_runner", "device=cpu", "world_size=3", "launcher=multinode",
-                        "launcher.rdzv_id=x", "launcher.rdzv_endpoint=127.0.0.1:1234", f"output.root={out_root}"],
-                       capture_output=True, text=True, cwd=tempfile.gettempdir(), timeout=120)
+    r = cli(["device=cpu", "world_size=3", "launcher=multinode", "launcher.rdzv_id=x",
+             "launcher.rdzv_endpoint=127.0.0.1:1234"], out_root)
     assert r.returncode == 2 and "world_size=3" in r.stderr and "launcher.nnodes=2" in r.stderr, r.stderr
     # Node 1 alone: node 0 never opens the run directory, so it refuses with the reason, leaving nothing.
     node1 = start_node(1, out_root, free_port(), "lonely", "launcher.join_timeout_s=2")
