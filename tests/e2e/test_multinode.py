@@ -43,20 +43,25 @@ def start_node(rank: int | None, root: Path | str, port: int, rdzv_id: str, *arg
 
 def finish(*procs: subprocess.Popen[str], timeout: float = 240) -> list[tuple[int, str, str]]:
     """Wait for every driver; on a timeout stop them all (Ctrl-C, then SIGKILL) so that a failing test leaves
-    no process behind, and raise."""
+    no process behind, and fail with every driver's output (the one that ended first is often the one that
+    says why)."""
     try:
         outputs = [p.communicate(timeout=timeout) for p in procs]
     except subprocess.TimeoutExpired:
+        running = [p.poll() is None for p in procs]
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGINT)
-        for p in procs:
+        said = []
+        for i, p in enumerate(procs):
             try:
-                p.communicate(timeout=60)
+                out, err = p.communicate(timeout=60)
             except subprocess.TimeoutExpired:
                 p.kill()
-                p.communicate()
-        raise
+                out, err = p.communicate()
+            state = "still running, stopped" if running[i] else f"ended by itself, rc {p.returncode}"
+            said.append(f"--- driver {i} ({state}):\n{out[-3000:]}\n{err[-6000:]}")
+        pytest.fail(f"the drivers did not all end within {timeout:.0f} s:\n" + "\n".join(said))
     return [(p.returncode, *o) for p, o in zip(procs, outputs, strict=True)]
 
 
