@@ -69,6 +69,8 @@ KEY_DOCS: dict[str, str] = {
     "dry_run": "print the plan and the launch command, launch nothing",
     "timeout_s": "collective timeout in seconds: a hung rank fails the run instead of hanging",
     "launcher.max_restarts": "torchrun --max-restarts: restarted workers resume from the newest checkpoint",
+    "launcher.last_call_s": ("multinode, launcher.nnodes=min:max: once min nodes have joined, seconds the rendezvous"
+                             " waits for more before the job starts (torchrun's last_call_timeout)"),
     "sweep.parallel": "ddp-run -m: false runs the jobs in turn; auto packs them side by side onto disjoint GPUs "
                       "(world_size each) or CPU cores; N: at most N at once",
     "sweep.cores_per_rank": "a concurrent CPU job's cores per rank (its OMP_NUM_THREADS)",

@@ -98,6 +98,7 @@ ENGINE_RULES: tuple[Rule, ...] = (
     flag("dry_run"),
     number("timeout_s", lo=0, lo_open=True, example="600"),
     integer("launcher.max_restarts", lo=0, example="0"),
+    integer("launcher.last_call_s", lo=1, example="30"),
     integer("sweep.parallel", lo=1, also=("auto", False), example="auto"),
     integer("sweep.cores_per_rank", lo=1, example="2"),
     text("sweep.objective", example="val_loss"),

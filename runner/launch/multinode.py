@@ -38,6 +38,8 @@ from ddp_runner.rundir.run_dir import RunDir
 POLL_S = 0.5
 # After its own agent ends, how long node 0 waits for the other nodes' drivers to record their end.
 NODES_GRACE_S = 30.0
+# torchrun's own last call of an elastic range (launcher.last_call_s when a config lacks the key).
+LAST_CALL_S = 30
 
 
 def endpoint_host(launcher: Mapping[str, Any]) -> str:
@@ -171,11 +173,17 @@ def command(plan: Plan, launcher: Mapping[str, Any], run_url: str) -> list[str]:
     cmd = [*agent_prefix(), f"--nnodes={launcher.get('nnodes', 1)}", f"--nproc-per-node={plan.nproc_per_node}",
            "--rdzv-backend=c10d", f"--rdzv-endpoint={launcher['rdzv_endpoint']}",
            f"--rdzv-id={launcher['rdzv_id']}", f"--max-restarts={launcher.get('max_restarts', 0)}"]
+    rdzv_conf = []
     rank = launcher.get("node_rank")
     if rank is not None:
         # Node 0 hosts the rendezvous store; said explicitly, so that nodes sharing a host never race for it.
         # (--node-rank is not passed: the c10d rendezvous assigns group ranks itself and ignores it.)
-        cmd.append(f"--rdzv-conf=is_host={'true' if rank == 0 else 'false'}")
+        rdzv_conf.append(f"is_host={'true' if rank == 0 else 'false'}")
+    if ":" in str(launcher.get("nnodes", "")):
+        # An elastic range: once its minimum of nodes has joined, the rendezvous waits this long for more.
+        rdzv_conf.append(f"last_call_timeout={launcher.get('last_call_s', LAST_CALL_S)}")
+    if rdzv_conf:
+        cmd.append(f"--rdzv-conf={','.join(rdzv_conf)}")
     if addr := local_addr(launcher):
         cmd.append(f"--local-addr={addr}")
     return cmd + worker_tail(run_url)

@@ -43,20 +43,25 @@ def start_node(rank: int | None, root: Path | str, port: int, rdzv_id: str, *arg
 
 def finish(*procs: subprocess.Popen[str], timeout: float = 240) -> list[tuple[int, str, str]]:
     """Wait for every driver; on a timeout stop them all (Ctrl-C, then SIGKILL) so that a failing test leaves
-    no process behind, and raise."""
+    no process behind, and fail with every driver's output (the one that ended first is often the one that
+    says why)."""
     try:
         outputs = [p.communicate(timeout=timeout) for p in procs]
     except subprocess.TimeoutExpired:
+        running = [p.poll() is None for p in procs]
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGINT)
-        for p in procs:
+        said = []
+        for i, p in enumerate(procs):
             try:
-                p.communicate(timeout=60)
+                out, err = p.communicate(timeout=60)
             except subprocess.TimeoutExpired:
                 p.kill()
-                p.communicate()
-        raise
+                out, err = p.communicate()
+            state = "still running, stopped" if running[i] else f"ended by itself, rc {p.returncode}"
+            said.append(f"--- driver {i} ({state}):\n{out[-3000:]}\n{err[-6000:]}")
+        pytest.fail(f"the drivers did not all end within {timeout:.0f} s:\n" + "\n".join(said))
     return [(p.returncode, *o) for p, o in zip(procs, outputs, strict=True)]
 
 
@@ -136,14 +141,12 @@ def test_a_rank_killed_on_node_1_is_named_with_its_exit_code(out_root):
     assert summary["root_cause"]["rank"] == 1 and summary["root_cause"]["class"] == "signal", summary["root_cause"]
 
 
-def test_multinode_refuses_missing_endpoint_and_a_node_that_cannot_join(out_root):
-    r = subprocess.run([sys.executable, "-m", "ddp_runner", "device=cpu", "world_size=2", "launcher=multinode",
-                        "launcher.rdzv_id=x", f"output.root={out_root}"], capture_output=True, text=True,
-                       cwd=tempfile.gettempdir(), timeout=120)
+def test_multinode_refuses_missing_endpoint_and_a_node_that_cannot_join(out_root, cli):
+    # The config refusals in process (main() refuses before anything starts); the lonely node as a real process.
+    r = cli(["device=cpu", "world_size=2", "launcher=multinode", "launcher.rdzv_id=x"], out_root)
     assert r.returncode == 2 and "launcher.rdzv_endpoint" in r.stderr, r.stderr
-    r = subprocess.run([sys.executable, "-m", "ddp_runner", "device=cpu", "world_size=3", "launcher=multinode",
-                        "launcher.rdzv_id=x", "launcher.rdzv_endpoint=127.0.0.1:1234", f"output.root={out_root}"],
-                       capture_output=True, text=True, cwd=tempfile.gettempdir(), timeout=120)
+    r = cli(["device=cpu", "world_size=3", "launcher=multinode", "launcher.rdzv_id=x",
+             "launcher.rdzv_endpoint=127.0.0.1:1234"], out_root)
     assert r.returncode == 2 and "world_size=3" in r.stderr and "launcher.nnodes=2" in r.stderr, r.stderr
     # Node 1 alone: node 0 never opens the run directory, so it refuses with the reason, leaving nothing.
     node1 = start_node(1, out_root, free_port(), "lonely", "launcher.join_timeout_s=2")
@@ -187,16 +190,18 @@ def test_a_local_job_listens_on_loopback_only(out_root, restarts):
 
 
 def test_an_elastic_range_runs_with_the_nodes_present(out_root):
-    # launcher.nnodes=1:2 with one node: torchrun waits for its last call, then runs on that node alone; the run
-    # is judged by the ranks that ran, not the plan's maximum.
+    # launcher.nnodes=1:2 with one node: torchrun waits for its last call (launcher.last_call_s, torchrun's 30 s
+    # when unset), then runs on that node alone; the run is judged by the ranks that ran, not the plan's maximum.
     rc, out, err = finish(start_node(0, out_root, free_port(), "el", "task=smoke", "train.max_steps=2",
-                                     "launcher.nnodes=1:2"))[0]
+                                     "launcher.nnodes=1:2", "launcher.last_call_s=2"))[0]
     assert rc == 0, out + err
     assert "elastic: the job ran 1 of at most 2 ranks (1 of 2 nodes)" in out
     [run] = run_dirs(out_root)
     summary = load_json(run / "summary.json")
     assert summary["status"] == "completed" and summary["completion"]["completed_ranks"] == [0]
-    assert "--nnodes=1:2" in load_json(run / "run.json")["command"]
+    command = load_json(run / "run.json")["command"]
+    assert "--nnodes=1:2" in command
+    assert "--rdzv-conf=is_host=true,last_call_timeout=2" in command, command
 
 
 def test_two_nodes_under_an_s3_root_are_judged_from_every_nodes_ranks_and_a_restart_keeps_their_logs(
@@ -252,9 +257,12 @@ def test_two_nodes_under_an_s3_root_are_judged_from_every_nodes_ranks_and_a_rest
 def test_a_hang_on_node_1_under_an_s3_root_is_named_there_with_its_stack(s3_url):  # noqa: F811 - fixture
     # Node 1's ranks write their progress and stacks on node 1's disk. Node 0's watchdog must read them from the
     # bucket: before, it saw only rank 0, waiting in a collective for the stuck rank 1, and named rank 0.
+    # checkpoint.stop_grace_s=2: the ranks the watchdog stops cannot reach a step boundary (one is stuck, the
+    # other waits for it), so each node's rank would wait half the default grace (10 s) for nothing.
     root, port = f"{s3_url}/runs", free_port()
     nodes = [start_node(r, root, port, "hangjob", "task=smoke", "train.max_steps=200", "fault.kind=hang",
-                        "fault.rank=1", "fault.step=3", "watchdog.timeout_s=10", "timeout_s=90") for r in (0, 1)]
+                        "fault.rank=1", "fault.step=3", "watchdog.timeout_s=10", "timeout_s=90",
+                        "checkpoint.stop_grace_s=2") for r in (0, 1)]
     (rc0, out0, err0), (rc1, out1, err1) = finish(*nodes)
     assert rc0 == 1 and rc1 != 0, out0 + err0 + out1 + err1
     assert "HANG: rank 1 made no progress" in err0 and "faults.py" in err0, err0

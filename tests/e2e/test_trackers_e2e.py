@@ -2,8 +2,9 @@
 per session, tests/support/mlflow_server.py) queried over its REST API, W&B's offline files read back as W&B's own
 records, the CSV parsed, and ddp-export's Hugging Face folder loaded by transformers on the CPU.
 
-Three launches of tiny GPTs share the session: one 2-rank run with every logger at once (read by most tests here),
-a 3-job sweep, and a run killed after step 4 then continued in place.
+Three launches of tiny GPTs share the session: one 2-rank run with every logger at once (read by most tests here,
+made once per session whichever xdist worker asks first), a 3-job sweep, and a run killed after step 4 then
+continued in place. Each uses an experiment of its own on the one server, so the tests need not share a worker.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ddp_run, load_json, run_dirs
+from conftest import ddp_run, load_json, run_dirs, shared_run
 
 from tests.support.mlflow_server import MlflowRest
 from tests.support.wandb_offline import read_run
@@ -29,16 +30,19 @@ def rest(mlflow_server: str) -> MlflowRest:
     return MlflowRest(mlflow_server)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tracked_run(tmp_path_factory, text_file, mlflow_server) -> Path:
-    """2 gloo ranks, 4 steps, validation at 2 and 4, every logger at once (``logger=a,b`` read as a list)."""
-    root = tmp_path_factory.mktemp("tracked")
-    r = ddp_run([*TINY, "world_size=2", f"data.path={text_file}", f"train.max_steps={STEPS}", "train.val_every=2",
-                 "logger=tensorboard,csv,mlflow,wandb", f"logger.mlflow.tracking_uri={mlflow_server}",
-                 "logger.mlflow.experiment=two-ranks"], root)
-    assert r.returncode == 0, r.stdout + r.stderr
-    [run] = run_dirs(root)
-    return run
+    """2 gloo ranks, 4 steps, validation at 2 and 4, every logger at once (``logger=a,b`` read as a list); one run
+    for the session, made by the first worker that asks (tests only read it)."""
+    def make(root: Path) -> Path:
+        r = ddp_run([*TINY, "world_size=2", f"data.path={text_file}", f"train.max_steps={STEPS}", "train.val_every=2",
+                     "logger=tensorboard,csv,mlflow,wandb", f"logger.mlflow.tracking_uri={mlflow_server}",
+                     "logger.mlflow.experiment=two-ranks"], root)
+        assert r.returncode == 0, r.stdout + r.stderr
+        [run] = run_dirs(root)
+        return run
+
+    return shared_run(tmp_path_factory, "tracked", make)
 
 
 def _steps(rest: MlflowRest, run_id: str, key: str) -> list[int]:

@@ -1,9 +1,12 @@
 """Pytest fixture: a real MLflow tracking server on loopback, SQLite backend, once per test session.
 
 ``mlflow_server`` (session-scoped) starts ``mlflow server`` on a free 127.0.0.1 port with a SQLite store and
-artifacts in a temporary folder, waits for ``/health``, and yields its URL; it is stopped at the end of the
-session. Under xdist each worker that asks starts its own (the store is per worker). ``MlflowRest`` queries it over
-its REST API, as any client would: runs of an experiment, a run's params and a metric's history.
+artifacts in a temporary folder, waits for ``/health``, and yields its URL. One server serves the whole session,
+every xdist worker included: the first worker that asks starts it (a file lock; the others wait for it and read
+its URL), so the tests that use it need not share a worker. It belongs to the session's controller process
+(tests/support/owned_server.py): it ends when that process ends, or at once at the end of a session without
+workers. ``MlflowRest`` queries it over its REST API, as any client would: runs of an experiment, a run's params
+and a metric's history.
 
 Skips only when mlflow is not installed (the test extra installs it).
 """
@@ -91,33 +94,80 @@ def _wait_until_up(proc: subprocess.Popen, url: str, log: Path, timeout: float =
     raise RuntimeError(f"mlflow server at {url} did not answer within {timeout:.0f}s:\n{log.read_text()[-3000:]}")
 
 
-@pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real MLflow tracking server on 127.0.0.1 (SQLite backend); yields its URL."""
-    if importlib.util.find_spec("mlflow") is None:
-        pytest.skip("mlflow is not installed (pip install 'ddp-runner[test]')")
-    base = tmp_path_factory.mktemp("mlflow")
+def _shared_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder every xdist worker of this session sees (as tests/conftest.py finds it)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=5):  # noqa: S310 - loopback only
+            return True
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+def _start(base: Path) -> dict[str, Any]:
+    """Start a server owned by this session's controller (this process without xdist); wait until it answers."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     log = base / "server.log"
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    owner = os.getppid() if os.environ.get("PYTEST_XDIST_WORKER") else os.getpid()
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+            [sys.executable, str(Path(__file__).with_name("owned_server.py")), str(owner),
+             sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
              "--backend-store-uri", f"sqlite:///{base / 'mlflow.db'}", "--default-artifact-root", str(base / "art")],
             stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
         _wait_until_up(proc, url, log)
-        yield url
-    finally:
-        import signal
+    except BaseException:
+        _stop(proc.pid)
+        raise
+    return {"url": url, "pid": proc.pid, "owner": owner}
 
+
+def _stop(pid: int) -> None:
+    """SIGTERM to the owned_server process: it stops the server and its workers."""
+    import signal
+
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
         try:
-            os.killpg(proc.pid, signal.SIGTERM)  # the server and the workers it started
-        except ProcessLookupError:
+            os.waitpid(pid, os.WNOHANG)  # this process's child: reap it (another's simply goes on)
+        except ChildProcessError:
             pass
         try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real MLflow tracking server on 127.0.0.1 (SQLite backend), one for every worker of the session; yields
+    its URL."""
+    if importlib.util.find_spec("mlflow") is None:
+        pytest.skip("mlflow is not installed (pip install 'ddp-runner[test]')")
+    from filelock import FileLock
+
+    base = _shared_base(tmp_path_factory) / "mlflow"
+    base.mkdir(parents=True, exist_ok=True)
+    record = base / "server.json"
+    with FileLock(str(record) + ".lock"):
+        server = json.loads(record.read_text()) if record.exists() else None
+        if server is None or not _answers(server["url"]):
+            server = _start(base)
+            record.write_text(json.dumps(server))
+    try:
+        yield server["url"]
+    finally:
+        if server["owner"] == os.getpid():  # no xdist: this process is the session; under xdist its controller
+            _stop(server["pid"])
