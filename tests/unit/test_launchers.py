@@ -67,6 +67,17 @@ def test_multinode_command_and_refusals():
         assert e.value.key == key
 
 
+def test_an_elastic_range_passes_its_last_call_to_the_rendezvous():
+    plan = make_plan(cfg(launcher={"name": "multinode", "nnodes": "1:2"}), [])
+    cmd = multinode.command(plan, {**MN, "nnodes": "1:2", "last_call_s": 3}, "/r")
+    assert "--rdzv-conf=is_host=true,last_call_timeout=3" in cmd
+    default = multinode.command(plan, {**MN, "nnodes": "1:2"}, "/r")
+    assert f"--rdzv-conf=is_host=true,last_call_timeout={multinode.LAST_CALL_S}" in default
+    fixed = multinode.command(make_plan(cfg(launcher={"name": "multinode", "nnodes": 2}), []),
+                              {**MN, "last_call_s": 3}, "/r")
+    assert "--rdzv-conf=is_host=true" in fixed and not any("last_call" in a for a in fixed)  # no range: no last call
+
+
 def test_every_node_computes_the_same_run_directory():
     plan = make_plan(cfg(launcher={"name": "multinode", "nnodes": 2}), [])
     conf = {"launcher": MN, "task": {"name": "smoke"}, "output": {"root": "s3://bucket/runs/"}}
