@@ -1,0 +1,46 @@
+"""Imported once per launch by the forkserver of torchrun's agent (runner/launch/forkserver.py), before it forks
+the ranks: what every rank would otherwise import itself, about 4 CPU-seconds each (torch, and torch._dynamo,
+which DDP's constructor imports), and the engine.
+
+Importing is all it does. Nothing imported here may initialise CUDA: a CUDA context, or the CUDA driver that a
+device count or ``torch.cuda.is_available()`` initialises, does not survive a fork, and every rank on a GPU host
+would fail ("Cannot re-initialize CUDA in forked subprocess"); the ranks choose their devices (and read
+CUDA_VISIBLE_DEVICES) after the fork. Nor may it start a thread or run an OpenMP region (a fork copies only the
+calling thread; libgomp's thread pool does not survive one). tests/integration/test_forked_ranks.py checks both.
+Module state computed at import from the clock or the environment is the server's; tasks/forked.py renews it in
+each rank.
+
+An import that fails here is left to the rank, which imports the module again and reports the error in its own
+log, as a rank started as a command would.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import importlib
+import os
+
+MODULES = ("torch", "torch._dynamo", "torch._dynamo.polyfills.loader", "torch.nn.parallel",
+           "ddp_runner.tasks.engine.trainer", "ddp_runner.tasks.engine.strategy.ddp", "ddp_runner.tasks.forked")
+
+for _name in MODULES:
+    try:
+        importlib.import_module(_name)
+    except Exception:  # noqa: BLE001, S112 - the rank imports it again and reports the error itself
+        continue
+# What is imported now lives as long as every rank: out of the collector's reach, so that a rank's collections
+# neither walk it nor write to its pages (each write would copy a page of the shared memory into that rank).
+gc.freeze()
+
+_SERVER = os.getpid()
+
+
+def _end_server() -> None:
+    """The server's exit (the agent has gone): without the interpreter's module-by-module teardown of torch
+    (~0.8 CPU-seconds). A rank inherits this handler and runs it as a no-op."""
+    if os.getpid() == _SERVER:
+        os._exit(0)
+
+
+atexit.register(_end_server)  # last registered, first run
