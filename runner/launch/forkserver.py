@@ -75,6 +75,7 @@ def install() -> None:
             return config, cmd, cmd_args
         config.start_method = "forkserver"
         entry = getattr(importlib.import_module(ENTRY[0]), ENTRY[1])
+        entry.__name__ = WORKER_MODULE  # torchrun's failure report names it as it named the command
         return config, entry, [cmd_args[-1]]
 
     torchrun.config_from_args = config_from_args
@@ -87,7 +88,12 @@ def _every_rank_context(base: type) -> type:
     On a failure MultiprocessContext stops the other ranks (SIGTERM; SIGKILL after 30 s) but reports only the
     first; the driver reads each rank's exit code from torchrun's failure report (runner/launch/finalize.py), so
     the ranks that the stop ended with a non-zero code are added, as SubprocessContext would list them."""
+    import logging
+
+    from torch.distributed.elastic.multiprocessing import api
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    logging.getLogger(api.__name__).addFilter(_without_join_traceback)
 
     class EveryRankContext(base):  # type: ignore[misc, valid-type]
         def _poll(self) -> Any:
@@ -103,3 +109,11 @@ def _every_rank_context(base: type) -> type:
 
     EveryRankContext.__name__ = EveryRankContext.__qualname__ = base.__name__
     return EveryRankContext
+
+
+def _without_join_traceback(record: Any) -> bool:
+    """MultiprocessContext logs a rank's failure with the traceback of torch's own join (which says nothing the
+    line does not); SubprocessContext logs the line alone, and so does this agent."""
+    if str(record.msg).startswith("failed (exitcode"):
+        record.exc_info, record.exc_text = None, None
+    return True
