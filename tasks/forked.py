@@ -32,6 +32,7 @@ def rank(run_url: str) -> int:
 
 
 def _own_process(run_url: str) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the server ignores it (tasks/preload.py); a rank never does
     osutil.die_with_parent(signal.SIGKILL)  # the server; armed while the agent's pipe (below) keeps it alive
     # Every fork inherits the write end of the pipe whose closing tells the server that the agent is gone. A rank
     # that kept it would keep the server, and so itself, alive after the agent was killed.

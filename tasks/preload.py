@@ -10,6 +10,9 @@ calling thread; libgomp's thread pool does not survive one). tests/integration/t
 Module state computed at import from the clock or the environment is the server's; tasks/forked.py renews it in
 each rank.
 
+The rest prepares the server for forking, in the server alone (``DDP_RUNNER_FORKSERVER``, which its ranks do not
+inherit): a test that imports this module gets the imports only.
+
 An import that fails here is left to the rank, which imports the module again and reports the error in its own
 log, as a rank started as a command would.
 """
@@ -20,20 +23,12 @@ import atexit
 import gc
 import importlib
 import os
+import signal
+
+from ddp_runner.contract import layout
 
 MODULES = ("torch", "torch._dynamo", "torch._dynamo.polyfills.loader", "torch.nn.parallel",
            "ddp_runner.tasks.engine.trainer", "ddp_runner.tasks.engine.strategy.ddp", "ddp_runner.tasks.forked")
-
-for _name in MODULES:
-    try:
-        importlib.import_module(_name)
-    except Exception:  # noqa: BLE001, S112 - the rank imports it again and reports the error itself
-        continue
-# What is imported now lives as long as every rank: out of the collector's reach, so that a rank's collections
-# neither walk it nor write to its pages (each write would copy a page of the shared memory into that rank).
-gc.freeze()
-
-_SERVER = os.getpid()
 
 
 def _end_server() -> None:
@@ -43,4 +38,23 @@ def _end_server() -> None:
         os._exit(0)
 
 
-atexit.register(_end_server)  # last registered, first run
+def _prepare_server() -> None:
+    # A SIGTERM to the whole process group or Slurm step (scancel) is for the agent and the ranks, which save a
+    # checkpoint on it: the server's death would SIGKILL the ranks (their parent-death signal) before they could.
+    # It still ends when the agent does (its pipe closes). A rank takes SIGTERM's default back first
+    # (tasks/forked.py).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # What is imported now lives as long as every rank: out of the collector's reach, so that a rank's collections
+    # neither walk it nor write to its pages (each write would copy a page of the shared memory into that rank).
+    gc.freeze()
+    atexit.register(_end_server)  # last registered, first run
+
+
+for _name in MODULES:
+    try:
+        importlib.import_module(_name)
+    except Exception:  # noqa: BLE001, S112 - the rank imports it again and reports the error itself
+        continue
+_SERVER = os.getpid()
+if os.environ.pop(layout.ENV_FORKSERVER, None) == "1":
+    _prepare_server()

@@ -44,10 +44,17 @@ def start_server() -> None:
     meets its peers. It inherits the agent's environment and file descriptors as they are now (the ranks set
     their own variables: torchrun hands each its RANK, LOCAL_RANK… and the rank applies them before it runs)."""
     import multiprocessing
+    import os
     from multiprocessing import forkserver
 
+    from ddp_runner.contract import layout
+
     multiprocessing.get_context("forkserver").set_forkserver_preload([PRELOAD])
-    forkserver.ensure_running()
+    os.environ[layout.ENV_FORKSERVER] = "1"  # the server's alone (tasks/preload.py)
+    try:
+        forkserver.ensure_running()
+    finally:
+        del os.environ[layout.ENV_FORKSERVER]
 
 
 def stop_server() -> None:

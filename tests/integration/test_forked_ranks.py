@@ -14,12 +14,13 @@ import time
 
 import pytest
 
+from ddp_runner.contract import layout
 from ddp_runner.launch import forkserver
 
 # Run in a fresh interpreter, as the server is: torch imported, every CUDA entry point that would initialise the
 # CUDA driver (or count devices through it) replaced by a spy, then the rest of the preload imported.
 _PRELOAD_PROBE = """
-import gc, json, os, sys, threading
+import gc, json, os, signal, sys, threading
 import torch
 calls = []
 def spy(name, real):
@@ -33,7 +34,9 @@ for name in ("is_available", "device_count", "init", "_lazy_init", "current_devi
 import ddp_runner.tasks.preload as preload
 print(json.dumps({"calls": calls, "initialized": torch.cuda.is_initialized(),
                   "threads": threading.active_count(), "tasks": len(os.listdir("/proc/self/task")),
-                  "missing": [m for m in preload.MODULES if m not in sys.modules], "frozen": gc.get_freeze_count()}))
+                  "missing": [m for m in preload.MODULES if m not in sys.modules], "frozen": gc.get_freeze_count(),
+                  "sigterm_ignored": signal.getsignal(signal.SIGTERM) == signal.SIG_IGN,
+                  "marker_left": "DDP_RUNNER_FORKSERVER" in os.environ}), flush=True)
 """
 
 
@@ -43,15 +46,17 @@ def test_the_preload_initialises_no_cuda_and_starts_no_thread() -> None:
     fork copies only the calling thread. With the driver's OMP_NUM_THREADS=1 (BLAS keeps no pool of its own then),
     the server is one thread. On a GPU host ``initialized`` is the real CUDA state; on any host the spies see any
     call of the preload into torch.cuda's device queries."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", layout.ENV_FORKSERVER: "1"}  # as the agent starts the server
     out = subprocess.run([sys.executable, "-P", "-c", _PRELOAD_PROBE], env=env, capture_output=True, text=True,
                          timeout=300)
-    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip(), out.stderr  # (the server's exit code is always 0: it ends without teardown)
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen["missing"] == [], "every module of the preload imported (a failed one would hide what it does)"
     assert seen["calls"] == [] and seen["initialized"] is False, seen
     assert seen["threads"] == 1 and seen["tasks"] == 1, seen
     assert seen["frozen"] > 0, "the preloaded heap is frozen (the ranks' collections leave its pages shared)"
+    assert seen["sigterm_ignored"], "a SIGTERM to the process group is for the ranks, not the server"
+    assert not seen["marker_left"], "the ranks do not inherit the server's marker"
 
 
 @pytest.fixture
