@@ -14,15 +14,16 @@ import atexit
 import os
 import signal
 import sys
+import time
 
-from ddp_runner.contract import osutil
+from ddp_runner.contract import layout, osutil
 from ddp_runner.tasks import worker
 
 
 def rank(run_url: str) -> int:
     """Run this rank into ``run_url``: 0 on success; a failure exits with the rank's code."""
     _own_process(run_url)
-    code = worker.main(run_url)
+    code = worker.main(run_url, started=_imports_began())
     if code == 0:
         _end()
         return 0
@@ -49,6 +50,16 @@ def _own_process(run_url: str) -> None:
 
     faults.use(faults.Faults.from_env(os.environ))  # read at import: from the server's environment
     heartbeat.phase("startup")  # its clock started at the server's import
+
+
+def _imports_began() -> float | None:
+    """The start-up breakdown's ``imports`` part is the server's import time, as this rank's own would have been:
+    it ends now, when the rank starts with its imports done (the agent's part is the rest)."""
+    preload = sys.modules.get(f"{__package__}.preload")
+    if preload is None:
+        return None
+    launched = float(os.environ.get(layout.ENV_LAUNCH_T) or 0)  # the parts never overlap
+    return max(launched, time.time() - (preload.DONE - preload.STARTED))
 
 
 def _threads_from_env() -> None:

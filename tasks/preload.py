@@ -24,8 +24,11 @@ import gc
 import importlib
 import os
 import signal
+import time
 
 from ddp_runner.contract import layout
+
+STARTED = time.time()  # the imports' wall-clock, a forked rank's ``imports`` start-up part (tasks/forked.py)
 
 MODULES = ("torch", "torch._dynamo", "torch._dynamo.polyfills.loader", "torch.nn.parallel",
            "ddp_runner.tasks.engine.trainer", "ddp_runner.tasks.engine.strategy.ddp", "ddp_runner.tasks.forked")
@@ -55,6 +58,7 @@ for _name in MODULES:
         importlib.import_module(_name)
     except Exception:  # noqa: BLE001, S112 - the rank imports it again and reports the error itself
         continue
+DONE = time.time()
 _SERVER = os.getpid()
 if os.environ.pop(layout.ENV_FORKSERVER, None) == "1":
     _prepare_server()

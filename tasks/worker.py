@@ -21,9 +21,10 @@ from ddp_runner.tasks.engine import progress, startup, worker_io
 from ddp_runner.tasks.engine.diagnostics import termination
 
 
-def main(run_dir: str | None = None) -> int:
-    """Run this rank into ``run_dir`` (default: ``DDP_RUNNER_RUN_DIR``); return its exit code."""
-    startup.mark("worker_start")
+def main(run_dir: str | None = None, started: float | None = None) -> int:
+    """Run this rank into ``run_dir`` (default: ``DDP_RUNNER_RUN_DIR``); return its exit code. ``started``: when
+    its imports began, if not now (Unix seconds)."""
+    startup.mark("worker_start", started)
     run_dir = run_dir or os.environ[layout.ENV_RUN_DIR]
     local_dir = os.environ.get(layout.ENV_LOCAL_DIR, run_dir)
     rank = int(os.environ.get("RANK", "0"))
