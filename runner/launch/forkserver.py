@@ -57,15 +57,22 @@ def start_server() -> None:
         del os.environ[layout.ENV_FORKSERVER]
 
 
-def stop_server() -> None:
+def stop_server(wait_s: float = 10.0) -> None:
     """At the agent's end: close its end of the server's pipe and reap the server (its CPU time, and its ranks',
     then count in this process's children as a command's ranks would), then run multiprocessing's own clean-up
-    (its temporary folder, which lies inside the agent's)."""
-    import contextlib
+    (its temporary folder, which lies inside the agent's). The ranks closed their copies of the pipe, so the server
+    ends at once; should one not have (a rank stuck before it could), the agent does not wait past ``wait_s``."""
+    import os
+    import time
     from multiprocessing import forkserver, util
 
-    with contextlib.suppress(OSError):
-        forkserver._forkserver._stop()  # the ranks closed their copies of the pipe: the server ends at once
+    server = forkserver._forkserver
+    if server._forkserver_pid is not None:
+        os.close(server._forkserver_alive_fd)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and os.waitpid(server._forkserver_pid, os.WNOHANG)[0] == 0:
+            time.sleep(0.02)
+        server._forkserver_pid = server._forkserver_alive_fd = None
     util._run_finalizers()
 
 
