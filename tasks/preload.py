@@ -53,6 +53,26 @@ def _prepare_server() -> None:
     atexit.register(_end_server)  # last registered, first run
 
 
+def _tell_the_bar() -> None:
+    """Under the driver's live bar, say what the start-up is doing while the server imports for every rank (a
+    forked rank 0 starts with its imports done)."""
+    path = os.environ.get(layout.ENV_CONSOLE_RECORDS)
+    local = os.environ.get(layout.ENV_LOCAL_DIR) or os.environ.get(layout.ENV_RUN_DIR)
+    if not path or not (os.path.isabs(path) or local):
+        return
+    from ddp_runner.tasks.engine.progress import RecordConsole, stage
+
+    console = RecordConsole(path if os.path.isabs(path) else os.path.join(str(local), path))
+    stage(console, "importing torch")
+    console.close()
+
+
+_IS_SERVER = os.environ.pop(layout.ENV_FORKSERVER, None) == "1"
+if _IS_SERVER:
+    try:
+        _tell_the_bar()
+    except OSError:  # the bar only
+        pass
 for _name in MODULES:
     try:
         importlib.import_module(_name)
@@ -60,5 +80,5 @@ for _name in MODULES:
         continue
 DONE = time.time()
 _SERVER = os.getpid()
-if os.environ.pop(layout.ENV_FORKSERVER, None) == "1":
+if _IS_SERVER:
     _prepare_server()
