@@ -2,7 +2,8 @@
 <torchrun arguments>``.
 
 The same program as ``python -m torch.distributed.run`` (every option is torchrun's own); only the stores it
-creates listen on one address instead of every interface (``runner/contract/netbind.py``).
+creates listen on one address instead of every interface (``runner/contract/netbind.py``), and this package's
+worker runs as forks of one server that imported torch once (``runner/launch/forkserver.py``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 
 from ddp_runner.contract import layout, netbind
+from ddp_runner.launch import forkserver
 
 
 def temp_dir(agent_pid: int) -> str:
@@ -47,19 +49,31 @@ def _private_debug_output() -> None:
 def main() -> None:
     """Bind the stores, then hand over to torchrun's own main (it reads ``sys.argv``)."""
     import shutil
+    import sys
     import tempfile
 
     _private_debug_output()  # first: binding the stores below imports torch
-    netbind.install()
-    from torch.distributed.run import main as torchrun_main
-
     mine = temp_dir(os.getpid())
     os.makedirs(mine, mode=0o700, exist_ok=True)
-    tempfile.tempdir = mine  # this process only: the workers keep the user's TMPDIR (and compile caches)
+    # This process only (the forkserver's socket goes here too): the workers keep the user's TMPDIR (and compile
+    # caches).
+    tempfile.tempdir = mine
     try:
+        if forkserver.run_dir_of(sys.argv[1:]) is not None:
+            forkserver.start_server()  # it imports torch for the ranks while this process imports it for itself
+        netbind.install()
+        forkserver.install()
+        from torch.distributed.run import main as torchrun_main
+
         torchrun_main()
     finally:
+        forkserver.stop_server()
         shutil.rmtree(mine, ignore_errors=True)
+    # Done well: end without the interpreter's module-by-module teardown of torch (~0.4 CPU-seconds). A failure
+    # raises above and ends the ordinary way (torchrun's report, exit code 1).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

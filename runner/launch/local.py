@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ddp_runner.config.plan import Plan
+from ddp_runner.launch import forkserver
 from ddp_runner.launch.base import BaseLauncher
 
 LOOPBACK = "127.0.0.1"
@@ -25,8 +26,8 @@ def agent_prefix() -> list[str]:
 
 
 def worker_tail(run_url: str) -> list[str]:
-    """What torchrun runs on every rank."""
-    return ["--no-python", sys.executable, "-P", "-u", "-m", "ddp_runner.tasks", run_url]
+    """What torchrun runs on every rank (the agent runs it as forks of a preloaded server: forkserver.py)."""
+    return forkserver.worker_tail(run_url)
 
 
 def command(plan: Plan, launcher: Mapping[str, Any], run_url: str) -> list[str]:

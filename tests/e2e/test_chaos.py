@@ -55,9 +55,11 @@ def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
 
 
 def _rank_pid(procs: list[psutil.Process], rank: int) -> int | None:
+    """Rank ``rank``: a fork of torchrun's server named ``ddp-rank<R>`` (its DataLoader workers, its own forks,
+    carry the name too)."""
     for p in procs:
         try:
-            if "ddp_runner.tasks" in p.cmdline() and p.environ().get("RANK") == str(rank):
+            if p.name() == f"ddp-rank{rank}" and psutil.Process(p.ppid()).name() != p.name():
                 return p.pid
         except psutil.Error:
             continue

@@ -150,6 +150,20 @@ def _children(p: psutil.Process) -> list[psutil.Process]:
         return []
 
 
+def _ranks_under(torchrun: psutil.Process) -> list[psutil.Process]:
+    """The ranks: forks of torchrun's server, named ``ddp-rank<R>`` (their DataLoader workers, their own forks,
+    carry the name too)."""
+    found = []
+    for p in _children(torchrun):
+        for q in _children(p):
+            try:
+                if q.name().startswith("ddp-rank"):
+                    found.append(q)
+            except psutil.Error:
+                continue
+    return found
+
+
 def _exactly(n: int, procs: list[psutil.Process]) -> list[psutil.Process] | None:
     return procs if len(procs) == n else None
 
@@ -196,8 +210,8 @@ def launch(out_root: Path, tmp_path: Path) -> Iterator[tuple[Callable[..., Launc
         wait_for("both ranks' fact files", lambda: len(list(out_root.rglob("logs/rank*.json"))) == 2)
         me = psutil.Process(driver.pid)
         [torchrun] = wait_for("torchrun, the driver's child", lambda: _exactly(1, _children(me)))
-        ranks = wait_for("two ranks, torchrun's children", lambda: _exactly(2, _children(torchrun)))
-        tracked.extend([torchrun, *ranks])
+        ranks = wait_for("two ranks, forks of torchrun's server", lambda: _exactly(2, _ranks_under(torchrun)))
+        tracked.extend([torchrun, *_children(torchrun), *ranks])
         return Launch(driver, torchrun, ranks)
 
     try:

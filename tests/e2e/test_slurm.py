@@ -125,7 +125,7 @@ def test_scancel_mid_run_ends_every_rank_and_leaves_a_truthful_run_dir(slurm, ou
                                "train.log_every=1000", f"output.root={out_root}"], cwd=tempfile.gettempdir(),
                               env={**os.environ, **slurm}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for("both ranks to train", lambda: len(list(out_root.rglob("rank*.json"))) == 2)
+        wait_for("both ranks to train", lambda: len(list(out_root.rglob("logs/rank*.json"))) == 2)
         [run] = run_dirs(out_root)
         job_id = load_json(run / layout.SLURM_JOB)["job_id"]
         assert len(_procs_of(run)) >= 4, "the job's driver, two agents and two workers"
@@ -148,7 +148,7 @@ def test_ctrl_c_while_waiting_cancels_the_job(slurm, out_root):
                                "train.log_every=1000", f"output.root={out_root}"], cwd=tempfile.gettempdir(),
                               env={**os.environ, **slurm}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for("both ranks to train", lambda: len(list(out_root.rglob("rank*.json"))) == 2)
+        wait_for("both ranks to train", lambda: len(list(out_root.rglob("logs/rank*.json"))) == 2)
         [run] = run_dirs(out_root)
         driver.send_signal(signal.SIGINT)
         out, err = driver.communicate(timeout=120)

@@ -1,0 +1,133 @@
+"""torchrun's agent starts this package's ranks as forks of one server that has imported torch already.
+
+A rank started as a command (torchrun's SubprocessContext) is a fresh interpreter that imports torch and, through
+DDP's constructor, torch._dynamo: about 4 CPU-seconds per rank and launch, paid again by every rank of every run.
+torchrun also runs a *function* on every rank (MultiprocessContext, through ``torch.multiprocessing`` with start
+method ``forkserver``): then one server imports once per launch (``ddp_runner.tasks.preload``) and every rank is a
+fork of it, a single-threaded process that never touched CUDA.
+
+The agent keeps torchrun's own command line and machinery (rendezvous, restarts, health): when the command it is
+given is this package's worker (``--no-python <python> -P -u -m ddp_runner.tasks <run dir>``, the one every
+launcher writes), the same rank is handed to torchrun as the function ``ddp_runner.tasks.forked.rank``. Any other
+command runs as plain torchrun would run it, and ``python -m ddp_runner.tasks <run dir>`` still works on its own.
+
+Standard library only at import: the agent starts the server before it imports torch itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+# The worker's command after the interpreter, as every launcher writes it (runner/launch/local.py: worker_tail).
+WORKER_MODULE = "ddp_runner.tasks"
+WORKER_ARGS = ("-P", "-u", "-m", WORKER_MODULE)
+ENTRY = (f"{WORKER_MODULE}.forked", "rank")  # the rank as a function (module, name)
+PRELOAD = f"{WORKER_MODULE}.preload"  # what the server imports before it forks the first rank
+
+
+def worker_tail(run_url: str) -> list[str]:
+    """What torchrun runs on every rank: this package's worker, into ``run_url``."""
+    return ["--no-python", sys.executable, *WORKER_ARGS, run_url]
+
+
+def run_dir_of(argv: list[str]) -> str | None:
+    """The run directory when ``argv`` (torchrun's arguments) ends with this package's worker, else None."""
+    if len(argv) < 7 or argv[-7:] != worker_tail(argv[-1]):
+        return None
+    return argv[-1]
+
+
+def start_server() -> None:
+    """Start the forkserver now, preloading the worker's imports: it imports while the agent imports torch and
+    meets its peers. It inherits the agent's environment and file descriptors as they are now (the ranks set
+    their own variables: torchrun hands each its RANK, LOCAL_RANK… and the rank applies them before it runs)."""
+    import multiprocessing
+    import os
+    from multiprocessing import forkserver
+
+    from ddp_runner.contract import layout
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload([PRELOAD])
+    os.environ[layout.ENV_FORKSERVER] = "1"  # the server's alone (tasks/preload.py)
+    try:
+        forkserver.ensure_running()
+    finally:
+        del os.environ[layout.ENV_FORKSERVER]
+
+
+def stop_server(wait_s: float = 10.0) -> None:
+    """At the agent's end: close its end of the server's pipe and reap the server (its CPU time, and its ranks',
+    then count in this process's children as a command's ranks would), then run multiprocessing's own clean-up
+    (its temporary folder, which lies inside the agent's). The ranks closed their copies of the pipe, so the server
+    ends at once; should one not have (a rank stuck before it could), the agent does not wait past ``wait_s``."""
+    import os
+    import time
+    from multiprocessing import forkserver, util
+
+    server = forkserver._forkserver
+    if server._forkserver_pid is not None:
+        os.close(server._forkserver_alive_fd)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and os.waitpid(server._forkserver_pid, os.WNOHANG)[0] == 0:
+            time.sleep(0.02)
+        server._forkserver_pid = server._forkserver_alive_fd = None
+    util._run_finalizers()
+
+
+def install() -> None:
+    """Make torchrun (imported from here on) run this package's worker as forked ranks; other commands as ever."""
+    import torch.distributed.elastic.multiprocessing as elastic_mp
+    import torch.distributed.run as torchrun
+
+    original = torchrun.config_from_args
+
+    def config_from_args(args: Any) -> tuple[Any, Any, list[str]]:
+        config, cmd, cmd_args = original(args)
+        if cmd != sys.executable or tuple(cmd_args[:-1]) != WORKER_ARGS or len(cmd_args) != len(WORKER_ARGS) + 1:
+            return config, cmd, cmd_args
+        config.start_method = "forkserver"
+        entry = getattr(importlib.import_module(ENTRY[0]), ENTRY[1])
+        entry.__name__ = WORKER_MODULE  # torchrun's failure report names it as it named the command
+        return config, entry, [cmd_args[-1]]
+
+    torchrun.config_from_args = config_from_args
+    elastic_mp.MultiprocessContext = _every_rank_context(elastic_mp.MultiprocessContext)
+
+
+def _every_rank_context(base: type) -> type:
+    """torchrun's MultiprocessContext, reporting every rank that failed as its SubprocessContext does.
+
+    On a failure MultiprocessContext stops the other ranks (SIGTERM; SIGKILL after 30 s) but reports only the
+    first; the driver reads each rank's exit code from torchrun's failure report (runner/launch/finalize.py), so
+    the ranks that the stop ended with a non-zero code are added, as SubprocessContext would list them."""
+    import logging
+
+    from torch.distributed.elastic.multiprocessing import api
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    logging.getLogger(api.__name__).addFilter(_without_join_traceback)
+
+    class EveryRankContext(base):  # type: ignore[misc, valid-type]
+        def _poll(self) -> Any:
+            result = super()._poll()
+            if result is None or not result.failures or self._pc is None:
+                return result
+            for local_rank, proc in enumerate(self._pc.processes):
+                code = proc.exitcode
+                if local_rank not in result.failures and code not in (0, None):
+                    result.failures[local_rank] = ProcessFailure(local_rank=local_rank, pid=proc.pid, exitcode=code,
+                                                                 error_file=self.error_files[local_rank])
+            return result
+
+    EveryRankContext.__name__ = EveryRankContext.__qualname__ = base.__name__
+    return EveryRankContext
+
+
+def _without_join_traceback(record: Any) -> bool:
+    """MultiprocessContext logs a rank's failure with the traceback of torch's own join (which says nothing the
+    line does not); SubprocessContext logs the line alone, and so does this agent."""
+    if str(record.msg).startswith("failed (exitcode"):
+        record.exc_info, record.exc_text = None, None
+    return True
