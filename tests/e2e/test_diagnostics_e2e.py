@@ -28,12 +28,18 @@ WATCHDOG_S = 5
 COMMON = ["device=cpu", "world_size=2", "train.max_steps=6", f"watchdog.timeout_s={WATCHDOG_S}", "timeout_s=90"]
 
 
+# The run's own processes: torchrun's agent, the ranks' server and the ranks (not a report that reads the run: the
+# shared failed run is also read by test_compare_e2e's ddp-compare, perhaps at the same time on another worker).
+OWN = ("ddp_runner.launch.agent", "torch.distributed.run", "ddp_runner.tasks")
+
+
 def _procs_of(run: Path) -> list[psutil.Process]:
     """Processes (torchrun, ranks) still working for ``run``."""
     found = []
     for p in psutil.process_iter(["cmdline", "environ"]):
         try:
-            if any(str(run) in part for part in (p.info["cmdline"] or [])) or \
+            cmdline = p.info["cmdline"] or []
+            if (any(str(run) in part for part in cmdline) and any(o in " ".join(cmdline) for o in OWN)) or \
                     str(run) in (p.info["environ"] or {}).get(layout.ENV_RUN_DIR, ""):
                 found.append(p)
         except psutil.Error:

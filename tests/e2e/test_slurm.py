@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -161,6 +162,14 @@ def test_ctrl_c_while_waiting_cancels_the_job(slurm, out_root):
     wait_for("every rank to end", lambda: _procs_of(run) == [], timeout=30)
 
 
+def _start_requeued_now(job_id: str, env: dict[str, str]) -> None:
+    """Lift the hold Slurm puts on a requeued job (two minutes: EligibleTime), which a test need not wait for.
+    Not in the second of the requeue: slurmd revoked the old attempt's credential then, and refuses ("Job
+    credential revoked", the job FAILED) a new one stamped in the same second on the same node."""
+    time.sleep(2)
+    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env, check=True, timeout=60)
+
+
 def _requeued_job_completes(run: Path, job_id: str, env: dict[str, str]) -> dict[str, Any]:
     """The requeued job's summary once it completed: a whole job again (allocation, start-up), minutes when the
     machine is busy. On a time-out, what Slurm says of the job and the run's status, to tell a slow cluster
@@ -190,7 +199,7 @@ def test_a_requeued_job_resumes_from_its_checkpoint(slurm, out_root):
     # Slurm holds a requeued job for two minutes (EligibleTime); a test need not wait for that.
     wait_for("the job to be requeued", lambda: "JobState=PENDING" in subprocess.run(
         ["scontrol", "show", "job", job_id], env=env, capture_output=True, text=True, timeout=60).stdout)
-    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env, check=True, timeout=60)
+    _start_requeued_now(job_id, env)
     summary = _requeued_job_completes(run, job_id, env)
     assert summary["steps"] == 8
     manifest = load_json(run / "run.json")
@@ -219,7 +228,7 @@ def test_the_warning_signal_saves_and_the_job_requeues_itself(slurm, out_root):
     assert manifest["status"] == "preempted", manifest["status"]
     stopped = load_json(run / layout.rank_facts(0))["stopped"]
     assert (run / "checkpoints" / stopped["checkpoint"] / "meta.json").exists() and stopped["step"] < 30
-    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env, check=True, timeout=60)
+    _start_requeued_now(job_id, env)
     summary = _requeued_job_completes(run, job_id, env)
     assert summary["steps"] == 30 and summary["resumed_from"].endswith(stopped["checkpoint"])
     assert len(summary["losses"]) == 30 and run_dirs(out_root) == [run]
