@@ -242,14 +242,19 @@ GPT_DROPOUT_STEPS = 16
 @pytest.fixture(scope="session")
 def gpt_dropout_reference(tmp_path_factory: pytest.TempPathFactory, text_file: Path) -> Path:
     """One uninterrupted run of :func:`gpt_dropout_args` (test_resume.py, test_guards_e2e.py read it)."""
+    return _uninterrupted_gpt_run(tmp_path_factory, "gpt-dropout", gpt_dropout_args(text_file))
+
+
+def _uninterrupted_gpt_run(tmp_path_factory: pytest.TempPathFactory, name: str, args: list[str]) -> Path:
+    """The shared run ``name`` of ``args``: completed, all GPT_DROPOUT_STEPS steps."""
     def make(root: Path) -> Path:
-        r = ddp_run(gpt_dropout_args(text_file), root)
+        r = ddp_run(args, root)
         assert r.returncode == 0, r.stdout + r.stderr
         [run] = run_dirs(root)
         assert load_json(run / "summary.json")["steps"] == GPT_DROPOUT_STEPS
         return run
 
-    return shared_run(tmp_path_factory, "gpt-dropout", make)
+    return shared_run(tmp_path_factory, name, make)
 
 
 @pytest.fixture
@@ -297,14 +302,7 @@ def gpt_fsdp_args(text_file: Path) -> list[str]:
 def gpt_fsdp_reference(tmp_path_factory: pytest.TempPathFactory, text_file: Path) -> Path:
     """One uninterrupted run of :func:`gpt_fsdp_args` (test_stops.py's SIGINT under fsdp and test_strategies.py's
     SIGKILL under fsdp resume to it)."""
-    def make(root: Path) -> Path:
-        r = ddp_run(gpt_fsdp_args(text_file), root)
-        assert r.returncode == 0, r.stdout + r.stderr
-        [run] = run_dirs(root)
-        assert load_json(run / "summary.json")["steps"] == GPT_DROPOUT_STEPS
-        return run
-
-    return shared_run(tmp_path_factory, "gpt-fsdp-bf16", make)
+    return _uninterrupted_gpt_run(tmp_path_factory, "gpt-fsdp-bf16", gpt_fsdp_args(text_file))
 
 
 # Files whose tests share a module-scoped launched run: on one worker, so that the run is made once (split over two
