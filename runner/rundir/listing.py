@@ -1,6 +1,6 @@
 """The runs and sweeps under an output root, read for ``ddp-runs`` (runner/report/runs.py renders them).
 
-Reads only what the run tree holds (run.json, summary.json, config.yaml, rank 0's progress record, and, for a run
+Reads only what the run tree holds (run.json, summary.json, config.yaml, the ranks' progress records, and, for a run
 that has no final figures, rank 0's TensorBoard events), on any fsspec filesystem. Statuses are the ones a reader
 should believe (runner/rundir/status.py): a ``running`` run whose driver is gone reads as ``lost``. A directory that
 is damaged or not a run directory is skipped with a note, never a traceback.
@@ -198,6 +198,25 @@ def _read_json(fs: Any, path: str) -> Any:
         return None
 
 
+def _step_reached(fs: Any, path: str, world_size: Any) -> int | None:
+    """The furthest optimizer step in the ranks' progress records, however the run ended. Every rank's: a rank
+    stopped by a peer's failure can be killed before it records the step that peer finished with it."""
+    ranks = range(world_size if isinstance(world_size, int) and world_size > 0 else 1)
+    try:
+        got = fs.cat([layout.join(path, layout.rank_progress(r)) for r in ranks], on_error="omit")
+    except (ValueError, OSError):
+        return None
+    steps = []
+    for data in got.values():
+        try:
+            step = json.loads(data).get("step") if isinstance(data, bytes) else None
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(step, int):
+            steps.append(step)
+    return max(steps, default=None)
+
+
 def _max_steps(fs: Any, path: str) -> int | None:
     """``train.max_steps`` from config.yaml (None when training is by epochs, or unreadable)."""
     import yaml
@@ -239,12 +258,9 @@ def read_run(fs: Any, path: str, name: str, url: str | None = None, now: float |
     elif "last_loss" not in figures:
         figures = {**live_figures(_tb_last(fs, path)), **figures}
     if "step" not in figures or row.status != layout.STATUS_COMPLETED:
-        try:  # rank 0's progress record: the step it reached, however it ended
-            progress = _read_json(fs, layout.join(path, layout.rank_progress(0))) or {}
-            if isinstance(progress.get("step"), int) and progress["step"] >= figures.get("step", 0):
-                figures["step"] = progress["step"]
-        except (ValueError, OSError):
-            pass
+        reached = _step_reached(fs, path, plan.get("world_size"))
+        if reached is not None and reached >= figures.get("step", 0):
+            figures["step"] = reached
     for k, v in figures.items():
         setattr(row, k, v)
     if row.status == layout.STATUS_COMPLETED and row.max_steps is None:

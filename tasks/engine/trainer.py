@@ -777,6 +777,7 @@ def run(run_dir: str, local_dir: str, console: IO[str] | None) -> None:
     except BaseException as exc:  # noqa: B036 - the time of any failure, before the teardown below
         failed = True
         worker_io.mark_failure_time(exc)
+        heartbeat.flush()  # the step this rank reached: its peers may be killed before they record theirs
         # Recorded before the teardown too (tasks/__main__.py writes the same record again): should the teardown
         # ever wait on a peer, the driver still learns what failed here.
         worker_io.record_error(local_dir, ctx.rank, exc)

@@ -248,3 +248,16 @@ def test_a_continued_run_reads_as_running_with_its_live_figures(tmp_path: Path) 
     [row] = listing.scan(str(tmp_path / "outputs"), NOW).rows
     assert (row.status, row.step) == ("running", 6)
     assert compare.load_run(run).status == "running"
+
+
+def test_a_failed_run_is_listed_at_the_furthest_step_any_rank_recorded(tmp_path: Path) -> None:
+    # Rank 1 raised after its step 3; its peer was stopped before it recorded step 3 (it was still in its optimizer
+    # step when the agent killed it). The run reached step 3; rank 0's record alone would say 2.
+    run = _run(tmp_path, "11-00-00_smoke_w2", _manifest("failed"), {"status": "failed"}, step=2)
+    (run / layout.rank_progress(1)).write_text(json.dumps({"rank": 1, "step": 3, "phase": "step_end"}))
+    (run / layout.rank_progress(2)).write_text("{cut sho")  # not a rank of this plan, and unreadable: not read
+    [row] = listing.scan(str(run), NOW).rows
+    assert (row.status, row.step) == ("failed", 3)
+    (run / layout.rank_progress(1)).write_text("{cut sho")  # a record cut short is skipped, not a traceback
+    [row] = listing.scan(str(run), NOW).rows
+    assert row.step == 2
