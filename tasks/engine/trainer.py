@@ -445,7 +445,8 @@ class Trainer:
             self.checkpoints.wait()
         name = f"step_{self.state.step}"
         self.stopped = {"step": self.state.step, "signal": signum, "checkpoint": name,
-                        "save_s": round(time.monotonic() - t0, 3)}
+                        "save_s": round(time.monotonic() - t0, 3),
+                        "signal_after_step": termination.requested_after()}
         self._say(f"stop: signal {signum}: every rank stopped after step {self.state.step};"
                   f" checkpoint {name} committed in {time.monotonic() - t0:.2f} s")
 

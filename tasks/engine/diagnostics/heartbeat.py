@@ -26,6 +26,7 @@ import time
 from typing import IO, Any
 
 from ddp_runner.contract import layout
+from ddp_runner.tasks.engine.diagnostics import termination
 
 WRITE_EVERY_S = 1.0
 
@@ -128,13 +129,12 @@ def start(local_dir: str, rank: int, start_step: int, enabled: bool, nccl: bool 
     """
     global _writer, _stack_file, _step
     _step = start_step
+    termination.track_steps(lambda: _step)
     with contextlib.suppress(OSError, ValueError):
         _stack_file = open(os.path.join(local_dir, layout.rank_stack(rank)), "w")
         faulthandler.register(signal.SIGUSR1, file=_stack_file, all_threads=True, chain=False)
     if not enabled or _writer is not None:
         return
-    from ddp_runner.tasks.engine.diagnostics import termination
-
     termination.on_terminate(_terminated)
     _writer = _Writer(local_dir, rank, start_step, nccl)
     with contextlib.suppress(OSError):

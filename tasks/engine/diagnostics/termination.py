@@ -44,15 +44,28 @@ _work_lock = threading.Lock()
 _owner_pid: int | None = None
 _stop_signals: set[int] = {signal.SIGTERM}
 _requested = 0                       # the stop signal that came (0: none)
+_requested_after: int | None = None  # the optimizer steps this rank had done when it came
 _accepting = threading.Event()       # the training loop runs and takes stops at step boundaries
 _taken = threading.Event()           # the ranks agreed to stop: the checkpoint on stop is under way
 _done = threading.Event()            # the checkpoint on stop is committed: the process ends by itself
 _grace = [GRACE_S]
+_steps_done: Callable[[], int | None] = lambda: None  # noqa: E731 - until the heartbeat tracks the steps
 
 
 def requested() -> int:
     """The stop signal this process received (SIGTERM, or the pre-emption signal), 0 when none."""
     return _requested
+
+
+def track_steps(steps_done: Callable[[], int]) -> None:
+    """Where a stop signal finds this rank: ``steps_done()`` is read when one comes (see :func:`requested_after`)."""
+    global _steps_done
+    _steps_done = steps_done
+
+
+def requested_after() -> int | None:
+    """The optimizer steps this rank had finished when its stop signal came (None: no signal came)."""
+    return _requested_after
 
 
 def accept_stops(on: bool) -> None:
@@ -157,10 +170,11 @@ def _run_work(grace_s: float, why: str) -> None:
 
 
 def _watch(fd: int) -> None:
-    global _requested
+    global _requested, _requested_after
     signum = 0
     while not signum:  # the wakeup fd carries every handled signal's number
         signum = next((b for b in os.read(fd, 64) if b in _stop_signals), 0)
+    _requested_after = _steps_done()
     _requested = signum
     grace_s = _grace[0]
     t0 = time.monotonic()
