@@ -1,6 +1,8 @@
-"""Imported once per launch by the forkserver of torchrun's agent (runner/launch/forkserver.py), before it forks
-the ranks: what every rank would otherwise import itself, about 4 CPU-seconds each (torch, and torch._dynamo,
-which DDP's constructor imports), and the engine.
+"""Imported once per launch by torchrun's agent, which then forks the server that forks the ranks
+(runner/launch/forkserver.py): what every rank would otherwise import itself, about 4 CPU-seconds each (torch, and
+torch._dynamo, which DDP's constructor imports), and the engine. The agent imports torch for itself anyway; the
+server, a fork of it, imports nothing more. (Where Python's forkserver differs from the one that fork relies on,
+the server is started as multiprocessing starts it, a fresh interpreter that imports this module.)
 
 Importing is all it does. Nothing imported here may initialise CUDA: a CUDA context, or the CUDA driver that a
 device count or ``torch.cuda.is_available()`` initialises, does not survive a fork, and every rank on a GPU host
@@ -10,8 +12,9 @@ calling thread; libgomp's thread pool does not survive one). tests/integration/t
 Module state computed at import from the clock or the environment is the server's; tasks/forked.py renews it in
 each rank.
 
-The rest prepares the server for forking, in the server alone (``DDP_RUNNER_FORKSERVER``, which its ranks do not
-inherit): a test that imports this module gets the imports only.
+The rest prepares the server for forking, in the server alone (:func:`become_server` in the forked server; at
+import in a spawned one, which ``DDP_RUNNER_FORKSERVER=1`` marks and its ranks do not inherit): a test that imports
+this module gets the imports only.
 
 An import that fails here is left to the rank, which imports the module again and reports the error in its own
 log, as a rank started as a command would.
@@ -41,6 +44,17 @@ def _end_server() -> None:
         os._exit(0)
 
 
+def become_server() -> None:
+    """In the server that the agent forked after importing this module: prepare it for forking ranks (the
+    imports are done; :func:`_end_server` applies to this process, not the agent)."""
+    global _SERVER
+    import tempfile
+
+    _SERVER = os.getpid()
+    tempfile.tempdir = None  # the agent's private folder: the ranks keep the user's TMPDIR (and compile caches)
+    _prepare_server()
+
+
 def _prepare_server() -> None:
     # A SIGTERM to the whole process group or Slurm step (scancel) is for the agent and the ranks, which save a
     # checkpoint on it: the server's death would SIGKILL the ranks (their parent-death signal) before they could.
@@ -54,8 +68,8 @@ def _prepare_server() -> None:
 
 
 def _tell_the_bar() -> None:
-    """Under the driver's live bar, say what the start-up is doing while the server imports for every rank (a
-    forked rank 0 starts with its imports done)."""
+    """Under the driver's live bar, say what the start-up is doing while the agent (or a spawned server) imports
+    for every rank (a forked rank 0 starts with its imports done)."""
     path = os.environ.get(layout.ENV_CONSOLE_RECORDS)
     local = os.environ.get(layout.ENV_LOCAL_DIR) or os.environ.get(layout.ENV_RUN_DIR)
     if not path or not (os.path.isabs(path) or local):
@@ -67,8 +81,9 @@ def _tell_the_bar() -> None:
     console.close()
 
 
-_IS_SERVER = os.environ.pop(layout.ENV_FORKSERVER, None) == "1"
-if _IS_SERVER:
+_ROLE = os.environ.pop(layout.ENV_FORKSERVER, None)
+_IS_SERVER = _ROLE == layout.FORKSERVER_SPAWNED
+if _ROLE in (layout.FORKSERVER_SPAWNED, layout.FORKSERVER_AGENT):
     try:
         _tell_the_bar()
     except OSError:  # the bar only

@@ -90,9 +90,12 @@ MANIFEST_MEMORY_PLAN = "memory_plan"
 # Test-only: seconds between the driver's heartbeats in run.json (default runner/rundir/status.py HEARTBEAT_S).
 ENV_HEARTBEAT_S = "DDP_RUNNER_HEARTBEAT_S"
 
-# Set in the environment of the forkserver that torchrun's agent starts (runner/launch/forkserver.py) and nowhere
-# else: tasks/preload.py prepares that process for forking ranks only there (not in a test that imports it).
+# Set while torchrun's agent imports tasks/preload.py before it forks the ranks' server ("agent"), or in the
+# environment of a server started as a fresh interpreter ("1"), and nowhere else (runner/launch/forkserver.py):
+# tasks/preload.py says what the start-up does there, and prepares a spawned server for forking ranks (not a test
+# that imports it).
 ENV_FORKSERVER = "DDP_RUNNER_FORKSERVER"
+FORKSERVER_AGENT, FORKSERVER_SPAWNED = "agent", "1"
 
 # A live terminal (runner/launch/live.py): the driver draws rank 0's progress; rank 0 then writes its console as
 # JSON lines into this file (tasks/engine/progress.py) instead of onto the user's terminal. The env var holds the

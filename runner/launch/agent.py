@@ -3,7 +3,8 @@
 
 The same program as ``python -m torch.distributed.run`` (every option is torchrun's own); only the stores it
 creates listen on one address instead of every interface (``runner/contract/netbind.py``), and this package's
-worker runs as forks of one server that imported torch once (``runner/launch/forkserver.py``).
+worker runs as forks of one server, itself a fork of this process after it imported torch and the engine
+(``runner/launch/forkserver.py``).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def main() -> None:
     tempfile.tempdir = mine
     try:
         if forkserver.run_dir_of(sys.argv[1:]) is not None:
-            forkserver.start_server()  # it imports torch for the ranks while this process imports it for itself
+            forkserver.start_server()  # imports torch and the engine here once, then forks the ranks' server
         netbind.install()
         forkserver.install()
         from torch.distributed.run import main as torchrun_main

@@ -11,7 +11,7 @@ given is this package's worker (``--no-python <python> -P -u -m ddp_runner.tasks
 launcher writes), the same rank is handed to torchrun as the function ``ddp_runner.tasks.forked.rank``. Any other
 command runs as plain torchrun would run it, and ``python -m ddp_runner.tasks <run dir>`` still works on its own.
 
-Standard library only at import: the agent starts the server before it imports torch itself.
+Standard library only at import: the agent imports torch through the worker's modules (start_server).
 """
 
 from __future__ import annotations
@@ -40,21 +40,84 @@ def run_dir_of(argv: list[str]) -> str | None:
 
 
 def start_server() -> None:
-    """Start the forkserver now, preloading the worker's imports: it imports while the agent imports torch and
-    meets its peers. It inherits the agent's environment and file descriptors as they are now (the ranks set
-    their own variables: torchrun hands each its RANK, LOCAL_RANK… and the rank applies them before it runs)."""
+    """Import the worker's modules here (torch among them, which this agent imports for itself anyway), then fork
+    the forkserver from this process: it starts with every import done, and the ranks are forks of it. It inherits
+    the agent's environment and file descriptors as they are now (the ranks set their own variables: torchrun
+    hands each its RANK, LOCAL_RANK… and the rank applies them before it runs).
+
+    Where this Python's forkserver is not the one :func:`_fork_server` knows, the server is started as
+    multiprocessing starts it (a fresh interpreter that imports the modules while the agent imports torch)."""
     import multiprocessing
     import os
     from multiprocessing import forkserver
 
     from ddp_runner.contract import layout
 
+    if _forkable(forkserver):
+        os.environ[layout.ENV_FORKSERVER] = layout.FORKSERVER_AGENT  # tasks/preload.py pops it
+        preload = importlib.import_module(PRELOAD)
+        _fork_server(forkserver, preload.become_server)
+        return
     multiprocessing.get_context("forkserver").set_forkserver_preload([PRELOAD])
-    os.environ[layout.ENV_FORKSERVER] = "1"  # the server's alone (tasks/preload.py)
+    os.environ[layout.ENV_FORKSERVER] = layout.FORKSERVER_SPAWNED  # the server's alone (tasks/preload.py)
     try:
         forkserver.ensure_running()
     finally:
-        del os.environ[layout.ENV_FORKSERVER]
+        os.environ.pop(layout.ENV_FORKSERVER, None)
+
+
+# The signature of multiprocessing.forkserver.main that _fork_server calls (Python 3.9-3.13; 3.14 adds a key).
+_MAIN_PARAMETERS = ("listener_fd", "alive_r", "preload", "main_path", "sys_path")
+
+
+def _forkable(forkserver: Any) -> bool:
+    """Whether this Python's forkserver is the one :func:`_fork_server` reproduces."""
+    import inspect
+
+    server = getattr(forkserver, "_forkserver", None)
+    try:
+        parameters = tuple(inspect.signature(forkserver.main).parameters)
+    except (TypeError, ValueError):
+        return False
+    return parameters == _MAIN_PARAMETERS and server is not None and server._forkserver_pid is None and all(
+        hasattr(server, a) for a in ("_forkserver_address", "_forkserver_alive_fd", "_lock"))
+
+
+def _fork_server(forkserver: Any, become_server: Any) -> None:
+    """What ``forkserver.ensure_running()`` does, with ``os.fork()`` in place of a fresh interpreter: the listening
+    socket, the pipe whose closing tells the server that this process is gone, and the server's loop."""
+    import os
+    import socket
+    import sys
+    import traceback
+    from multiprocessing import connection, resource_tracker, util
+
+    server = forkserver._forkserver
+    with server._lock:
+        resource_tracker.ensure_running()
+        with socket.socket(socket.AF_UNIX) as listener:
+            address = connection.arbitrary_address("AF_UNIX")
+            listener.bind(address)
+            if not util.is_abstract_socket_namespace(address):
+                os.chmod(address, 0o600)
+            listener.listen()
+            alive_r, alive_w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the server: never returns into the agent's code
+                code = 1
+                try:
+                    os.close(alive_w)
+                    become_server()
+                    forkserver.main(listener.fileno(), alive_r, [])
+                except SystemExit as exc:  # its loop ends so when the agent is gone
+                    code = exc.code if isinstance(exc.code, int) else 0
+                except BaseException:  # noqa: BLE001 - said on stderr; the ranks then fail to start
+                    traceback.print_exc()
+                finally:
+                    sys.stderr.flush()
+                    os._exit(code)
+            os.close(alive_r)
+            server._forkserver_address, server._forkserver_alive_fd, server._forkserver_pid = address, alive_w, pid
 
 
 def stop_server(wait_s: float = 10.0) -> None:

@@ -32,31 +32,46 @@ for name in ("is_available", "device_count", "init", "_lazy_init", "current_devi
              "get_device_properties", "get_device_capability", "get_device_name", "synchronize", "mem_get_info"):
     setattr(torch.cuda, name, spy(name, getattr(torch.cuda, name)))
 import ddp_runner.tasks.preload as preload
-print(json.dumps({"calls": calls, "initialized": torch.cuda.is_initialized(),
-                  "threads": threading.active_count(), "tasks": len(os.listdir("/proc/self/task")),
-                  "missing": [m for m in preload.MODULES if m not in sys.modules], "frozen": gc.get_freeze_count(),
-                  "sigterm_ignored": signal.getsignal(signal.SIGTERM) == signal.SIG_IGN,
-                  "marker_left": "DDP_RUNNER_FORKSERVER" in os.environ}), flush=True)
+agent = {"calls": calls, "initialized": torch.cuda.is_initialized(), "threads": threading.active_count(),
+         "tasks": len(os.listdir("/proc/self/task")),
+         "missing": [m for m in preload.MODULES if m not in sys.modules], "frozen": gc.get_freeze_count(),
+         "sigterm_ignored": signal.getsignal(signal.SIGTERM) == signal.SIG_IGN,
+         "marker_left": "DDP_RUNNER_FORKSERVER" in os.environ}
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:  # what the agent's fork of the server does first (runner/launch/forkserver.py)
+    preload.become_server()
+    os.write(w, json.dumps({"frozen": gc.get_freeze_count(), "pid_is_server": preload._SERVER == os.getpid(),
+                            "sigterm_ignored": signal.getsignal(signal.SIGTERM) == signal.SIG_IGN}).encode())
+    os._exit(0)
+os.close(w)
+server = json.loads(os.read(r, 65536))
+os.waitpid(pid, 0)
+print(json.dumps({"agent": agent, "server": server}), flush=True)
 """
 
 
 def test_the_preload_initialises_no_cuda_and_starts_no_thread() -> None:
-    """The server forks every rank: a CUDA context (or the CUDA driver, which a device count initialises) made
-    before the fork is unusable in the ranks on a GPU host ("Cannot re-initialize CUDA in forked subprocess"), and a
-    fork copies only the calling thread. With the driver's OMP_NUM_THREADS=1 (BLAS keeps no pool of its own then),
-    the server is one thread. On a GPU host ``initialized`` is the real CUDA state; on any host the spies see any
-    call of the preload into torch.cuda's device queries."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", layout.ENV_FORKSERVER: "1"}  # as the agent starts the server
+    """The agent imports the preload, then forks the server that forks every rank: a CUDA context (or the CUDA
+    driver, which a device count initialises) made before the fork is unusable in the ranks on a GPU host ("Cannot
+    re-initialize CUDA in forked subprocess"), and a fork copies only the calling thread. On a GPU host
+    ``initialized`` is the real CUDA state; on any host the spies see any call of the preload into torch.cuda's
+    device queries. The agent itself stays as it was (no frozen heap, SIGTERM its own); the server, once it
+    became one, has its heap frozen and ignores SIGTERM."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", layout.ENV_FORKSERVER: layout.FORKSERVER_AGENT}  # as the agent
     out = subprocess.run([sys.executable, "-P", "-c", _PRELOAD_PROBE], env=env, capture_output=True, text=True,
                          timeout=300)
-    assert out.stdout.strip(), out.stderr  # (the server's exit code is always 0: it ends without teardown)
+    assert out.returncode == 0 and out.stdout.strip(), out.stderr
     seen = json.loads(out.stdout.strip().splitlines()[-1])
-    assert seen["missing"] == [], "every module of the preload imported (a failed one would hide what it does)"
-    assert seen["calls"] == [] and seen["initialized"] is False, seen
-    assert seen["threads"] == 1 and seen["tasks"] == 1, seen
-    assert seen["frozen"] > 0, "the preloaded heap is frozen (the ranks' collections leave its pages shared)"
-    assert seen["sigterm_ignored"], "a SIGTERM to the process group is for the ranks, not the server"
-    assert not seen["marker_left"], "the ranks do not inherit the server's marker"
+    agent, server = seen["agent"], seen["server"]
+    assert agent["missing"] == [], "every module of the preload imported (a failed one would hide what it does)"
+    assert agent["calls"] == [] and agent["initialized"] is False, agent
+    assert agent["threads"] == 1 and agent["tasks"] == 1, agent  # with the driver's OMP_NUM_THREADS=1 (no pool)
+    assert agent["frozen"] == 0 and not agent["sigterm_ignored"], "the agent is not prepared as a server"
+    assert not agent["marker_left"], "the ranks do not inherit the marker"
+    assert server["frozen"] > 0, "the preloaded heap is frozen (the ranks' collections leave its pages shared)"
+    assert server["sigterm_ignored"], "a SIGTERM to the process group is for the ranks, not the server"
+    assert server["pid_is_server"], "the server's exit skips the teardown; the agent's and a rank's do not"
 
 
 @pytest.fixture
