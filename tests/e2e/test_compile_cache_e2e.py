@@ -1,6 +1,9 @@
 """The compile cache every run under one output root shares (tasks/engine/compile_cache.py), through the CLI with
 inductor on the CPU: a sweep's 2-rank job hits every entry its 1-rank job compiled. (train.compile_scope=blocks
-is checked in process with a recording backend: tests/unit/test_compile_scope.py.)"""
+is checked in process with a recording backend: tests/unit/test_compile_scope.py.)
+
+The smoke task's Linear and MSE loss: a forward and a backward graph of a few C++ kernels (each kernel a C++
+compile of up to seconds of CPU; the 1-layer GPT's graphs have several times as many)."""
 
 from __future__ import annotations
 
@@ -19,9 +22,8 @@ def test_the_two_rank_job_of_a_sweep_hits_every_entry_of_the_one_rank_jobs_cache
     for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):  # set by inductor in this process, maybe
         monkeypatch.delenv(var, raising=False)
     root = tmp_path / "outputs"
-    args = ["task=gpt", "task.model.layers=1", "device=cpu", "batch.global=16", "batch.per_rank=4",
-            "train.compile=true", "train.ddp_split_graph=false", "train.max_steps=2", "train.val_every=0",
-            "data.val_fraction=0.002", "checkpoint.async_save=false"]
+    args = ["task=smoke", "device=cpu", "batch.global=16", "batch.per_rank=4", "train.compile=true",
+            "train.ddp_split_graph=false", "train.max_steps=2", "train.val_every=0", "checkpoint.async_save=false"]
     cache = root / layout.COMPILE_CACHE
     for w in (1, 2):
         r = ddp_run([*args, f"world_size={w}"], root, timeout=600)

@@ -89,13 +89,18 @@ def _make_venv(base: Path) -> Path:
     wheels = list(dist.glob("ddp_runner-*.whl"))
     assert len(wheels) == 1, wheels
     env = base / "venv"
-    _run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", str(env)], cwd=base)
+    # Without a pip of its own: ensurepip would install (and byte-compile) one for ~5 CPU-seconds; this suite's pip
+    # installs into it instead (--python), as the venv's own would.
+    _run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip", str(env)], cwd=base)
     # The torch of this suite first (the CPU wheel here), so that the wheel's `torch>=…` is already met and nothing
-    # pulls a CUDA build. --no-compile: pip would byte-compile every module it installs, most of which no test
-    # imports (Python compiles the imported ones on first use).
+    # pulls a CUDA build: the venv's interpreter must find torch's package and its metadata (importing it is
+    # proven by every run below). --no-compile: pip would byte-compile every module it installs, most of which no
+    # test imports (Python compiles the imported ones on first use).
     _share_torch(env, base)
-    _run([str(env / "bin/python"), "-c", "import torch"], cwd=base)
-    _run([str(env / "bin/pip"), "install", "-q", "--no-compile", str(wheels[0])], cwd=base)
+    _run([str(env / "bin/python"), "-c", "import importlib.metadata as m, importlib.util as u; "
+          "assert u.find_spec('torch'), 'torch not found'; print(m.version('torch'))"], cwd=base)
+    _run([sys.executable, "-m", "pip", "--python", str(env / "bin/python"), "install", "-q", "--no-compile",
+          str(wheels[0])], cwd=base)
     return env
 
 
