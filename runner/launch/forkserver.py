@@ -93,31 +93,33 @@ def _fork_server(forkserver: Any, become_server: Any) -> None:
     from multiprocessing import connection, resource_tracker, util
 
     server = forkserver._forkserver
+    # No lock is held across the fork: the server and every rank would inherit it locked (a rank's own use of the
+    # forkserver, a DataLoader's workers, then waits forever). This process has no other thread yet to race with.
+    resource_tracker.ensure_running()
+    with socket.socket(socket.AF_UNIX) as listener:
+        address = connection.arbitrary_address("AF_UNIX")
+        listener.bind(address)
+        if not util.is_abstract_socket_namespace(address):
+            os.chmod(address, 0o600)
+        listener.listen()
+        alive_r, alive_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the server: never returns into the agent's code
+            code = 1
+            try:
+                os.close(alive_w)
+                become_server()
+                forkserver.main(listener.fileno(), alive_r, [])
+            except SystemExit as exc:  # its loop ends so when the agent is gone
+                code = exc.code if isinstance(exc.code, int) else 0
+            except BaseException:  # noqa: BLE001 - said on stderr; the ranks then fail to start
+                traceback.print_exc()
+            finally:
+                sys.stderr.flush()
+                os._exit(code)
+        os.close(alive_r)
     with server._lock:
-        resource_tracker.ensure_running()
-        with socket.socket(socket.AF_UNIX) as listener:
-            address = connection.arbitrary_address("AF_UNIX")
-            listener.bind(address)
-            if not util.is_abstract_socket_namespace(address):
-                os.chmod(address, 0o600)
-            listener.listen()
-            alive_r, alive_w = os.pipe()
-            pid = os.fork()
-            if pid == 0:  # the server: never returns into the agent's code
-                code = 1
-                try:
-                    os.close(alive_w)
-                    become_server()
-                    forkserver.main(listener.fileno(), alive_r, [])
-                except SystemExit as exc:  # its loop ends so when the agent is gone
-                    code = exc.code if isinstance(exc.code, int) else 0
-                except BaseException:  # noqa: BLE001 - said on stderr; the ranks then fail to start
-                    traceback.print_exc()
-                finally:
-                    sys.stderr.flush()
-                    os._exit(code)
-            os.close(alive_r)
-            server._forkserver_address, server._forkserver_alive_fd, server._forkserver_pid = address, alive_w, pid
+        server._forkserver_address, server._forkserver_alive_fd, server._forkserver_pid = address, alive_w, pid
 
 
 def stop_server(wait_s: float = 10.0) -> None:

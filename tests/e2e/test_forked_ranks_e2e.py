@@ -1,8 +1,9 @@
 """Ranks forked from the agent's preloaded server, through the real CLI (one launch): the process tree is driver →
 torchrun's agent → the server → the ranks (named ``ddp-rank<R>``, the pids their fact files give), each with its
-own RANK; and when the agent is SIGKILLed while the driver cannot help (stopped), the server and the ranks die
-with it: no orphan. The worker's command itself still runs under plain torchrun (its SubprocessContext: a fresh
-interpreter per rank), as any launcher of the recorded command would run it."""
+own RANK, training with a DataLoader worker each; and when the agent is SIGKILLed while the driver cannot help
+(stopped), the server and the ranks die with it: no orphan. The worker's command itself still runs under plain
+torchrun (its SubprocessContext: a fresh interpreter per rank), as any launcher of the recorded command would run
+it."""
 
 from __future__ import annotations
 
@@ -31,19 +32,25 @@ def test_ranks_are_forks_of_the_agents_server_and_die_with_the_agent(tmp_path: P
     out = tmp_path / "out"
     with open(tmp_path / "driver.log", "wb") as log:
         driver = subprocess.Popen([sys.executable, "-m", "ddp_runner", "task=smoke", "world_size=2", "device=cpu",
-                                   "train.max_steps=1000000", "train.log_every=1000", f"output.root={out}"],
+                                   "train.max_steps=1000000", "train.log_every=1000", "train.num_workers=1",
+                                   f"output.root={out}"],
                                   stdout=log, stderr=log)
     stopped = False
     try:
         facts = wait_for("both ranks' fact files", lambda: _exactly(2, sorted(out.rglob("logs/rank*.json"))),
                          timeout=240, driver=driver)
         pids = {json.loads(f.read_text())["rank"]: json.loads(f.read_text())["pid"] for f in facts}
+        [run] = {f.parents[1] for f in facts}
+        # Training goes on: each forked rank started its DataLoader's worker process (through multiprocessing,
+        # in a process forked from the agent: no lock of the agent's may be inherited held).
+        wait_for("both ranks past step 2", lambda: all(
+            (load_json(run / layout.rank_progress(r)) if (run / layout.rank_progress(r)).exists() else {}).get(
+                "step", 0) >= 2 for r in (0, 1)), timeout=120, driver=driver)
         [agent] = _children(psutil.Process(driver.pid))
         [server] = [p for p in _children(agent) if {q.pid for q in _children(p)} == set(pids.values())]
         for rank, pid in pids.items():
             assert psutil.Process(pid).name() == f"ddp-rank{rank}"
             assert psutil.Process(pid).ppid() == server.pid
-        [run] = {f.parents[1] for f in facts}
         assert {json.loads((run / layout.rank_facts(r)).read_text())["rank"] for r in pids} == {0, 1}
 
         driver.send_signal(signal.SIGSTOP)  # its reaper would end the ranks; here they must end by themselves
