@@ -272,11 +272,12 @@ KILL_SMOKE = ["fault.kind=sigkill", "fault.rank=1", "fault.step=7"]
 
 @pytest.fixture(scope="session")
 def smoke_crashed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The failed run of SMOKE_CKPT2 + KILL_SMOKE (made once per session; tests read it or copy it)."""
+    """The failed run of SMOKE_CKPT2 + KILL_SMOKE (made once per session; tests read it or copy it; its console:
+    :func:`shared_console`, which test_diagnostics_e2e.py reads for the SIGKILLed rank's attribution)."""
     def make(root: Path) -> Path:
-        r = ddp_run([*SMOKE_CKPT2, *KILL_SMOKE], root)
-        assert r.returncode != 0, r.stdout + r.stderr
-        [run] = run_dirs(root)
+        run = _launch_shared(root, [*SMOKE_CKPT2, *KILL_SMOKE], ok=False)
+        console = shared_console(run)
+        assert console["rc"] != 0, console["stdout"] + console["stderr"]
         assert load_json(run / "run.json")["status"] == "failed"
         return run
 

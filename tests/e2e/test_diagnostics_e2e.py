@@ -65,7 +65,6 @@ def _listed_as_failed(run: Path, root: Path, max_steps: int) -> None:
 
 @pytest.mark.parametrize(("kind", "rank", "cls"), [
     ("oom", 1, "oom"),
-    ("sigkill", 1, "signal"),
     ("hang", 1, "hang"),
     ("sigkill", 0, "signal"),
 ])
@@ -75,6 +74,15 @@ def test_fault_is_attributed_to_its_rank_and_class(tmp_path, kind, rank, cls):
     elapsed = time.monotonic() - t0
     [run] = run_dirs(tmp_path)
     _attributed(run, tmp_path, r.returncode, r.stderr, elapsed, kind, rank, cls, max_steps=6)
+
+
+def test_a_sigkilled_rank_is_attributed_to_its_rank_and_class(smoke_crashed):
+    """The ``sigkill`` case on rank 1 of the test above, on the session's killed smoke run (tests/conftest.py:
+    ``smoke_crashed``, 2 ranks, rank 1 SIGKILLed after step 7 of 8, which the recovery tests continue): one
+    launch fewer. Rank 0, left waiting on its peer, must not be named."""
+    run, console = smoke_crashed, shared_console(smoke_crashed)
+    _attributed(run, run.parents[1], console["rc"], console["stderr"], console["outside_s"], "sigkill", 1,
+                "signal", max_steps=8)
 
 
 def test_an_exception_is_attributed_to_its_rank_and_class(gpt_failed_run):
