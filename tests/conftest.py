@@ -272,11 +272,12 @@ KILL_SMOKE = ["fault.kind=sigkill", "fault.rank=1", "fault.step=7"]
 
 @pytest.fixture(scope="session")
 def smoke_crashed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The failed run of SMOKE_CKPT2 + KILL_SMOKE (made once per session; tests read it or copy it)."""
+    """The failed run of SMOKE_CKPT2 + KILL_SMOKE (made once per session; tests read it or copy it; its console:
+    :func:`shared_console`, which test_diagnostics_e2e.py reads for the SIGKILLed rank's attribution)."""
     def make(root: Path) -> Path:
-        r = ddp_run([*SMOKE_CKPT2, *KILL_SMOKE], root)
-        assert r.returncode != 0, r.stdout + r.stderr
-        [run] = run_dirs(root)
+        run = _launch_shared(root, [*SMOKE_CKPT2, *KILL_SMOKE], ok=False)
+        console = shared_console(run)
+        assert console["rc"] != 0, console["stdout"] + console["stderr"]
         assert load_json(run / "run.json")["status"] == "failed"
         return run
 
@@ -452,3 +453,48 @@ def smoke_lr_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
         return sweep
 
     return shared_run(tmp_path_factory, "smoke-lr-sweep", make)
+
+
+# --- shared runs (cutB helper) ---
+# Failed runs that a recovery test and a diagnostics test both need: one launch each instead of two. Tests only
+# read them (a test that continues one continues a copy: copy_run). Their consoles: shared_console.
+
+# SMOKE_CKPT2 with asynchronous saves, rank 0's background write of step_4 held for 8 s (a wide margin on a busy
+# machine) and rank 1 out of memory at step 5 (the rehearsal OOM, an exception on CPU): rank 0 goes on into step 6's
+# collective, which fails, and finishes the write on its way out. test_resume.py (the checkpoint in flight is
+# finished) and test_diagnostics_e2e.py (an OOM attributed to its rank and class) read it.
+SMOKE_OOM_IN_FLIGHT = [*SMOKE_CKPT2, "checkpoint.async_save=true", "fault.kind=oom", "fault.rank=1", "fault.step=5"]
+SLOW_SAVE_STEP4 = {"DDP_RUNNER_SLOW_SAVE": "4:8"}
+
+
+@pytest.fixture(scope="session")
+def smoke_oom_in_flight(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The failed run of :data:`SMOKE_OOM_IN_FLIGHT` under :data:`SLOW_SAVE_STEP4`, alone under its root."""
+    def make(root: Path) -> Path:
+        run = _launch_shared(root, SMOKE_OOM_IN_FLIGHT, ok=False, env=SLOW_SAVE_STEP4)
+        console = shared_console(run)
+        assert console["rc"] != 0, console["stdout"] + console["stderr"]
+        return run
+
+    return shared_run(tmp_path_factory, "smoke-oom-in-flight", make)
+
+
+# The tiny GPT of GPT_WORLD_SWEEP on 2 ranks under strategy=zero1 in fp32, every checkpoint kept (test_strategies.py's
+# recipe), rank 0 SIGKILLed after step 7 (the newest complete checkpoint: step_6). test_strategies.py (a copy of it
+# resumed in place is bit-identical to the uninterrupted zero1 run) and test_diagnostics_e2e.py (a SIGKILLed rank 0
+# is named, not rank 1 that it left waiting) read it.
+GPT_ZERO1 = [*GPT_WORLD_SWEEP, "world_size=2", "checkpoint.keep_last=0", "strategy=zero1"]
+GPT_ZERO1_KILL0 = [*GPT_ZERO1, "train.precision=fp32", "fault.kind=sigkill", "fault.rank=0", "fault.step=7"]
+
+
+@pytest.fixture(scope="session")
+def gpt_zero1_crashed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The failed run of :data:`GPT_ZERO1_KILL0`, alone under its root."""
+    def make(root: Path) -> Path:
+        run = _launch_shared(root, GPT_ZERO1_KILL0, ok=False)
+        console = shared_console(run)
+        assert console["rc"] != 0, console["stdout"] + console["stderr"]
+        assert load_json(run / "run.json")["status"] == "failed"
+        return run
+
+    return shared_run(tmp_path_factory, "gpt-zero1-kill0", make)

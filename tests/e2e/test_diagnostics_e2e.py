@@ -2,9 +2,10 @@
 attributed to the right rank and class, a rank stopped from outside (SIGSTOP) is named as hung with its stack on
 disk, debug mode names a collective mismatch and keeps its logs private, and no process is left behind.
 
-Two launches are shared: the exception fault is the tiny GPT's failed run that test_compare_e2e.py also reports on
-(tests/conftest.py: ``gpt_failed_run``), and a slow rank below the watchdog is checked on the slow run that
-tests/e2e/test_terminal.py draws under a terminal."""
+Most launches are shared: the exception fault is the tiny GPT's failed run that test_compare_e2e.py also reports on
+(tests/conftest.py: ``gpt_failed_run``); the OOM and the SIGKILLs are the failed runs that the recovery tests
+continue or read (``smoke_oom_in_flight``, ``smoke_crashed``, ``gpt_zero1_crashed``); and a slow rank below the
+watchdog is checked on the slow run that tests/e2e/test_terminal.py draws under a terminal."""
 
 from __future__ import annotations
 
@@ -63,18 +64,27 @@ def _listed_as_failed(run: Path, root: Path, max_steps: int) -> None:
     assert f"continue    ddp-run resume={run}" in text
 
 
-@pytest.mark.parametrize(("kind", "rank", "cls"), [
-    ("oom", 1, "oom"),
-    ("sigkill", 1, "signal"),
-    ("hang", 1, "hang"),
-    ("sigkill", 0, "signal"),
-])
-def test_fault_is_attributed_to_its_rank_and_class(tmp_path, kind, rank, cls):
+def test_a_hang_is_attributed_to_its_rank_and_class(tmp_path):
     t0 = time.monotonic()
-    r = ddp_run([*COMMON, f"fault.kind={kind}", f"fault.rank={rank}", "fault.step=3"], tmp_path, timeout=240)
+    r = ddp_run([*COMMON, "fault.kind=hang", "fault.rank=1", "fault.step=3"], tmp_path, timeout=240)
     elapsed = time.monotonic() - t0
     [run] = run_dirs(tmp_path)
-    _attributed(run, tmp_path, r.returncode, r.stderr, elapsed, kind, rank, cls, max_steps=6)
+    _attributed(run, tmp_path, r.returncode, r.stderr, elapsed, "hang", 1, "hang", max_steps=6)
+
+
+# The other rehearsal faults are read from failed runs the recovery tests make anyway (tests/conftest.py; each
+# launched once per session): an OOM on rank 1 while rank 0's checkpoint write is in flight (test_resume.py), rank 1
+# SIGKILLed (test_resume.py, test_resume_fallback_e2e.py), rank 0 SIGKILLed under zero1 (test_strategies.py): rank 0
+# SIGKILLed leaves rank 1 waiting on it, which must not be named.
+@pytest.mark.parametrize(("shared", "kind", "rank", "cls"), [
+    ("smoke_oom_in_flight", "oom", 1, "oom"),
+    ("smoke_crashed", "sigkill", 1, "signal"),
+    ("gpt_zero1_crashed", "sigkill", 0, "signal"),
+])
+def test_fault_is_attributed_to_its_rank_and_class(request, shared, kind, rank, cls):
+    run = request.getfixturevalue(shared)
+    console = shared_console(run)
+    _attributed(run, run.parents[1], console["rc"], console["stderr"], console["outside_s"], kind, rank, cls)
 
 
 def test_an_exception_is_attributed_to_its_rank_and_class(gpt_failed_run):
@@ -85,8 +95,9 @@ def test_an_exception_is_attributed_to_its_rank_and_class(gpt_failed_run):
 
 
 def _attributed(run: Path, root: Path, rc: int, stderr: str, elapsed: float, kind: str, rank: int, cls: str,
-                max_steps: int) -> None:
-    """The run (alone under ``root``) failed with ``kind`` injected on ``rank`` at step 3, named as class ``cls``."""
+                max_steps: int | None = None) -> None:
+    """The run (alone under ``root``) failed with ``kind`` injected on ``rank``, named as class ``cls``
+    (``max_steps``: the run's, for the exception case's listing, at step 3)."""
     assert rc not in (0, layout.EXIT_REFUSED), stderr
     cause = load_json(run / layout.SUMMARY)["root_cause"]
     assert (cause["rank"], cause["class"]) == (rank, cls), cause

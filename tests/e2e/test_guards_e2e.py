@@ -27,18 +27,11 @@ from ddp_runner.tasks.smoke import Regression, synthetic_dataset
 T = TypeVar("T")
 
 
-def _only_run(root: Path) -> Path:
-    [run] = run_dirs(root)
-    return run
-
-
-def _train(root: Path, *args: str, env: dict[str, str] | None = None, ok: bool = True) -> Path:
-    r = ddp_run(["device=cpu", "checkpoint.async_save=false", *args], root, env=env)
-    if ok:
-        assert r.returncode == 0, r.stdout + r.stderr
-    else:
-        assert r.returncode != 0, r.stdout + r.stderr
-    return _only_run(root)
+def _sweep(root: Path, *args: str) -> list[Path]:
+    """``ddp-run -m <args>`` (one launch, one job per swept value): every job completed; their run directories."""
+    r = ddp_run(["-m", "device=cpu", "checkpoint.async_save=false", *args], root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return run_dirs(root)
 
 
 def _model_at(run: Path, step: int) -> dict[str, torch.Tensor]:
@@ -88,7 +81,10 @@ def test_sgd_one_rank_times_four_equals_two_ranks_times_two_and_by_hand(tmp_path
               "train.grad_clip=null", "train.schedule=constant", "train.warmup_steps=0", f"train.epochs={SGD_EPOCHS}",
               f"data.num_samples={SMOKE_N}"]
     steps = SGD_EPOCHS * SMOKE_N // GLOBAL
-    runs = {w: _train(tmp_path / f"w{w}", *common, f"world_size={w}") for w in (1, 2)}
+    # Both world sizes as the two jobs of one sweep (one launch: the driver's start-up is paid once).
+    jobs = _sweep(tmp_path, *common, "world_size=1,2")
+    runs = {load_json(run / "run.json")["plan"]["world_size"]: run for run in jobs}
+    assert sorted(runs) == [1, 2]
     for w, acc in ((1, 4), (2, 2)):
         assert load_json(runs[w] / "run.json")["plan"]["accumulation"] == acc
         assert ckpt.load(str(runs[w] / "checkpoints" / f"step_{steps}"))["plan"]["accumulation"] == acc

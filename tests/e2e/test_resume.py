@@ -7,6 +7,7 @@ same final parameters (torch.equal) as one that was never interrupted.
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,12 +17,15 @@ import torch
 from conftest import (
     GPT_DROPOUT_STEPS,
     KILL_SMOKE,
+    SLOW_SAVE_STEP4,
     SMOKE_CKPT2,
+    SMOKE_OOM_IN_FLIGHT,
     copy_run,
     ddp_run,
     gpt_dropout_args,
     load_json,
     run_dirs,
+    shared_console,
     shared_run,
 )
 
@@ -124,8 +128,7 @@ def test_kill_then_resume_run_dir_is_bit_identical(tmp_path, text_file, gpt_drop
 def _failed_with_step4_in_flight(tmp_path: Path, fault: list[str]) -> tuple[Any, Path]:
     """A smoke run where rank 0's background write of step_4 is held for 8 s (a wide margin on a busy machine)
     while ``fault`` strikes; the run failed, and step_4 was finished all the same."""
-    env = {"DDP_RUNNER_SLOW_SAVE": "4:8"}
-    r = ddp_run([*SMOKE, "checkpoint.async_save=true", *fault], tmp_path / "out", env=env)
+    r = ddp_run([*SMOKE, "checkpoint.async_save=true", *fault], tmp_path / "out", env=SLOW_SAVE_STEP4)
     run = only_run(tmp_path / "out")
     assert_killed(r, run)
     assert ck.latest(f"{run}/checkpoints").endswith("step_4")
@@ -143,11 +146,18 @@ def test_rank0_finishes_the_checkpoint_in_flight_when_torchrun_stops_it(tmp_path
     assert "injected fault on rank 1 at step 5" in r.stderr + r.stdout, "the root cause is still rank 1's"
 
 
-def test_rank0_finishes_the_checkpoint_in_flight_when_its_collective_fails(tmp_path):
+def test_rank0_finishes_the_checkpoint_in_flight_when_its_collective_fails(smoke_oom_in_flight):
     # As above, but rank 0 goes on into the next step's collective. Which comes first is a race: the collective
     # failing because rank 1 is gone (rank 0 then finishes the write on its way out, tasks/__main__.py), or
-    # torchrun's SIGTERM. Either way the write completes and the log says so.
-    _, run = _failed_with_step4_in_flight(tmp_path, ["fault.kind=exception", "fault.rank=1", "fault.step=5"])
+    # torchrun's SIGTERM. Either way the write completes and the log says so. Rank 1's failure is the rehearsal
+    # OOM (an exception on CPU): the session's run conftest.smoke_oom_in_flight, whose root cause
+    # test_diagnostics_e2e.py checks (one launch for both).
+    run = smoke_oom_in_flight
+    assert SMOKE_OOM_IN_FLIGHT == [*SMOKE, "checkpoint.async_save=true", "fault.kind=oom", "fault.rank=1",
+                                   "fault.step=5"]
+    console = shared_console(run)
+    assert_killed(subprocess.CompletedProcess([], console["rc"], console["stdout"], console["stderr"]), run)
+    assert ck.latest(f"{run}/checkpoints").endswith("step_4")
     log = (run / "logs/rank0.log").read_text()
     assert re.search(r"(SIGTERM|stopping after the error): finished the checkpoint in flight", log), log
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ddp_run, load_json, run_dirs
+from conftest import load_json, run_dirs
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 
@@ -24,7 +24,7 @@ def scalars(run: Path, tag: str) -> list[tuple[int, float]]:
 
 def test_smoke_two_ranks_gloo_tree_and_manifest(out_root):
     # As ddp_run() would start it, under a permissive umask (022): without output.private, the run's files follow
-    # the umask as a plain open() would (the owner-only case: test_private_run_directories_are_owner_only_…).
+    # the umask as a plain open() would (the owner-only case: test_multirun_sweep_one_dir_per_job_and_private_…).
     r = subprocess.run([sys.executable, "-m", "ddp_runner", "task=smoke", "world_size=2", "batch.per_rank=8",
                         "batch.accumulation=2", "device=cpu", "output.private=false", f"output.root={out_root}"],
                        cwd=tempfile.gettempdir(), capture_output=True, text=True, timeout=240,
@@ -98,12 +98,29 @@ def test_smoke_two_ranks_gloo_tree_and_manifest(out_root):
 # and skipped otherwise.)
 
 
-def test_multirun_sweep_one_dir_per_job(out_root):
-    r = ddp_run(["-m", "device=cpu", "world_size=1", "batch.per_rank=4,8", "train.epochs=1"], out_root)
+def test_multirun_sweep_one_dir_per_job_and_private_run_directories_are_owner_only(tmp_path):
+    """A ``-m`` sweep makes one directory per job under one sweep directory.
+
+    Its launch (two 2-rank jobs, under a permissive umask, with ``output.private=true``) is also the check that
+    every file and folder of a run (logs, TensorBoard, checkpoints, run.json) is owner-only whatever the umask;
+    without it, files follow the umask as a plain open() would (that case:
+    test_smoke_two_ranks_gloo_tree_and_manifest, under the same umask). One launch for both (it was two)."""
+    root = tmp_path / "outputs"
+    cmd = [sys.executable, "-m", "ddp_runner", "-m", "device=cpu", "world_size=2", "batch.per_rank=4,8",
+           "train.epochs=1", "checkpoint.every_steps=4", "output.private=true", f"output.root={root}"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                       preexec_fn=lambda: os.umask(0o022))
     assert r.returncode == 0, r.stdout + r.stderr
-    runs = run_dirs(out_root)
+    runs = run_dirs(root)
     assert len(runs) == 2 and runs[0].parent == runs[1].parent and runs[0].parent.name.endswith("_sweep")
-    assert sorted(load_json(r / "run.json")["plan"]["global_batch"] for r in runs) == [4, 8]
+    assert sorted(load_json(r / "run.json")["plan"]["global_batch"] for r in runs) == [8, 16]
+
+    for run in runs:
+        paths = [run, *run.rglob("*")]
+        assert any(p.name == "state.pt" for p in paths) and any("tfevents" in p.name for p in paths)
+        assert (run / "logs/rank1.log").exists(), "both ranks' files are checked"
+        open_to_others = [str(p) for p in paths if stat.S_IMODE(p.stat().st_mode) & 0o077]
+        assert open_to_others == []
 
 
 # A failing rank named as the root cause (its exception, exit code and traceback in summary.json and on the
@@ -114,18 +131,5 @@ def test_multirun_sweep_one_dir_per_job(out_root):
 # interrupted: tests/e2e/test_guards_e2e.py::test_sigterm_is_forwarded_so_the_run_stops_well_inside_the_grace.
 
 
-def test_private_run_directories_are_owner_only_whatever_the_umask(tmp_path):
-    """output.private=true: every file and folder of the run (logs, TensorBoard, checkpoints, run.json) is
-    owner-only even under a permissive umask; without it, files follow the umask as a plain open() would (that
-    case: test_smoke_two_ranks_gloo_tree_and_manifest, under the same umask)."""
-    root = tmp_path / "outputs"
-    cmd = [sys.executable, "-m", "ddp_runner", "device=cpu", "world_size=2", "checkpoint.every_steps=4",
-           "output.private=true", f"output.root={root}"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path,
-                       preexec_fn=lambda: os.umask(0o022))
-    assert r.returncode == 0, r.stderr
-    (run,) = run_dirs(root)
-    paths = [run, *run.rglob("*")]
-    assert any(p.name == "state.pt" for p in paths) and any("tfevents" in p.name for p in paths)
-    open_to_others = [str(p) for p in paths if stat.S_IMODE(p.stat().st_mode) & 0o077]
-    assert open_to_others == []
+# output.private=true makes every file and folder of a run owner-only whatever the umask: the sweep's launch of
+# test_multirun_sweep_one_dir_per_job_and_private_run_directories_are_owner_only (above).

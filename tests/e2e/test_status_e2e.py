@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import ddp_run, load_json, run_dirs, wait_for
+from conftest import cli_in_process, ddp_run, load_json, run_dirs, wait_for
 
 from ddp_runner.contract import layout
 from ddp_runner.rundir.status import status_of
@@ -90,7 +90,7 @@ def test_sigkilled_driver_reads_as_lost_and_its_run_resumes(tmp_path):
     assert final["driver"]["pid"] != driver.pid, "the new driver recorded itself"
 
 
-def test_second_driver_is_refused_heartbeat_refreshes_and_sigint_reads_interrupted(tmp_path):
+def test_second_driver_is_refused_heartbeat_refreshes_and_sigint_reads_interrupted(tmp_path, monkeypatch):
     root = tmp_path / "out"
     driver = start_driver([*SMOKE, *HANG], root, env={layout.ENV_HEARTBEAT_S: "0.5"})
     run = wait_for("the run directory", lambda: the_run(root), driver=driver)
@@ -99,7 +99,9 @@ def test_second_driver_is_refused_heartbeat_refreshes_and_sigint_reads_interrupt
     wait_for("a refreshed heartbeat",
              lambda: load_json(run / layout.MANIFEST)["driver"]["heartbeat"] > first["heartbeat"], driver=driver)
 
-    r = ddp_run([f"resume={run}"], root)
+    # The second driver is refused before it launches anything: the CLI's main() in this process (a second
+    # interpreter would cost its start-up for the same refusal).
+    r = cli_in_process([f"resume={run}"], root, monkeypatch)
     assert r.returncode == 2, r.stdout + r.stderr
     assert f"pid {driver.pid} on host {socket.gethostname()}" in r.stderr, r.stderr
     assert "one driver per run directory" in r.stderr

@@ -22,7 +22,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import GPT_DROPOUT_STEPS, GPT_WORLD_SWEEP, ddp_run, gpt_fsdp_args, load_json, run_dirs, shared_run
+from conftest import (
+    GPT_DROPOUT_STEPS,
+    GPT_WORLD_SWEEP,
+    GPT_ZERO1_KILL0,
+    copy_run,
+    ddp_run,
+    gpt_fsdp_args,
+    load_json,
+    run_dirs,
+    shared_run,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -68,21 +78,24 @@ def test_zero1_and_fsdp_train_to_ddps_losses(strategy_run, gpt_world_sweep):
             assert math.isclose(a, b, rel_tol=1e-4), (s, losses[s], losses["ddp"])
 
 
-@pytest.mark.timeout(600)  # three CLI runs (and the uninterrupted one, where no other test made it yet)
+@pytest.mark.timeout(600)  # up to three CLI runs (and the uninterrupted one, where no other test made it yet)
 @pytest.mark.parametrize("strategy,precision", [("fsdp", "bf16"), ("zero1", "fp32")])
 def test_kill_resume_is_bit_identical_and_resumes_on_one_rank(tmp_path, text_file, strategy, precision,
                                                               strategy_run, request):
-    # Rank 1 is SIGKILLed after step 7: the newest complete checkpoint is step_4 (a checkpoint every 4) or step_6
+    # A rank is SIGKILLed after step 7: the newest complete checkpoint is step_4 (a checkpoint every 4) or step_6
     # (every 2); resumed in place.
     if strategy == "fsdp":  # bf16 with dropout: the session's fsdp run that test_stops.py resumes to as well
         args, clean, newest = gpt_fsdp_args(text_file), request.getfixturevalue("gpt_fsdp_reference"), "step_4"
         assert f"train.precision={precision}" in args
         assert len(_losses(clean)) == GPT_DROPOUT_STEPS == 16
-    else:
+        crashed = _run([*args, "fault.kind=sigkill", "fault.rank=1", "fault.step=7"], tmp_path / "crash", ok=False)
+    else:  # rank 0 killed: the session's failed zero1 run (conftest.gpt_zero1_crashed, its exit code asserted
+        # non-zero there; test_diagnostics_e2e.py reads its attribution), continued here as a copy
         args, clean, newest = _args(strategy, f"train.precision={precision}"), strategy_run(strategy), "step_6"
         assert len(_losses(clean)) == 6
-
-    crashed = _run([*args, "fault.kind=sigkill", "fault.rank=1", "fault.step=7"], tmp_path / "crash", ok=False)
+        assert GPT_ZERO1_KILL0 == [*args, "fault.kind=sigkill", "fault.rank=0", "fault.step=7"]
+        crashed = copy_run(request.getfixturevalue("gpt_zero1_crashed"), tmp_path / "crash")
+    assert load_json(crashed / "run.json")["status"] == "failed"
     assert ck.latest(f"{crashed}/checkpoints").endswith(newest)
     r = ddp_run([f"resume={crashed}"], tmp_path / "unused")
     assert r.returncode == 0, r.stdout + r.stderr
