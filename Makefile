@@ -38,7 +38,7 @@ TEST_WORKERS ?= 4
 
 test: $(VENV)/.installed-test
 	$(PY) -m ruff check runner tasks tests bench examples
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(ARGS)
 
 bench: setup
 	$(PY) bench/overhead.py
