@@ -54,9 +54,19 @@ def start_server() -> None:
     from ddp_runner.contract import layout
 
     if _forkable(forkserver):
+        import tempfile
+
+        # The server gets the environment and temporary folder the agent was given, as a fresh interpreter would:
+        # not what the imports wrote into them here (inductor writes its default cache folder, under the
+        # temporary folder, into the environment), nor the agent's private temporary folder.
+        given, private = dict(os.environ), tempfile.tempdir
         os.environ[layout.ENV_FORKSERVER] = layout.FORKSERVER_AGENT  # tasks/preload.py pops it
-        preload = importlib.import_module(PRELOAD)
-        _fork_server(forkserver, preload.become_server)
+        tempfile.tempdir = None
+        try:
+            preload = importlib.import_module(PRELOAD)
+        finally:
+            tempfile.tempdir = private
+        _fork_server(forkserver, preload.become_server, given)
         return
     multiprocessing.get_context("forkserver").set_forkserver_preload([PRELOAD])
     os.environ[layout.ENV_FORKSERVER] = layout.FORKSERVER_SPAWNED  # the server's alone (tasks/preload.py)
@@ -83,9 +93,10 @@ def _forkable(forkserver: Any) -> bool:
         hasattr(server, a) for a in ("_forkserver_address", "_forkserver_alive_fd", "_lock"))
 
 
-def _fork_server(forkserver: Any, become_server: Any) -> None:
+def _fork_server(forkserver: Any, become_server: Any, environ: dict[str, str]) -> None:
     """What ``forkserver.ensure_running()`` does, with ``os.fork()`` in place of a fresh interpreter: the listening
-    socket, the pipe whose closing tells the server that this process is gone, and the server's loop."""
+    socket, the pipe whose closing tells the server that this process is gone, and the server's loop, in
+    ``environ``."""
     import os
     import socket
     import sys
@@ -108,6 +119,8 @@ def _fork_server(forkserver: Any, become_server: Any) -> None:
             code = 1
             try:
                 os.close(alive_w)
+                os.environ.clear()
+                os.environ.update(environ)
                 become_server()
                 forkserver.main(listener.fileno(), alive_r, [])
             except SystemExit as exc:  # its loop ends so when the agent is gone
