@@ -44,6 +44,12 @@ def _own_process(run_url: str) -> None:
         os.close(server._forkserver_alive_fd)
         server._forkserver_alive_fd = None
     sys.argv = [os.path.join(os.path.dirname(worker.__file__), "__main__.py"), run_url]  # as `-m ddp_runner.tasks`
+    # multiprocessing's default start method, as a fresh interpreter has it: torchrun's forkserver was made this
+    # process's default, and its DataLoader workers would then start through a forkserver of their own (a new
+    # interpreter per rank) instead of as forks of the rank.
+    import multiprocessing
+
+    multiprocessing.set_start_method(None, force=True)
     osutil.set_process_name(f"ddp-rank{os.environ.get('RANK', '')}")  # ps/top: not the server's command line
     _threads_from_env()
     from ddp_runner.tasks.engine.diagnostics import faults, heartbeat

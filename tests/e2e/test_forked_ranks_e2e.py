@@ -46,6 +46,10 @@ def test_ranks_are_forks_of_the_agents_server_and_die_with_the_agent(tmp_path: P
         wait_for("both ranks past step 2", lambda: all(
             (load_json(run / layout.rank_progress(r)) if (run / layout.rank_progress(r)).exists() else {}).get(
                 "step", 0) >= 2 for r in (0, 1)), timeout=120, driver=driver)
+        for pid in pids.values():  # its worker is a fork of the rank, as under a fresh interpreter's default
+            workers = _children(psutil.Process(pid))
+            assert len(workers) == 1 and "forkserver" not in " ".join(workers[0].cmdline()), \
+                [w.cmdline() for w in workers]
         [agent] = _children(psutil.Process(driver.pid))
         [server] = [p for p in _children(agent) if {q.pid for q in _children(p)} == set(pids.values())]
         for rank, pid in pids.items():
