@@ -166,8 +166,10 @@ def test_gpt_on_text_tokenized_with_ddp_tokenize(venv: Path, workdir: Path) -> N
     assert meta["vocab_size"] <= 512
     # One rank: nothing here depends on two (they are: test_smoke_run_from_a_directory_with_stray_modules, the
     # own task's kill and resume, the user project's packages on every rank).
+    # Saved in the step (not in the background): the SIGKILL two steps later must find step_6 committed, also on a
+    # loaded machine (CI once killed it mid-write: no complete checkpoint, the resume refused).
     common = ["task=gpt", "device=cpu", "world_size=1", "data.path=tok/train.bin", "data.val_path=tok/val.bin",
-              "train.max_steps=12", "checkpoint.every_steps=6"]
+              "train.max_steps=12", "checkpoint.every_steps=6", "checkpoint.async_save=false"]
     small = _run([str(venv / "bin/ddp-run"), *common, "task.model.vocab=256", "output.root=out"], cwd=workdir,
                  check=False)
     assert small.returncode == 2 and "task.model.vocab" in small.stderr
