@@ -48,10 +48,7 @@ def become_server() -> None:
     """In the server that the agent forked after importing this module: prepare it for forking ranks (the
     imports are done; :func:`_end_server` applies to this process, not the agent)."""
     global _SERVER
-    import tempfile
-
     _SERVER = os.getpid()
-    tempfile.tempdir = None  # the agent's private folder: the ranks keep the user's TMPDIR (and compile caches)
     _prepare_server()
 
 

@@ -3,8 +3,8 @@
 A rank started as a command (torchrun's SubprocessContext) is a fresh interpreter that imports torch and, through
 DDP's constructor, torch._dynamo: about 4 CPU-seconds per rank and launch, paid again by every rank of every run.
 torchrun also runs a *function* on every rank (MultiprocessContext, through ``torch.multiprocessing`` with start
-method ``forkserver``): then one server imports once per launch (``ddp_runner.tasks.preload``) and every rank is a
-fork of it, a single-threaded process that never touched CUDA.
+method ``forkserver``): then the agent imports once per launch (``ddp_runner.tasks.preload``), forks the server from
+itself, and every rank is a fork of that server, a single-threaded process that never touched CUDA.
 
 The agent keeps torchrun's own command line and machinery (rendezvous, restarts, health): when the command it is
 given is this package's worker (``--no-python <python> -P -u -m ddp_runner.tasks <run dir>``, the one every
@@ -100,6 +100,7 @@ def _fork_server(forkserver: Any, become_server: Any, environ: dict[str, str]) -
     import os
     import socket
     import sys
+    import tempfile
     import traceback
     from multiprocessing import connection, resource_tracker, util
 
@@ -121,6 +122,7 @@ def _fork_server(forkserver: Any, become_server: Any, environ: dict[str, str]) -
                 os.close(alive_w)
                 os.environ.clear()
                 os.environ.update(environ)
+                tempfile.tempdir = None  # not the agent's private folder: the user's TMPDIR (and compile caches)
                 become_server()
                 forkserver.main(listener.fileno(), alive_r, [])
             except SystemExit as exc:  # its loop ends so when the agent is gone
