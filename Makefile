@@ -10,21 +10,35 @@ ARGS   ?=
 
 setup: $(VENV)/.installed
 
-# Where python3 already has torch (a GPU host), .venv sees its packages so that CUDA build is used as is;
-# elsewhere .venv is isolated and gets the CPU wheel (`torch==2.13.0`), installed first so nothing pulls a
-# multi-GB CUDA build.
+# uv installs and compiles bytecode in parallel: the test extras take about a minute, against three with pip. It
+# installs the torch wheel that pip itself picks (pip's index, find-links and constraints), downloaded by pip. Where
+# python3 already has torch (a GPU host), .venv sees its packages so that CUDA build is used as is, and pip installs
+# the rest: uv would not look through that path and could fetch another torch. Without uv (its install failed),
+# pip does everything.
+HOST_TORCH := $(shell python3 -c "import torch" 2>/dev/null && echo yes)
+UV      := $(VENV)/bin/uv
+INSTALL := sh -c 'if [ -x "$(UV)" ]; then exec "$(UV)" pip install -q --compile-bytecode --python "$(PY)" "$$@"; \
+	else exec "$(PY)" -m pip install -q "$$@"; fi' install
+
 $(VENV)/.installed: pyproject.toml
-	test -x $(PY) || python3 -m venv $$(python3 -c "import torch" 2>/dev/null && echo --system-site-packages) $(VENV)
-	@# A GPU image's python3 is often itself a venv, which --system-site-packages does not see through:
-	@# when that python3 has torch, its packages are added to .venv's path as they are.
-	if python3 -c "import torch" 2>/dev/null; then python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" \
-		> "$$($(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/_host_site.pth"; fi
-	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q torch==2.13.0
+ifeq ($(HOST_TORCH),yes)
+	test -x $(PY) || python3 -m venv --system-site-packages $(VENV)
+	@# A GPU image's python3 is often itself a venv, which --system-site-packages does not see through: its
+	@# packages are added to .venv's path as they are.
+	python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" \
+		> "$$($(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/_host_site.pth"
 	$(PIP) install -q -e .
+else
+	test -x $(PY) || python3 -m venv $(VENV)
+	test -x $(UV) || $(PIP) install -q uv || echo "uv did not install: pip installs everything (slower)"
+	$(PY) -c "import torch" 2>/dev/null || { rm -rf $(VENV)/wheels && $(PIP) download -q --no-deps -d $(VENV)/wheels \
+		torch==2.13.0 && $(INSTALL) $(VENV)/wheels/torch-*.whl && rm -rf $(VENV)/wheels; }
+	$(INSTALL) -e .
+endif
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(PIP) install -q -e '.[test]'
+	$(if $(HOST_TORCH),$(PIP) install -q,$(INSTALL)) -e '.[test]'
 	touch $@
 
 run: setup
@@ -36,9 +50,11 @@ run: setup
 # serially; `make test ARGS='-m "not e2e"'` skips the end-to-end tier.
 TEST_WORKERS ?= 4
 
+# Bytecode is cached for the suite's hundreds of interpreters (the package, the tests' rewritten modules), even
+# where the environment sets PYTHONDONTWRITEBYTECODE.
 test: $(VENV)/.installed-test
 	$(PY) -m ruff check runner tasks tests bench examples
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(ARGS)
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(ARGS)
 
 bench: setup
 	$(PY) bench/overhead.py

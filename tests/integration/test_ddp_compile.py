@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from conftest import shared_run
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_runner.tasks.engine.strategy.ddp_compile import compiled_forwards
 from ddp_runner.tasks.gpt.model import GPT
+from tests.support.spawn import spawn
 
 # The three cases, (split, with_buffer), each traced in both ranks of ONE process group (a spawn of two processes
 # per case cost more than the tracing): dynamo is reset and optimize_ddp set back to its default before each, and
@@ -85,7 +85,7 @@ def _worker(rank: int, store: str, out: str) -> None:
 def _spawn(root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     out = str(root / "result")
-    mp.spawn(_worker, args=(str(root / "store"), out), nprocs=2, join=True)
+    spawn(_worker, args=(str(root / "store"), out))
     return root
 
 

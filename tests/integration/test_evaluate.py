@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.utils.data import Dataset
 
 from ddp_runner.tasks.engine.trainer import Context, evaluate
 from ddp_runner.tasks.gpt.data import TokenWindows
 from ddp_runner.tasks.gpt.model import GPT
 from ddp_runner.tasks.smoke import Regression, synthetic_dataset
+from tests.support.spawn import spawn
 
 # -- evaluate: exact mean across ranks ---------------------------------------------------------------------
 
@@ -66,7 +66,7 @@ def _by_hand(model: torch.nn.Module, data: Dataset) -> float:
 
 
 def test_evaluate_counts_every_sample_once_across_two_gloo_ranks(tmp_path):
-    mp.spawn(_eval_worker, args=(2, str(tmp_path)), nprocs=2, join=True)
+    spawn(_eval_worker, args=(2, str(tmp_path)))
     two = [torch.load(tmp_path / f"eval-2-{r}.pt") for r in range(2)]
     assert two[0] == two[1], "every rank gets the same, reduced value"
     _eval_worker(0, 1, str(tmp_path))  # a 1-process gloo group in this process

@@ -6,10 +6,10 @@ import gc
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_runner.tasks.engine.strategy import grad_sync
+from tests.support.spawn import spawn
 
 
 def _model() -> torch.nn.Module:
@@ -43,7 +43,7 @@ def _hook_worker(rank: int, world: int, store: str, out: str) -> None:
 
 def test_mean_allreduce_hook_gives_ddps_average_on_gloo(tmp_path):
     out = str(tmp_path / "grads")
-    mp.spawn(_hook_worker, args=(2, str(tmp_path / "store"), out), nprocs=2, join=True)
+    spawn(_hook_worker, args=(2, str(tmp_path / "store"), out))
     ranks = [torch.load(f"{out}-{r}.pt") for r in range(2)]
     # By hand: each rank's local gradient, averaged.
     local = []

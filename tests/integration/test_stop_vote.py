@@ -9,10 +9,10 @@ import signal
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from ddp_runner.tasks.engine import stop as stop_vote
 from ddp_runner.tasks.engine.diagnostics import termination
+from tests.support.spawn import spawn
 
 
 def _worker(rank: int, world: int, store: str, out: str, request: str) -> None:
@@ -37,7 +37,7 @@ def _worker(rank: int, world: int, store: str, out: str, request: str) -> None:
 
 def test_every_rank_sees_a_stop_at_the_same_step(tmp_path):
     out, request = str(tmp_path / "votes"), str(tmp_path / "stop-request.json")
-    mp.spawn(_worker, args=(2, str(tmp_path / "store"), out, request), nprocs=2, join=True)
+    spawn(_worker, args=(2, str(tmp_path / "store"), out, request))
     got = [torch.load(f"{out}-{r}.pt") for r in range(2)]
     want = [0, 0, 15, 15, 0, 12, 12, 12]  # rank 1's SIGTERM at steps 3-4; the request file from step 6 on
     assert got[0]["answers"] == got[1]["answers"] == want

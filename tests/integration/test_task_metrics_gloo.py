@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.utils.data import TensorDataset
 
 from ddp_runner.tasks.engine import logging as tb
 from ddp_runner.tasks.engine.trainer import Context, evaluate
+from tests.support.spawn import spawn
 
 
 class MeanOfY(torch.nn.Module):
@@ -43,7 +43,7 @@ def _worker(rank: int, world: int, tmp: str) -> None:
 
 
 def test_extra_metrics_are_reduced_across_ranks(tmp_path: Path):
-    mp.spawn(_worker, args=(2, str(tmp_path)), nprocs=2, join=True)
+    spawn(_worker, args=(2, str(tmp_path)))
     out = [torch.load(tmp_path / f"out-{r}.pt") for r in range(2)]
     assert out[0] == out[1], "every rank gets the same, reduced values"
     assert out[0]["loss"] == 0.0

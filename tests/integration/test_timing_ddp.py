@@ -7,10 +7,10 @@ import gc
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_runner.tasks.engine.strategy import grad_sync
+from tests.support.spawn import spawn
 
 
 def _ddp_worker(rank: int, store: str, out: str) -> None:
@@ -42,7 +42,7 @@ def _ddp_worker(rank: int, store: str, out: str) -> None:
 
 def test_ddp_notifies_once_per_backward_when_the_last_bucket_is_ready(tmp_path):
     out = str(tmp_path / "r")
-    mp.spawn(_ddp_worker, args=(str(tmp_path / "store"), out), nprocs=2, join=True)
+    spawn(_ddp_worker, args=(str(tmp_path / "store"), out))
     r = torch.load(f"{out}.0")
     assert max(r["per_backward"]) >= 2, r  # several buckets (once DDP has rebuilt them after the first backward)
     # Notified once per backward, at its last hook call (every earlier bucket already launched).
