@@ -1,5 +1,6 @@
-"""The fused LM head + cross-entropy op: same value and gradients as the unfused path, eager and compiled,
-and its Triton kernel (run by Triton's interpreter on the CPU) computes what the PyTorch fallback does."""
+"""The fused LM head + cross-entropy op compiled by inductor under bf16 autocast gives the unfused path's value and
+gradients, and its Triton kernel (run by Triton's interpreter on the CPU) computes what the PyTorch fallback does.
+(The eager op: tests/unit/test_fused_ce.py.)"""
 
 from __future__ import annotations
 
@@ -8,6 +9,12 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ddp_runner.tasks.gpt.fused_ce import linear_cross_entropy
+from ddp_runner.tasks.gpt.model import lm_loss
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,3 +46,21 @@ def test_triton_kernel_matches_the_fallback_in_the_interpreter() -> None:
     r = subprocess.run([sys.executable, "-c", TRITON_CHECK], capture_output=True, text=True, env=env,
                        cwd=ROOT, timeout=280)
     assert r.returncode == 0 and "triton kernel ok" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
+
+
+def test_compiled_under_bf16_autocast_matches_the_plain_path() -> None:
+    torch.manual_seed(0)
+    h0, w0 = torch.randn(64, 32), 0.1 * torch.randn(100, 32)
+    t = torch.randint(0, 100, (64,))
+    results = []
+    for fn in (lambda h, w: lm_loss(F.linear(h, w), t), lambda h, w: linear_cross_entropy(h, w, t)):
+        h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = torch.compile(fn)(h, w)
+        loss.backward()
+        assert loss.dtype == torch.float32 and h.grad.dtype == w.grad.dtype == torch.float32
+        results.append((loss.detach(), h.grad, w.grad))
+    (l0, h0g, w0g), (l1, h1g, w1g) = results
+    torch.testing.assert_close(l1, l0, rtol=1e-4, atol=1e-4)  # same bf16 logits, float32 softmax
+    torch.testing.assert_close(h1g, h0g, rtol=2e-2, atol=1e-4)  # bf16 gradients of the logits either way
+    torch.testing.assert_close(w1g, w0g, rtol=2e-2, atol=1e-4)
