@@ -48,7 +48,7 @@ run: setup
 # tests mostly wait on their subprocesses (torchrun, watchdogs, Slurm), so more workers than cores pays off.
 # --dist loadgroup keeps each xdist_group (the one local Slurm) on one worker. `make test TEST_WORKERS=0` runs
 # serially; `make test ARGS='-m "not e2e"'` skips the end-to-end tier.
-TEST_WORKERS ?= 5
+TEST_WORKERS ?= 4
 
 # Bytecode is cached for the suite's hundreds of interpreters (the package, the tests' rewritten modules), even
 # where the environment sets PYTHONDONTWRITEBYTECODE.

@@ -74,6 +74,7 @@ def _events(evidence: Mapping[str, Any]) -> list[dict[str, Any]]:
     gone: Mapping[int, Mapping[str, Any]] = watch.get("gone") or {}
     codes: Mapping[str, int | None] = evidence.get("exit_codes") or {}
     hang = watch.get("hang")
+    stopped = evidence.get("interrupted") is not None
     events: list[dict[str, Any]] = []
     if hang:
         events.append({"rank": hang["rank"], "class": "hang", "time": hang["time"], "primary": True,
@@ -97,7 +98,10 @@ def _events(evidence: Mapping[str, Any]) -> list[dict[str, Any]]:
             continue
         code = (gone.get(r) or {}).get("exit_code")
         code = code if code is not None else codes.get(str(r))
-        terminated = (prog or {}).get("phase") == "terminated" or code == -signal.SIGTERM
+        # A stop asked of the driver reaches a rank that has not yet set its SIGTERM handler (still starting) as
+        # SIGTERM's default, death without a record: with no exit code to say otherwise, that is the stop's doing.
+        terminated = ((prog or {}).get("phase") == "terminated" or code == -signal.SIGTERM
+                      or (code is None and stopped and r in gone))
         if not (terminated or r in gone or (code is not None and code != 0)):
             continue  # no sign of failure on this rank
         name = _signal_name(code) or ("SIGTERM" if terminated else None)

@@ -145,6 +145,22 @@ def test_hang_terminated_ranks_launcher_error_and_interruption():
     assert rootcause.root_cause({"world_size": 2, "rc": 0}) is None
 
 
+def test_a_rank_ended_by_the_drivers_stop_before_its_handler_is_a_consequence():
+    # SIGTERM to the driver while rank 0 was still starting: it died of SIGTERM's default action (no record, no
+    # progress) and torchrun, stopped itself, gave no exit code. The stop is the cause, the rank its consequence.
+    gone = {"gone": {0: {"time": 5.0, "exit_code": None}}}
+    stopped = rootcause.root_cause({"world_size": 2, "rc": -15, "interrupted": 15, "watch": gone,
+                                    "progress": {1: {"step": 0, "phase": "terminated", "since": 5.1}}})
+    assert (stopped["class"], stopped["message"]) == ("interrupted", "interrupted by signal 15"), stopped
+    assert [c["rank"] for c in stopped["consequences"]] == [0, 1]
+    # The same death with no stop asked for is the rank's own, and a known SIGKILL stays the cause either way.
+    alone = rootcause.root_cause({"world_size": 2, "rc": 1, "watch": gone})
+    assert (alone["rank"], alone["class"]) == (0, "signal") and "killed by a signal?" in alone["message"]
+    killed = rootcause.root_cause({"world_size": 2, "rc": -15, "interrupted": 15,
+                                   "watch": {"gone": {0: {"time": 5.0, "exit_code": -9}}}})
+    assert (killed["rank"], killed["class"]) == (0, "signal") and "SIGKILL" in killed["message"]
+
+
 # ------------------------------------------------------------------------------------------------ stacks
 
 def test_top_frame_is_the_main_threads_innermost_frame():
