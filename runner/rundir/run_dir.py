@@ -52,8 +52,9 @@ class RunDir:
         self.write_text(rel, json.dumps(obj, indent=2, default=str, ensure_ascii=False) + "\n")
 
     def read_json(self, rel: str) -> Any:
-        with self.fs.open(layout.join(self.path, rel), "r") as f:
-            return json.load(f)
+        # One whole read: a file object on an object store reads by ranges pinned to the version it first saw,
+        # and fails when another node replaces the file meanwhile (run.json, as node 0 opens a restart).
+        return json.loads(self.fs.cat_file(layout.join(self.path, rel)))
 
     def remove(self) -> None:
         """Delete the whole run directory (used when a refusal comes after creation)."""
