@@ -100,9 +100,9 @@ def swept_values(run_dir: str) -> dict[str, Any]:
     import fsspec
     import yaml
 
-    try:
-        with fsspec.open(layout.join(run_dir, layout.MANIFEST), "r") as f:
-            swept = (json.load(f).get("invocation") or {}).get("swept") or {}
+    try:  # one whole read: a file object on an object store fails if another node replaces run.json meanwhile
+        fs, path = fsspec.core.url_to_fs(layout.join(run_dir, layout.MANIFEST))
+        swept = (json.loads(fs.cat_file(path)).get("invocation") or {}).get("swept") or {}
     except (OSError, ValueError):
         return {}
     out: dict[str, Any] = {}

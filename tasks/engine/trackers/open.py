@@ -18,9 +18,9 @@ from ddp_runner.tasks.engine.trackers.base import Background, Trackers
 
 def recorded(run_dir: str) -> dict[str, Any]:
     """The trackers the driver opened for the run at ``run_dir`` (run.json), or {} when it records none."""
-    try:
-        with fsspec.open(layout.join(run_dir, layout.MANIFEST), "r") as f:
-            return json.load(f).get(tracking.MANIFEST_TRACKERS) or {}
+    try:  # one whole read: a file object on an object store fails if another node replaces run.json meanwhile
+        fs, path = fsspec.core.url_to_fs(layout.join(run_dir, layout.MANIFEST))
+        return json.loads(fs.cat_file(path)).get(tracking.MANIFEST_TRACKERS) or {}
     except (OSError, ValueError):
         return {}
 
