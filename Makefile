@@ -15,7 +15,7 @@ setup: $(VENV)/.installed
 # python3 already has torch (a GPU host), .venv sees its packages so that CUDA build is used as is, and pip installs
 # the rest: uv would not look through that path and could fetch another torch. Without uv (its install failed),
 # pip does everything.
-HOST_TORCH := $(shell python3 -c "import torch" 2>/dev/null && echo yes)
+HOST_TORCH := $(shell python3 -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)" 2>/dev/null && echo yes)
 UV      := $(VENV)/bin/uv
 INSTALL := sh -c 'if [ -x "$(UV)" ]; then exec "$(UV)" pip install -q --python "$(PY)" "$$@"; \
 	else exec "$(PY)" -m pip install -q "$$@"; fi' install

@@ -79,6 +79,18 @@ def as_recorded(cfg: Config) -> dict[str, Any]:
     return secrets.redact_tree(_plain(cfg), secrets.handed_over())
 
 
+def read_manifest(run_dir: str) -> dict[str, Any]:
+    """The driver's run.json, or {} when it cannot be read. One whole read: a file object on an object store reads
+    by ranges pinned to the version it first saw, and fails when another node replaces run.json meanwhile."""
+    import json
+
+    try:
+        fs, path = fsspec.core.url_to_fs(layout.join(run_dir, layout.MANIFEST))
+        return json.loads(fs.cat_file(path))
+    except (OSError, ValueError):
+        return {}
+
+
 def load_config(run_dir: str) -> Config:
     """The resolved config the driver wrote into the run directory: what this run runs, exactly."""
     with fsspec.open(layout.join(run_dir, layout.CONFIG), "r") as f:

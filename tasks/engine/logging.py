@@ -11,7 +11,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ddp_runner.contract import layout
 from ddp_runner.contract.rules import explain
 from ddp_runner.tasks.engine import timing
 from ddp_runner.tasks.engine.diagnostics import telemetry as gpu_telemetry
@@ -95,16 +94,12 @@ class PendingLog:
 def swept_values(run_dir: str) -> dict[str, Any]:
     """This sweep job's value of each swept key, as the driver recorded them in run.json (typed as YAML reads
     them: ``0.1`` a number); empty outside a sweep or when run.json cannot be read."""
-    import json
 
-    import fsspec
     import yaml
 
-    try:  # one whole read: a file object on an object store fails if another node replaces run.json meanwhile
-        fs, path = fsspec.core.url_to_fs(layout.join(run_dir, layout.MANIFEST))
-        swept = (json.loads(fs.cat_file(path)).get("invocation") or {}).get("swept") or {}
-    except (OSError, ValueError):
-        return {}
+    from ddp_runner.tasks.engine.config import read_manifest
+
+    swept = (read_manifest(run_dir).get("invocation") or {}).get("swept") or {}
     out: dict[str, Any] = {}
     for k, v in swept.items():
         try:

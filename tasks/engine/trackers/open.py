@@ -4,25 +4,18 @@ process-group and model set-up."""
 
 from __future__ import annotations
 
-import json
 import os
 from typing import IO, Any
 
-import fsspec
-
 from ddp_runner.contract import layout, tracking
 from ddp_runner.contract.rules import explain
-from ddp_runner.tasks.engine.config import Config, batch_plan
+from ddp_runner.tasks.engine.config import Config, batch_plan, read_manifest
 from ddp_runner.tasks.engine.trackers.base import Background, Trackers
 
 
 def recorded(run_dir: str) -> dict[str, Any]:
     """The trackers the driver opened for the run at ``run_dir`` (run.json), or {} when it records none."""
-    try:  # one whole read: a file object on an object store fails if another node replaces run.json meanwhile
-        fs, path = fsspec.core.url_to_fs(layout.join(run_dir, layout.MANIFEST))
-        return json.loads(fs.cat_file(path)).get(tracking.MANIFEST_TRACKERS) or {}
-    except (OSError, ValueError):
-        return {}
+    return read_manifest(run_dir).get(tracking.MANIFEST_TRACKERS) or {}
 
 
 def open_trackers(cfg: Config, run_dir: str, local_dir: str, console: IO[str] | None = None) -> Trackers:
