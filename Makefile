@@ -16,6 +16,9 @@ setup: $(VENV)/.installed
 # the rest: uv would not look through that path and could fetch another torch. Without uv (its install failed),
 # pip does everything.
 HOST_TORCH := $(shell python3 -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)" 2>/dev/null && echo yes)
+# The interpreter .venv is made from on a CPU host: python3, or the distribution's faster build of its version where
+# python3 is an unoptimised build (tools/venv_python.py says when). `make PYTHON=...` chooses.
+PYTHON  ?= $(shell python3 tools/venv_python.py 2>/dev/null || echo python3)
 UV      := $(VENV)/bin/uv
 INSTALL := sh -c 'if [ -x "$(UV)" ]; then exec "$(UV)" pip install -q --python "$(PY)" "$$@"; \
 	else exec "$(PY)" -m pip install -q "$$@"; fi' install
@@ -32,7 +35,7 @@ ifeq ($(HOST_TORCH),yes)
 		> "$$($(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/_host_site.pth"
 	$(PIP) install -q -e .
 else
-	test -x $(PY) || python3 -m venv $(VENV)
+	test -x $(PY) || { p="$(PYTHON)"; echo "make: .venv from $$p"; "$$p" -m venv $(VENV); }
 	test -x $(UV) || $(PIP) install -q uv || echo "uv did not install: pip installs everything (slower)"
 	$(PY) -c "import torch" 2>/dev/null || { rm -rf $(VENV)/wheels && $(PIP) download -q --no-deps -d $(VENV)/wheels \
 		torch==2.13.0 && $(COMPILED) $(INSTALL) $(VENV)/wheels/torch-*.whl && rm -rf $(VENV)/wheels; }
@@ -40,8 +43,16 @@ else
 endif
 	touch $@
 
+# Triton goes into a folder of its own, which only the test of the fused loss's kernel puts on its path
+# (tests/integration/test_fused_ce_triton.py): in site-packages, every process that imports torch._dynamo (each
+# launch's torchrun agent, each test worker) would import it too, for nothing on a CPU. Where python3 has it (a
+# GPU host's torch), that one is used.
+TRITON_DIR := $(VENV)/triton
+
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(if $(HOST_TORCH),$(PIP) install -q,$(INSTALL)) -e '.[test]'
+	$(PY) -c "import importlib.util as u, sys; sys.exit(u.find_spec('triton') is None)" || \
+		$(INSTALL) --target $(TRITON_DIR) 'triton>=3.2'
 	touch $@
 
 run: setup
@@ -57,7 +68,7 @@ TEST_WORKERS ?= 4
 # Bytecode is cached for the suite's hundreds of interpreters (the package, the tests' rewritten modules), even
 # where the environment sets PYTHONDONTWRITEBYTECODE.
 test: $(VENV)/.installed-test
-	$(PY) -m ruff check runner tasks tests bench examples
+	$(PY) -m ruff check runner tasks tests bench examples tools
 	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(ARGS)
 
 bench: setup

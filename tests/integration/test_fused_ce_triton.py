@@ -4,6 +4,7 @@ gradients, and its Triton kernel (run by Triton's interpreter on the CPU) comput
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -41,8 +42,15 @@ TRITON_CHECK = textwrap.dedent("""
 """)
 
 
+# `make test` installs Triton here, outside site-packages (the Makefile says why); a host whose Python has it (a GPU
+# host's torch) uses that one.
+TRITON_HOME = Path(sys.prefix) / "triton"
+
+
 def test_triton_kernel_matches_the_fallback_in_the_interpreter() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    found = importlib.util.find_spec("triton") is not None or (TRITON_HOME / "triton").is_dir()
+    assert found, f"Triton is not installed: `make test` installs it into {TRITON_HOME}"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join((str(ROOT), str(TRITON_HOME)))}
     r = subprocess.run([sys.executable, "-c", TRITON_CHECK], capture_output=True, text=True, env=env,
                        cwd=ROOT, timeout=280)
     assert r.returncode == 0 and "triton kernel ok" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
