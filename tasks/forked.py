@@ -18,6 +18,7 @@ import time
 
 from ddp_runner.contract import layout, osutil
 from ddp_runner.tasks import worker
+from ddp_runner.tasks.engine.diagnostics import termination
 
 
 def rank(run_url: str) -> int:
@@ -26,6 +27,8 @@ def rank(run_url: str) -> int:
     code = worker.main(run_url, started=_imports_began())
     if code == 0:
         _end()
+        if termination.requested():
+            _hand_over_and_exit(0)
         return 0
     worker.after_failure()
     _end()
@@ -74,6 +77,24 @@ def _threads_from_env() -> None:
     torch = sys.modules.get("torch")
     if torch is not None and wanted.isdigit() and int(wanted) > 0 and torch.get_num_threads() != int(wanted):
         torch.set_num_threads(int(wanted))
+
+
+def _hand_over_and_exit(result: int) -> None:
+    """A rank stopped by a signal ends once its result is handed over, as one started as a command ends with its
+    script. torchrun releases a rank it runs as a function only after reading its result, and it does not read it
+    while it shuts down (its SIGTERM is what stopped this rank, or came with it): it waits 30 s for the rank to
+    end, then SIGKILLs it, and every Ctrl-C took that long after the checkpoint on stop was committed. The result
+    goes into the queue torch's wrapper would put it in (``_wrap`` in
+    torch/distributed/elastic/multiprocessing/api.py), then the process ends; where that wrapper is not found (a
+    torch that starts functions otherwise), the rank returns as before."""
+    frame = sys._getframe(1)
+    while frame is not None and not (frame.f_code.co_name == "_wrap" and "ret_val_" in frame.f_locals
+                                     and "queue_finished_reading_event" in frame.f_locals):
+        frame = frame.f_back
+    if frame is None:
+        return
+    frame.f_locals["ret_val_"].put(result)
+    os._exit(0)
 
 
 def _end() -> None:

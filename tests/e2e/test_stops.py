@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ from ddp_runner.tasks.engine import checkpoint as ck  # noqa: E402
 
 DEFAULT_CKPT = {"checkpoint.every_steps": "0", "checkpoint.keep_last": "2", "checkpoint.async_save": "true"}
 SLOW = ["fault.kind=slow", "fault.rank=0", "fault.step=1", "fault.slow_s=0.4"]
+STOP_BOUND_S = 10.0  # half the driver's grace (checkpoint.stop_grace_s: 20 s)
 
 
 def with_default_checkpoints(args: list[str]) -> list[str]:
@@ -41,7 +43,8 @@ def with_default_checkpoints(args: list[str]) -> list[str]:
 
 def stop_mid_run(args: list[str], root: Path, at_step: int, how: str) -> tuple[int, str, str]:
     """Launch, and once step ``at_step`` is printed send SIGINT to the driver (``how="driver"``) or SIGTERM to
-    rank 1 (``how="worker"``); returns the exit code, stdout and stderr."""
+    rank 1 (``how="worker"``); returns the exit code, stdout and stderr. The driver has ended within
+    ``STOP_BOUND_S`` of the signal."""
     env = {**os.environ}
     proc = subprocess.Popen([sys.executable, "-m", "ddp_runner", *args, f"output.root={root}"],
                             cwd=tempfile.gettempdir(),
@@ -54,6 +57,7 @@ def stop_mid_run(args: list[str], root: Path, at_step: int, how: str) -> tuple[i
             break
     else:
         pytest.fail(f"the run ended before step {at_step}:\n{''.join(seen)}\n{proc.stderr.read()}")
+    t0 = time.monotonic()
     if how == "driver":
         proc.send_signal(signal.SIGINT)
     else:
@@ -61,6 +65,10 @@ def stop_mid_run(args: list[str], root: Path, at_step: int, how: str) -> tuple[i
         pid = wait_for("rank 1's facts", lambda: load_json(run / "logs/rank1.json").get("pid"))
         os.kill(pid, signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
+    # The ranks stop at the next step boundary (0.4 s each here) and save; the rest is the driver's own work.
+    # torchrun waited 30 s for ranks that had saved while it shut down (tasks/forked.py).
+    elapsed = time.monotonic() - t0
+    assert elapsed < STOP_BOUND_S, f"the driver ended {elapsed:.1f} s after the signal\n{err}"
     return proc.returncode, "".join(seen) + out, err
 
 
