@@ -25,6 +25,10 @@ INSTALL := sh -c 'if [ -x "$(UV)" ]; then exec "$(UV)" pip install -q --python "
 # uv byte-compiles what `make run` imports at install; the test extras are compiled as the suite imports them
 # (`make test` writes bytecode), most of their modules (transformers' models...) never are.
 COMPILED := UV_COMPILE_BYTECODE=1
+TORCH    := 2.13.0
+# The torch wheel pip downloads is kept in one folder per user and Python: found again at the same path, uv's cache
+# knows it, and a new clone links its files instead of unpacking ~1 GB again (a folder that cannot be made: .venv's).
+WHEELS   := $${XDG_CACHE_HOME:-$$HOME/.cache}/ddp-runner/wheels
 
 $(VENV)/.installed: pyproject.toml
 ifeq ($(HOST_TORCH),yes)
@@ -37,8 +41,9 @@ ifeq ($(HOST_TORCH),yes)
 else
 	test -x $(PY) || { p="$(PYTHON)"; echo "make: .venv from $$p"; "$$p" -m venv $(VENV); }
 	test -x $(UV) || $(PIP) install -q uv || echo "uv did not install: pip installs everything (slower)"
-	$(PY) -c "import torch" 2>/dev/null || { rm -rf $(VENV)/wheels && $(PIP) download -q --no-deps -d $(VENV)/wheels \
-		torch==2.13.0 && $(COMPILED) $(INSTALL) $(VENV)/wheels/torch-*.whl && rm -rf $(VENV)/wheels; }
+	$(PY) -c "import torch" 2>/dev/null || { w="$(WHEELS)/$$($(PY) -c 'import sys; print(sys.implementation.cache_tag)')"; \
+		mkdir -p "$$w" 2>/dev/null || w=$(VENV)/wheels; $(PIP) download -q --no-deps -d "$$w" torch==$(TORCH) && \
+		$(COMPILED) $(INSTALL) "$$w"/torch-$(TORCH)*.whl && rm -rf $(VENV)/wheels; }
 	$(COMPILED) $(INSTALL) -e .
 endif
 	touch $@
