@@ -1,8 +1,8 @@
 """Print the interpreter ``make`` builds ``.venv`` from on a CPU host: the one running this (``python3``), or the
 distribution's build of the same Python version where this one was configured without ``--enable-optimizations``
 (pyenv's default build: no profile-guided or link-time optimisation, libpython loaded as a shared library). The
-distribution's build (``/usr/bin/python3.X``: PGO, LTO, libpython linked in) runs the same code about a fifth
-faster: every rank, agent and driver the runner starts imports torch with it (BENCHMARKS.md: the test suite).
+distribution's build (``/usr/bin/python3.X``: PGO, LTO, libpython linked in) imports torch about a fifth faster,
+and every agent, rank and driver the runner starts imports it (BENCHMARKS.md: the test suite).
 ``make PYTHON=...`` chooses another."""
 
 from __future__ import annotations
