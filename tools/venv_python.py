@@ -21,9 +21,8 @@ def venv_python() -> str:
     distro = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
     if not os.access(distro, os.X_OK) or os.path.realpath(distro) == os.path.realpath(me):
         return me
-    # The same version, and able to make a venv with pip in it (Debian splits venv and ensurepip off).
-    same = f"import sys, ensurepip, venv; sys.exit(sys.version_info[:2] != {tuple(sys.version_info[:2])})"
-    ok = subprocess.run([distro, "-c", same], capture_output=True, timeout=60).returncode == 0
+    # Able to make a venv with pip in it (Debian splits venv and ensurepip off).
+    ok = subprocess.run([distro, "-c", "import ensurepip, venv"], capture_output=True, timeout=60).returncode == 0
     return distro if ok else me
 
 

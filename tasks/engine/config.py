@@ -6,6 +6,7 @@ keeps every rank's start-up short.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -82,8 +83,6 @@ def as_recorded(cfg: Config) -> dict[str, Any]:
 def read_manifest(run_dir: str) -> dict[str, Any]:
     """The driver's run.json, or {} when it cannot be read. One whole read: a file object on an object store reads
     by ranges pinned to the version it first saw, and fails when another node replaces run.json meanwhile."""
-    import json
-
     try:
         fs, path = fsspec.core.url_to_fs(layout.join(run_dir, layout.MANIFEST))
         return json.loads(fs.cat_file(path))

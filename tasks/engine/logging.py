@@ -10,9 +10,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import yaml
 
 from ddp_runner.contract.rules import explain
 from ddp_runner.tasks.engine import timing
+from ddp_runner.tasks.engine.config import read_manifest
 from ddp_runner.tasks.engine.diagnostics import telemetry as gpu_telemetry
 
 
@@ -94,11 +96,6 @@ class PendingLog:
 def swept_values(run_dir: str) -> dict[str, Any]:
     """This sweep job's value of each swept key, as the driver recorded them in run.json (typed as YAML reads
     them: ``0.1`` a number); empty outside a sweep or when run.json cannot be read."""
-
-    import yaml
-
-    from ddp_runner.tasks.engine.config import read_manifest
-
     swept = (read_manifest(run_dir).get("invocation") or {}).get("swept") or {}
     out: dict[str, Any] = {}
     for k, v in swept.items():
