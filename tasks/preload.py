@@ -85,11 +85,21 @@ if _ROLE in (layout.FORKSERVER_SPAWNED, layout.FORKSERVER_AGENT):
         _tell_the_bar()
     except OSError:  # the bar only
         pass
-for _name in MODULES:
-    try:
-        importlib.import_module(_name)
-    except Exception:  # noqa: BLE001, S112 - the rank imports it again and reports the error itself
-        continue
+_COLLECTING = gc.isenabled()
+# The cyclic collector off while torch imports, and what the imports made (nearly all of it lives as long as the
+# process) out of its reach afterwards: each of its passes would walk those hundreds of thousands of objects, which
+# cost about a quarter of the imports' CPU time, and as much again in the agent's own imports and work after them.
+gc.disable()
+try:
+    for _name in MODULES:
+        try:
+            importlib.import_module(_name)
+        except Exception:  # noqa: BLE001, S112 - the rank imports it again and reports the error itself
+            continue
+finally:
+    gc.freeze()
+    if _COLLECTING:
+        gc.enable()
 DONE = time.time()
 _SERVER = os.getpid()
 if _IS_SERVER:

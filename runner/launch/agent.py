@@ -9,7 +9,9 @@ worker runs as forks of one server, itself a fork of this process after it impor
 
 from __future__ import annotations
 
+import gc
 import os
+import sys
 
 from ddp_runner.contract import layout, netbind
 from ddp_runner.launch import forkserver
@@ -28,8 +30,6 @@ def _private_debug_output() -> None:
     """debug=true: the agent's C++ output (c10d's store ports and rendezvous keys, at TORCH_CPP_LOG_LEVEL=INFO)
     goes to the owner-only ``logs/debug/agent.log``, not to logs/torchrun.log (mode 644), which keeps torchrun's
     Python messages (as the workers do, tasks/engine/diagnostics/debug.py). Before torch is imported."""
-    import sys
-
     local = os.environ.get(layout.ENV_LOCAL_DIR)
     if not os.environ.get(layout.ENV_DEBUG) or not local:
         return
@@ -47,10 +47,25 @@ def _private_debug_output() -> None:
     sys.stderr = os.fdopen(python_stderr, "w", buffering=1)
 
 
+def _cheap_caller_names() -> None:
+    """torchrun's rendezvous names each of its events after the method that records it through
+    ``inspect.stack()``, which reads the source of every frame and searches ``sys.modules`` (thousands of modules
+    with torch) for each: about 0.13 CPU-seconds of every launch. The same name, read from the frame itself."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    def get_method_name(depth: int = 2) -> str:
+        try:
+            return sys._getframe(depth).f_code.co_name
+        except ValueError:  # fewer frames than that
+            return "no_method_name"
+
+    if callable(getattr(dynamic_rendezvous, "get_method_name", None)):
+        dynamic_rendezvous.get_method_name = get_method_name
+
+
 def main() -> None:
     """Bind the stores, then hand over to torchrun's own main (it reads ``sys.argv``)."""
     import shutil
-    import sys
     import tempfile
 
     _private_debug_output()  # first: binding the stores below imports torch
@@ -60,12 +75,20 @@ def main() -> None:
     # caches).
     tempfile.tempdir = mine
     try:
-        if forkserver.run_dir_of(sys.argv[1:]) is not None:
-            forkserver.start_server()  # imports torch and the engine here once, then forks the ranks' server
-        netbind.install()
-        forkserver.install()
-        from torch.distributed.run import main as torchrun_main
+        # The cyclic collector off while torch imports, and what the imports made out of its reach afterwards:
+        # nearly all of it lives as long as the agent, and each pass of the collector would walk it all again.
+        gc.disable()
+        try:
+            if forkserver.run_dir_of(sys.argv[1:]) is not None:
+                forkserver.start_server()  # imports torch and the engine here once, then forks the ranks' server
+            netbind.install()
+            forkserver.install()
+            from torch.distributed.run import main as torchrun_main
 
+            _cheap_caller_names()
+        finally:
+            gc.freeze()
+            gc.enable()
         torchrun_main()
     finally:
         forkserver.stop_server()

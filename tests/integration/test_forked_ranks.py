@@ -35,7 +35,7 @@ import ddp_runner.tasks.preload as preload
 agent = {"calls": calls, "initialized": torch.cuda.is_initialized(), "threads": threading.active_count(),
          "tasks": len(os.listdir("/proc/self/task")),
          "missing": [m for m in preload.MODULES if m not in sys.modules], "frozen": gc.get_freeze_count(),
-         "sigterm_ignored": signal.getsignal(signal.SIGTERM) == signal.SIG_IGN,
+         "collecting": gc.isenabled(), "sigterm_ignored": signal.getsignal(signal.SIGTERM) == signal.SIG_IGN,
          "marker_left": "DDP_RUNNER_FORKSERVER" in os.environ}
 r, w = os.pipe()
 pid = os.fork()
@@ -56,8 +56,8 @@ def test_the_preload_initialises_no_cuda_and_starts_no_thread() -> None:
     driver, which a device count initialises) made before the fork is unusable in the ranks on a GPU host ("Cannot
     re-initialize CUDA in forked subprocess"), and a fork copies only the calling thread. On a GPU host
     ``initialized`` is the real CUDA state; on any host the spies see any call of the preload into torch.cuda's
-    device queries. The agent itself stays as it was (no frozen heap, SIGTERM its own); the server, once it
-    became one, has its heap frozen and ignores SIGTERM."""
+    device queries. The agent keeps SIGTERM its own, with what the imports made out of the collector's reach and
+    the collector on again; the server, once it became one, has its heap frozen and ignores SIGTERM."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", layout.ENV_FORKSERVER: layout.FORKSERVER_AGENT}  # as the agent
     out = subprocess.run([sys.executable, "-P", "-c", _PRELOAD_PROBE], env=env, capture_output=True, text=True,
                          timeout=300)
@@ -67,7 +67,8 @@ def test_the_preload_initialises_no_cuda_and_starts_no_thread() -> None:
     assert agent["missing"] == [], "every module of the preload imported (a failed one would hide what it does)"
     assert agent["calls"] == [] and agent["initialized"] is False, agent
     assert agent["threads"] == 1 and agent["tasks"] == 1, agent  # with the driver's OMP_NUM_THREADS=1 (no pool)
-    assert agent["frozen"] == 0 and not agent["sigterm_ignored"], "the agent is not prepared as a server"
+    assert not agent["sigterm_ignored"], "the agent is not prepared as a server"
+    assert agent["frozen"] > 100_000 and agent["collecting"], "the imports' heap frozen, the collector on again"
     assert not agent["marker_left"], "the ranks do not inherit the marker"
     assert server["frozen"] > 0, "the preloaded heap is frozen (the ranks' collections leave its pages shared)"
     assert server["sigterm_ignored"], "a SIGTERM to the process group is for the ranks, not the server"

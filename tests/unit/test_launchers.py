@@ -130,3 +130,25 @@ def test_a_store_listens_on_the_address_its_clients_use():
         assert sock.getsockname()[0] == "127.0.0.1"
     finally:
         sock.close()
+
+
+def test_the_agents_event_names_are_the_ones_torch_would_give(monkeypatch):
+    # The agent replaces torchrun's inspect.stack()-based caller lookup with a frame read (runner/launch/agent.py).
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    from ddp_runner.launch import agent
+
+    torchs = dynamic_rendezvous.get_method_name
+    monkeypatch.setattr(dynamic_rendezvous, "get_method_name", torchs)  # restored after the test
+    agent._cheap_caller_names()
+    cheap = dynamic_rendezvous.get_method_name
+    assert cheap is not torchs
+
+    def recorded_event() -> tuple[str, str, str, str]:
+        return torchs(), cheap(), torchs(depth=1), cheap(depth=1)
+
+    def next_rendezvous() -> tuple[str, str, str, str]:
+        return recorded_event()
+
+    assert next_rendezvous() == ("next_rendezvous", "next_rendezvous", "recorded_event", "recorded_event")
+    assert torchs(depth=10_000) == cheap(depth=10_000) == "no_method_name"
