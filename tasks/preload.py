@@ -87,8 +87,8 @@ if _ROLE in (layout.FORKSERVER_SPAWNED, layout.FORKSERVER_AGENT):
         pass
 _COLLECTING = gc.isenabled()
 # The cyclic collector off while torch imports, and what the imports made (nearly all of it lives as long as the
-# process) out of its reach afterwards: each of its passes would walk those hundreds of thousands of objects, which
-# cost about a quarter of the imports' CPU time, and as much again in the agent's own imports and work after them.
+# process) out of its reach afterwards: each of its passes would walk all of it again, during the imports and in
+# the agent's work after them (measured: BENCHMARKS.md).
 gc.disable()
 try:
     for _name in MODULES:

@@ -50,7 +50,8 @@ def _private_debug_output() -> None:
 def _cheap_caller_names() -> None:
     """torchrun's rendezvous names each of its events after the method that records it through
     ``inspect.stack()``, which reads the source of every frame and searches ``sys.modules`` (thousands of modules
-    with torch) for each: about 0.13 CPU-seconds of every launch. The same name, read from the frame itself."""
+    with torch) for each, a noticeable part of every launch's CPU time. The same name, read from the frame
+    itself."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
     def get_method_name(depth: int = 2) -> str:
