@@ -29,7 +29,7 @@ import os
 import signal
 import time
 
-from ddp_runner.contract import layout
+from ddp_runner.contract import layout, osutil
 
 STARTED = time.time()  # the imports' wall-clock, a forked rank's ``imports`` start-up part (tasks/forked.py)
 
@@ -85,21 +85,12 @@ if _ROLE in (layout.FORKSERVER_SPAWNED, layout.FORKSERVER_AGENT):
         _tell_the_bar()
     except OSError:  # the bar only
         pass
-_COLLECTING = gc.isenabled()
-# The cyclic collector off while torch imports, and what the imports made (nearly all of it lives as long as the
-# process) out of its reach afterwards: each of its passes would walk all of it again, during the imports and in
-# the agent's work after them (measured: BENCHMARKS.md).
-gc.disable()
-try:
+with osutil.lasting_imports():
     for _name in MODULES:
         try:
             importlib.import_module(_name)
         except Exception:  # noqa: BLE001, S112 - the rank imports it again and reports the error itself
             continue
-finally:
-    gc.freeze()
-    if _COLLECTING:
-        gc.enable()
 DONE = time.time()
 _SERVER = os.getpid()
 if _IS_SERVER:

@@ -2,15 +2,18 @@
 
 - :func:`atomic_write`: a local file appears whole or not at all (readers never see half of it).
 - :func:`die_with_parent`: a child process is signalled when its parent dies, so none is orphaned.
+- :func:`lasting_imports`: imports whose objects live as long as the process, out of the cyclic collector's way.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import os
 import signal
 import tempfile
+from collections.abc import Iterator
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
@@ -51,6 +54,22 @@ def atomic_write(path: str | os.PathLike[str], data: str | bytes, mode: int | No
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def lasting_imports() -> Iterator[None]:
+    """Import inside: the cyclic collector is off meanwhile, and what was made inside is frozen out of its reach
+    afterwards (``gc.freeze()``), then the collector is as it was. Torch's imports make hundreds of thousands of
+    objects that live as long as the process; each pass of the collector would walk them all again, during the
+    imports and after them (measured: BENCHMARKS.md)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if collecting:
+            gc.enable()
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> bool:

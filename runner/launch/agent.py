@@ -9,11 +9,10 @@ worker runs as forks of one server, itself a fork of this process after it impor
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 
-from ddp_runner.contract import layout, netbind
+from ddp_runner.contract import layout, netbind, osutil
 from ddp_runner.launch import forkserver
 
 
@@ -76,10 +75,7 @@ def main() -> None:
     # caches).
     tempfile.tempdir = mine
     try:
-        # The cyclic collector off while torch imports, and what the imports made out of its reach afterwards:
-        # nearly all of it lives as long as the agent, and each pass of the collector would walk it all again.
-        gc.disable()
-        try:
+        with osutil.lasting_imports():  # torch's, and the engine's for the ranks
             if forkserver.run_dir_of(sys.argv[1:]) is not None:
                 forkserver.start_server()  # imports torch and the engine here once, then forks the ranks' server
             netbind.install()
@@ -87,9 +83,6 @@ def main() -> None:
             from torch.distributed.run import main as torchrun_main
 
             _cheap_caller_names()
-        finally:
-            gc.freeze()
-            gc.enable()
         torchrun_main()
     finally:
         forkserver.stop_server()
