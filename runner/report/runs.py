@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import IO, Any
 
+from ddp_runner.config.task_module import CUSTOM_PRESET
 from ddp_runner.contract import layout
 from ddp_runner.diagnostics import rootcause
 from ddp_runner.rundir import listing, records
@@ -120,9 +121,16 @@ def reproduce_command(invocation: dict[str, Any]) -> str | None:
         options.append(word)
         if word in _VALUE_OPTIONS:
             options.append(next(it, ""))
-    cmd = shlex.join(["ddp-run", *options, *map(str, overrides)])
+    cmd = shlex.join(["ddp-run", *options, *given_overrides(list(map(str, overrides)), argv)])
     cwd = invocation.get("cwd")
     return f"cd {shlex.quote(cwd)} && {cmd}" if cwd else cmd
+
+
+def given_overrides(overrides: list[str], argv: list[str]) -> list[str]:
+    """The job's overrides in the form the user gave them: without the ``task=custom`` ddp-run adds when only
+    ``task.module=`` names the task (runner/cli.py), which the same command adds again."""
+    typed_task = any(w.lstrip("+~").split("=", 1)[0] == "task" for w in argv[1:] if "=" in w)
+    return [o for o in overrides if typed_task or o != f"task={CUSTOM_PRESET}"]
 
 
 def newest_checkpoint(fs: Any, path: str) -> str | None:

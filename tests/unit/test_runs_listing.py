@@ -98,6 +98,17 @@ def test_the_reproduce_command_keeps_options_and_this_jobs_overrides() -> None:
     assert runs.reproduce_command({}) is None
 
 
+def test_the_reproduce_command_is_the_form_the_user_gave() -> None:
+    """``task.module=x`` alone composes the custom preset (ddp-run adds ``task=custom``): the command shown is the
+    user's, which adds it again; a ``task=custom`` the user typed stays."""
+    inv = {"argv": ["ddp-run", "task.module=mytask", "device=cpu"], "cwd": "/home/me/proj",
+           "overrides": ["task.module=mytask", "device=cpu", "task=custom"]}
+    assert runs.reproduce_command(inv) == "cd /home/me/proj && ddp-run task.module=mytask device=cpu"
+    typed = {**inv, "argv": ["ddp-run", "task=custom", "task.module=mytask", "device=cpu"],
+             "overrides": ["task=custom", "task.module=mytask", "device=cpu"]}
+    assert runs.reproduce_command(typed).endswith("ddp-run task=custom task.module=mytask device=cpu")
+
+
 # --- a tree ---------------------------------------------------------------------------------------------------
 
 @pytest.fixture
