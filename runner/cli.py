@@ -190,8 +190,7 @@ def main() -> None:
     if "-h" in args or "--help" in args:  # the runner's own help, from the validation table (Hydra's: --hydra-help)
         from ddp_runner.config.cli_help import print_help
 
-        print_help(args, CONFIG_PATH)
-        sys.exit(0)
+        sys.exit(print_help(args, CONFIG_PATH))
     from ddp_runner.config.cli_help import info_args
 
     args = overrides.logger_list(info_args(args))

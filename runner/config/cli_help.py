@@ -1,25 +1,70 @@
 """What ``ddp-run`` answers without running anything: ``--help`` (the reference of runner/config/reference.py,
-with the values this command line composes), Hydra's ``--info`` made to work after the runner's own overrides,
-and, after Hydra's ``--cfg job``, the values the runner derives from the composed config."""
+with the values this command line composes; ``--help KEY|GROUP`` only those keys), Hydra's ``--info`` made to work
+after the runner's own overrides, and, after Hydra's ``--cfg job``, the values the runner derives from the composed
+config."""
 
 from __future__ import annotations
 
+import difflib
 import shlex
+import sys
 
 from ddp_runner.config import overrides as ov
-from ddp_runner.config import reference
+from ddp_runner.config import reference, task_module
 from ddp_runner.config.reference import INFO_CHOICES, compose_values, conf_dirs, without_info
+from ddp_runner.contract.errors import PlanError
 from ddp_runner.contract.rules import global_batch
 
 
-def print_help(args: list[str], config_path: str) -> None:
-    """``ddp-run --help [overrides]``."""
+def print_help(args: list[str], config_path: str) -> int:
+    """``ddp-run --help [KEY|GROUP ...] [overrides]``: the whole reference, or only the keys and groups named
+    (``train.lr``, ``train``), with the values the overrides compose. Returns the exit code: 2 when a name is
+    neither a key nor a group."""
+    names, args = asked(args)
+    args = as_the_run_composes(args, config_path)
     cli = ov.parse(without_info(args))
     values = compose_values(args, config_path)
-    print(reference.help_text(conf_dirs(cli.config_dir, config_path), values))
+    dirs = conf_dirs(cli.config_dir, config_path)
+    if names:
+        text, unknown = reference.named_help(names, dirs, values)
+        if unknown:
+            near = difflib.get_close_matches(unknown[0], reference.known_names(dirs, values), n=3)
+            print(f"ddp-run: --help {unknown[0]}: no key or group of that name"
+                  + (f" (did you mean {', '.join(near)}?)" if near else "")
+                  + "; ddp-run --help lists them all", file=sys.stderr)
+            return 2
+        print(text)
+    else:
+        print(reference.help_text(dirs, values))
     if not values:
         print(f"\n(The config of {' '.join(without_info(args))} cannot be composed, so no values are shown: run it"
               " without --help to see why.)")
+    return 0
+
+
+def asked(args: list[str]) -> tuple[list[str], list[str]]:
+    """The names ``--help`` is asked about (words that are no override: ``train.lr``, ``train``) and the rest of
+    the command line."""
+    words = [w for w in ov.parse(without_info(args)).overrides if "=" not in w and not w.startswith("~")]
+    rest = list(args)
+    for w in words:
+        rest.remove(w)
+    return words, rest
+
+
+def as_the_run_composes(args: list[str], config_path: str) -> list[str]:
+    """The command line as ``ddp-run`` composes it (runner/cli.py): ``task.module=x`` without ``task=`` (and
+    without a primary config of the user's own) composes the custom preset, not the default task's."""
+    cli = ov.parse(without_info(args))
+    path = config_path
+    if cli.config_dir is not None:
+        try:
+            _, path = ov.user_dir_first(without_info(args), cli.config_dir, cli.config_name, config_path)
+        except PlanError:
+            return args  # the help stays useful; the run itself says why
+    if path == config_path and task_module.module_only(cli.overrides):
+        return [*args, f"task={task_module.CUSTOM_PRESET}"]
+    return args
 
 
 def info_args(args: list[str]) -> list[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib.resources
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -119,9 +119,7 @@ def help_text(conf_dirs: Iterable[Path], values: Mapping[str, Any]) -> str:
         out.append(f"  {group}:")
         out += [f"    {name:<20} {_short(line)}" for name, line in options.items()]
     out += ["", "Keys (key=value): type, allowed values, value now, what it does:"]
-    for rule in table_rules():
-        now = f" = {show(values[rule.key])}" if rule.key in values else ""
-        out.append(f"  {rule.key}{now}\n      {kind(rule)}: {allowed(rule)}. {KEY_DOCS.get(rule.key, '')}")
+    out += [key_lines(rule, values) for rule in table_rules()]
     extra = other_keys(values)
     if extra:
         out += ["", "Other keys of this config (checked by the task, the launcher or the diagnostics):"]
@@ -130,12 +128,48 @@ def help_text(conf_dirs: Iterable[Path], values: Mapping[str, Any]) -> str:
     return "\n".join(out)
 
 
+def key_lines(rule: Rule, values: Mapping[str, Any]) -> str:
+    """One key as ``--help`` shows it: its name and value now, then its type, allowed values and what it does."""
+    now = f" = {show(values[rule.key])}" if rule.key in values else ""
+    return f"  {rule.key}{now}\n      {kind(rule)}: {allowed(rule)}. {KEY_DOCS.get(rule.key, '')}"
+
+
+def _under(key: str, name: str) -> bool:
+    return key == name or key.startswith(name + ".")
+
+
+def named_help(names: Sequence[str], conf_dirs: Iterable[Path], values: Mapping[str, Any]) -> tuple[str, list[str]]:
+    """``ddp-run --help NAME…``: for each name, a key's lines as the whole help shows them, or for a group
+    (``train``, ``task``) its presets and every key under it. Returns the text and the names that name nothing."""
+    groups, extra, out, unknown = presets(conf_dirs), other_keys(values), [], []
+    for name in names:
+        lines = []
+        if name in groups:
+            lines.append(f"  {name} (pick one with {name}=option):")
+            lines += [f"    {option:<20} {_short(line)}" for option, line in groups[name].items()]
+        lines += [key_lines(rule, values) for rule in table_rules() if _under(rule.key, name)]
+        others = [f"    {k} = {show(v)}" for k, v in extra.items() if _under(k, name)]
+        lines += ["  checked by the task, the launcher or the diagnostics:", *others] if others else []
+        out += lines
+        if not lines:
+            unknown.append(name)
+    return "\n".join(out), unknown
+
+
+def known_names(conf_dirs: Iterable[Path], values: Mapping[str, Any]) -> list[str]:
+    """Every name ``--help NAME`` answers: the groups, the keys and each key's enclosing names (``train``)."""
+    keys = [r.key for r in table_rules()] + list(other_keys(values))
+    parents = {k.rsplit(".", i)[0] for k in keys for i in range(1, k.count(".") + 1)}
+    return sorted(set(presets(conf_dirs)) | set(keys) | parents)
+
+
 def markdown(conf_dirs: Iterable[Path], values: Mapping[str, Any]) -> str:
     """docs/config.md: the same reference as tables (``values``: the default config, flattened)."""
     out = ["# Config reference", "",
            "Generated from the validation table (`runner/config/validate.py`, `runner/config/key_docs.py`) and the",
            "presets' YAML by `python -m ddp_runner.config.reference > docs/config.md`; a test fails when this page is",
-           "stale. `ddp-run --help` prints the same, with the values of the config your overrides compose.", "",
+           "stale. `ddp-run --help` prints the same, with the values of the config your overrides compose;",
+           "`ddp-run --help train.lr` prints only that key, `ddp-run --help train` every `train.*` key.", "",
            "## Presets", "", "Pick one per group with `group=option`, e.g. `ddp-run task=gpt strategy=zero1`.", ""]
     for group, options in presets(conf_dirs).items():
         out += [f"### {group}", "", "| option | what it is |", "| --- | --- |"]
@@ -219,6 +253,7 @@ Usage:
   ddp-run -m key=a,b ...                       a sweep: one run per combination (ddp-run -m world_size=1,2)
   ddp-run ... dry_run=true                     print the plan and the command that launches it; launch nothing
   ddp-run ... --cfg job                        print the composed config (and what the runner derives from it)
+  ddp-run --help KEY|GROUP ...                 only those keys (--help train.lr), or a group's (--help train)
   ddp-run --info [defaults|searchpath|...]     Hydra's view of the config search path and defaults
   ddp-run task=NAME --config-dir DIR           your own task: DIR/task/NAME.yaml (or task.module=your.module)
   ddp-run --hydra-help                         Hydra's own options

@@ -36,6 +36,36 @@ def test_help_shows_the_values_of_the_config_the_overrides_compose(out_root, cli
     assert "\n  task.model.layers = 2" in r.stdout  # the task's own keys, under "Other keys"
 
 
+def test_help_for_named_keys_prints_only_their_lines(out_root, cli) -> None:
+    """``--help KEY`` (before or after the flag) prints that key's lines; a group (``train``, ``task``) its keys and
+    presets; a name that is neither is refused with the nearest names."""
+    for args in (["train.lr", "--help"], ["--help", "train.lr"]):
+        r = cli(args, out_root)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.splitlines() == ["  train.lr = 0.01", "      float: > 0. peak learning rate"], r.stdout
+    r = cli(["--help", "train", "batch.global"], out_root)
+    keys = [ln.split(" = ")[0].strip() for ln in r.stdout.splitlines() if not ln.startswith("      ")]
+    assert keys[0] == "train.max_steps" and "train.profile.start" in keys and keys[-1] == "batch.global", keys
+    assert all(k.startswith("train.") for k in keys[:-1]) and "Presets" not in r.stdout
+    r = cli(["--help", "task", "task=gpt"], out_root)
+    assert "  task (pick one with task=option):" in r.stdout and "\n    gpt2_small " in r.stdout
+    assert "\n    task.model.layers = 2" in r.stdout and "train.lr" not in r.stdout
+    r = cli(["--help", "trian.lr"], out_root)
+    assert r.returncode == 2 and "--help trian.lr: no key or group of that name (did you mean train.lr" in r.stderr
+    assert not out_root.exists()
+
+
+def test_help_shows_the_values_the_chosen_task_would_use(out_root, cli) -> None:
+    """``task.module=x`` alone runs the custom preset (adamw, lr 3e-4 from config.yaml): the help shows its values,
+    not the default task's (smoke: sgd, lr 0.01)."""
+    r = cli(["task.module=mytask", "--help"], out_root)
+    assert r.returncode == 0, r.stderr
+    assert "\n  train.optimizer = adamw\n" in r.stdout and "\n  train.lr = 0.0003\n" in r.stdout
+    assert "\n  task.module = mytask" in r.stdout and "in_features" not in r.stdout  # none of smoke's keys
+    r = cli(["--help", "train.optimizer", "task.module=mytask", "task=smoke"], out_root)  # a preset named: its values
+    assert "train.optimizer = sgd" in r.stdout
+
+
 def test_help_with_overrides_that_do_not_compose_still_lists_every_key(out_root, cli) -> None:
     r = cli(["batch.perrank=3", "--help"], out_root)
     assert r.returncode == 0, r.stderr
