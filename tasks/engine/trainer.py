@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import math
 import os
 import socket
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -177,7 +179,7 @@ def evaluate(model: torch.nn.Module, data: Dataset, ctx: Context, batch: int, pr
     for i, xy in enumerate(batches):
         x, y = xy if xy is not None else filler
         if compile_mode == "compiled":  # CUDA graphs (reduce-overhead): each batch is a new step of the tree
-            torch.compiler.cudagraph_mark_step_begin()
+            val_compile.mark_step()
         with val_compile.stance(compile_mode, first_batch=i == 0), _autocast(ctx.device, precision):
             loss, extra = task_metrics.split_output(model(x.to(ctx.device), y.to(ctx.device)))
         if xy is None:
@@ -371,8 +373,10 @@ class Trainer:
     def train(self) -> dict[str, Any]:
         """Run optimizer steps to ``total_steps`` (or to an agreed stop), then validate and checkpoint once more;
         return the summary."""
-        loop = self._start_loop()
         batches = self._micro_batches()
+        if self.resumed_from is not None:
+            batches = self._settle_buckets(batches)
+        loop = self._start_loop()
         stop = self.stop_vote = StopAgreement(self.ctx.device, enabled=bool(self.cfg.checkpoint.get("on_stop", True)),
                              request_file=os.path.join(self.ctx.local_dir, layout.STOP_REQUEST)
                              if self.ctx.is_main else None)
@@ -382,6 +386,29 @@ class Trainer:
         finally:
             termination.accept_stops(False)
         return self._finish(loop)
+
+    def _settle_buckets(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """A resumed launch reduces its gradients in the buckets an uninterrupted run has at that step (the
+        strategy's ``settle_buckets`` says why): a throw-away forward and backward of the next micro-batch, with
+        this rank's RNG as it was after it. Returns the micro-batches, that one still first."""
+        first = next(batches)
+        x, y = (t.to(self.ctx.device, non_blocking=True) for t in first[:2])
+
+        def sync_step() -> None:
+            heartbeat.phase("sync")
+            if self.strategy.cudagraphs:
+                torch.compiler.cudagraph_mark_step_begin()
+            with self.strategy.sync(True):
+                with _autocast(self.ctx.device, self.cfg.train.precision):
+                    loss, _ = task_metrics.split_output(self.strategy.forward(True)(x, y))
+                self.strategy.backward(loss.float() * 0.0, first=True, last=True)
+
+        cuda = [self.ctx.device.index or 0] if self.ctx.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda, device_type="cuda"):
+            if self.strategy.settle_buckets(sync_step) and self.ctx.is_main:
+                self._say("resume: one throw-away forward and backward laid out the gradient buckets as the"
+                          " uninterrupted run has them")
+        return itertools.chain([first], batches)
 
     def _loop(self, loop: _Loop, batches: Any, stop: StopAgreement) -> None:
         """Optimizer steps to ``total_steps``, or to the step boundary where the ranks agree to stop."""

@@ -219,3 +219,16 @@ def test_a_save_calls_its_hooks_once_before_the_commit(tmp_path: Path) -> None:
 
     url = ck.save(str(tmp_path), 3, {"step": 3}, keep_last=0, hooks=Recorder())
     assert seen == [(3, url, False)] and ck.is_checkpoint(url)
+
+
+def test_the_resume_line_promises_bit_for_bit_only_for_the_checkpoints_own_split() -> None:
+    same = BatchPlan(world_size=3, per_rank=2, accumulation=4)
+    saved = same.as_dict()
+    assert compat.exactness(saved, same) == "the uninterrupted run's losses, bit for bit"
+    assert compat.exactness({}, same) == "the uninterrupted run's losses, bit for bit"  # a checkpoint without a plan
+    for other in (BatchPlan(world_size=4, per_rank=2, accumulation=3), BatchPlan(world_size=3, per_rank=4,
+                                                                                accumulation=2)):
+        said = compat.exactness(saved, other)
+        assert said.startswith("not bit for bit") and "bit for bit" not in said[len("not bit for bit"):]
+        assert f"{other.world_size} ranks × {other.per_rank} × {other.accumulation}" in said
+        assert "(was 3 ranks × 2 × 4)" in said

@@ -54,6 +54,21 @@ def data_position_problem(state: Mapping[str, Any], plan: BatchPlan) -> str | No
     return None
 
 
+def exactness(their_plan: Mapping[str, Any], plan: BatchPlan) -> str:
+    """What the resumed losses promise, for the resume's console line (docs/resume.md, "Bit for bit").
+
+    At the checkpoint's world size, per-rank batch and accumulation every step computes and sums what the
+    uninterrupted run's would, in the same order (ddp and zero1 settle DDP's gradient buckets first). Another
+    split of the same global batch sums in another order: the same optimisation problem, not the same bits."""
+    theirs = (their_plan.get("world_size"), their_plan.get("per_rank_batch"), their_plan.get("accumulation"))
+    mine = (plan.world_size, plan.per_rank, plan.accumulation)
+    if None in theirs or theirs == mine:
+        return "the uninterrupted run's losses, bit for bit"
+    was = f"{theirs[0]} ranks × {theirs[1]} × {theirs[2]}"
+    return (f"not bit for bit: the global batch is now {plan.world_size} ranks × {plan.per_rank} ×"
+            f" {plan.accumulation} (was {was}), summed in another order; the same optimisation problem")
+
+
 def check(state: Mapping[str, Any], src: str, plan: BatchPlan, model_shapes: Shapes, *, run_sharded: bool,
           strategy_name: str) -> None:
     """Raise ``ValueError`` naming the first reason the checkpoint ``state`` (loaded from ``src``) cannot

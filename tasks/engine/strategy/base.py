@@ -41,6 +41,12 @@ class Strategy:
         """Have ``callback`` called when the synchronising backward's last gradient exists (the start of the
         exposed gradient sync, for the engine's timing); by default never called (the strategy cannot tell)."""
 
+    def settle_buckets(self, sync_step: Callable[[], None]) -> bool:
+        """Before a resumed launch's first step: have its gradient reductions use the layout an uninterrupted run
+        uses at that step, running ``sync_step`` (one throw-away synchronising forward and backward) if that takes
+        one. Returns whether it ran; by default never (the layout does not depend on the launch's history)."""
+        return False
+
     # -- what every strategy writes -------------------------------------------------------------------------
 
     def sync(self, last: bool) -> contextlib.AbstractContextManager:

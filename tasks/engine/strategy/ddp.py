@@ -80,6 +80,23 @@ class DDPStrategy(Strategy):
         if self._grads_ready_callback is not None:
             self._grads_ready_callback()
 
+    def settle_buckets(self, sync_step: Callable[[], None]) -> bool:
+        """DDP reduces a launch's first synchronising backward in one provisional bucket (parameters in definition
+        order), then rebuilds its buckets in the order gradients became ready. Where an element sits in a bucket
+        decides the order in which the ranks' values are summed, and with three or more ranks that order changes
+        the last bits. An uninterrupted run reduces every step after its first with the rebuilt buckets, so a
+        resumed launch runs ``sync_step`` once first (its gradients are discarded; parameters, buffers and
+        gradients are left as they were; the caller keeps the RNG) and its real steps reduce as that run's do."""
+        if self.world_size == 1:
+            return False  # no reduction at all
+        buffers = [b.detach().clone() for b in self.model.buffers()]
+        sync_step()
+        with torch.no_grad():
+            for b, saved in zip(self.model.buffers(), buffers, strict=True):
+                b.copy_(saved)  # DDP broadcast rank 0's, and a forward may update running statistics
+            torch._foreach_zero_([p.grad for p in self.params if p.grad is not None])
+        return True
+
     def sync(self, last: bool) -> contextlib.AbstractContextManager:
         """``no_sync`` around forward and backward of every micro-step but the last."""
         return contextlib.nullcontext() if last else self.wrapped.no_sync()
