@@ -19,6 +19,7 @@ against 8.4 s of training for GPT-2 small on one H200, 84 s for gpt2_xl (BENCHMA
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 
 import torch
@@ -43,6 +44,14 @@ def stance(mode: str, first_batch: bool) -> contextlib.AbstractContextManager:
     if mode == "compiled" and not first_batch:
         return torch.compiler.set_stance("eager_on_recompile")
     return contextlib.nullcontext()
+
+
+def mark_step() -> None:
+    """Tell CUDA graph trees (``reduce-overhead``) that a new validation batch begins, where any exist: the call
+    imports torch._inductor, seconds of CPU that made the first validation of an uncompiled model cost several
+    times its training (BENCHMARKS.md, 2026-12-03). No graph tree exists before that module is imported."""
+    if "torch._inductor.cudagraph_trees" in sys.modules:
+        torch.compiler.cudagraph_mark_step_begin()
 
 
 def graphs_compiled() -> int:

@@ -7,6 +7,8 @@ is smaller than the others, in a real one-process gloo group.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -85,3 +87,30 @@ def test_auto_compiles_for_periodic_validation_only():
     assert val_compile.resolve("eager", 10, 100) == "eager"
     with pytest.raises(ValueError, match="train.val_compile"):
         val_compile.resolve("never", 0, 1)
+
+
+class _Mlp(torch.nn.Module):
+    """A model that is not compiled: forward(x, y) returns its mean loss, as a task's does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(2, 3)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(self.net(x), y)
+
+
+def test_a_validation_without_cuda_graphs_never_imports_inductor(group, monkeypatch):
+    """Issue 43, item 10: each validation batch in ``compiled`` mode marked a CUDA-graph step, which imports
+    torch._inductor (4 s of a loaded 2-core host): a tiny MLP's first validation cost 30 times a training pass
+    over the same samples. The mark is made only where CUDA graph trees exist (their module is imported)."""
+    calls: list[int] = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: calls.append(1))
+    monkeypatch.delitem(sys.modules, "torch._inductor.cudagraph_trees", raising=False)
+    data = torch.utils.data.TensorDataset(torch.randn(7, 2), torch.randint(0, 3, (7,)))
+    ctx = Context(0, 0, 1, torch.device("cpu"), str(group), str(group), None)
+    loss = evaluate(_Mlp(), data, ctx, BATCH, "fp32", compile_mode="compiled")
+    assert calls == [] and loss > 0, "no graph tree exists: nothing to mark, and torch._inductor stays unimported"
+    monkeypatch.setitem(sys.modules, "torch._inductor.cudagraph_trees", object())  # a compiled model's trees
+    evaluate(_Mlp(), data, ctx, BATCH, "fp32", compile_mode="compiled")
+    assert len(calls) == 4, "where graph trees exist, each of the 4 batches is a new step of the tree"
