@@ -2,8 +2,10 @@
 run that answers "is N GPUs worth it for this job, what does it cost, and if not, why".
 
 Only what holds is said: runs are compared within groups of one task and one throughput unit (never an efficiency
-across samples/s and tokens/s, or across tasks); GPU-hours and cost only for runs on GPUs; every sentence on where
-the time goes names its run.
+across samples/s and tokens/s, or across tasks); scaling efficiency only between runs that differ in world size;
+a sweep's keys are what it compares, not a difference to warn of, and its jobs are called by their values
+(``lr=0.001``); GPU-hours and cost only for runs on GPUs; every column is named in the legend under the table
+(runner/report/legend.py); every sentence on where the time goes names its run.
 
 Reads only what the runs wrote (run.json, summary.json, config.yaml). The arithmetic is in pure functions
 (efficiency, time to a target loss, cost, the bottleneck sentence, the config difference), tested on their own.
@@ -18,13 +20,14 @@ import json
 import math
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ddp_runner.contract import layout, series
 from ddp_runner.contract.rules import flatten
 from ddp_runner.diagnostics import breakdown
+from ddp_runner.report import legend
 from ddp_runner.rundir import records
 from ddp_runner.rundir.status import status_of
 
@@ -86,7 +89,8 @@ def common_target(runs: Sequence[Run]) -> float | None:
 def config_differences(configs: Mapping[str, Mapping[str, Any]],
                        expected: Sequence[str] = EXPECTED_DIFFERENCES) -> dict[str, dict[str, Any]]:
     """``{key: {run: value}}`` for every config key whose value is not the same in all runs (a key missing from
-    a run counts as a difference), leaving out the keys a scaling study changes on purpose."""
+    a run counts as a difference), leaving out the keys a scaling study changes on purpose (and the keys, or the
+    groups, under ``expected``)."""
     flat = {name: flatten(dict(cfg)) for name, cfg in configs.items()}
     keys = sorted(set().union(*(f.keys() for f in flat.values()))) if flat else []
     out: dict[str, dict[str, Any]] = {}
@@ -99,14 +103,18 @@ def config_differences(configs: Mapping[str, Mapping[str, Any]],
     return out
 
 
-def bottleneck(run: Run, efficiency: float | None) -> str:
-    """One sentence on where the run's time goes, from its measured figures; it starts with the run's name."""
-    who = f"{run.name} ({run.world} {'GPU' if run.device == 'cuda' else 'rank'}{'s' if run.world != 1 else ''})"
+def bottleneck(run: Run, efficiency: float | None, scaled: bool = True) -> str:
+    """One sentence on where the run's time goes, from its measured figures; it starts with the run's label.
+    ``scaled``: the comparison measures scaling (its runs' world sizes differ), so the sentence says the run's
+    efficiency, or that it is the baseline."""
+    who = f"{run.label or run.name} ({run.world} {'GPU' if run.device == 'cuda' else 'rank'}" \
+          f"{'s' if run.world != 1 else ''})"
     if run.status != layout.STATUS_COMPLETED:
         why = run.failure or "no summary"
         return f"{who}: {run.status}: {why}."
-    parts = [f"{who}: " + (f"{100 * efficiency:.0f}% scaling efficiency" if efficiency is not None
-                           else "the baseline of the scaling efficiency")]
+    lead = (f"{100 * efficiency:.0f}% scaling efficiency" if efficiency is not None
+            else "the baseline of the scaling efficiency" if scaled else None)
+    parts = [lead] if lead else []
     measured = breakdown.phrases(run.time_breakdown)  # each rank's phases, where the run timed them
     parts += measured
     if not measured and run.step_time_s and run.data_wait_s is not None:
@@ -127,7 +135,7 @@ def bottleneck(run: Run, efficiency: float | None) -> str:
     if (not measured and efficiency is not None and efficiency < 0.95 and len(parts) == 2
             and "hidden" in parts[1]):
         parts.append("the rest is gradient synchronisation and per-rank overhead (profile with train.profile.steps)")
-    return "; ".join(parts) + "."
+    return f"{who}: " + ("; ".join(parts) or "no time breakdown recorded") + "."
 
 
 # -- reading runs ---------------------------------------------------------------------------------------------
@@ -158,6 +166,8 @@ class Run:
     time_breakdown: dict[str, Any] | None = None
     failure: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)  # the task's own: train/<name>, val/<name>
+    swept: dict[str, str] = field(default_factory=dict)  # a sweep's job: its value of each swept key
+    label: str | None = None  # what the report calls it (:func:`labels`); None: its directory's name
 
     @property
     def samples_per_s(self) -> float | None:
@@ -238,6 +248,7 @@ def _run_of(path: Path, manifest: dict[str, Any], summary: dict[str, Any], confi
         time_breakdown=_mapping(summary.get("time_breakdown")) or None,
         failure=failure,
         metrics={k: v for k, v in _mapping(summary.get("metrics")).items() if isinstance(v, (int, float))},
+        swept={str(k): str(v) for k, v in _mapping(_mapping(manifest.get("invocation")).get("swept")).items()},
     )
 
 
@@ -261,9 +272,30 @@ def _first_step_seconds(summary: Mapping[str, Any]) -> float | None:
 
 # -- the report -----------------------------------------------------------------------------------------------
 
-COLUMNS = ("run", "group", "device", "status", "world", "global_batch", "rate", "unit", "efficiency", "final_loss",
-           "val_loss", "target", "time_to_target_s", "gpu_hours", "cost", "data_share", "exposed_sync_share",
-           "rank_gap_pct")
+def labels(runs: Sequence[Run]) -> list[str]:
+    """What the report calls each run: a sweep's job by the values it swept (``lr=0.001``; its world size is the
+    ranks column), any other run by its directory's name. A label two runs would share gets the ranks
+    (``lr=0.01 w2``); one still shared is the directory's name again."""
+    out = [" ".join(f"{k.split('.')[-1]}={v}" for k, v in r.swept.items() if k != "world_size") or r.name
+           for r in runs]
+    twice = {x for x in out if out.count(x) > 1}
+    out = [f"{x} w{r.world}" if x in twice and x != r.name else x for x, r in zip(out, runs, strict=True)]
+    return [x if out.count(x) == 1 else r.name for x, r in zip(out, runs, strict=True)]
+
+
+def swept_values(runs: Sequence[Run]) -> dict[str, list[str]]:
+    """``{key: [value, …]}``: each key the runs' sweeps varied, with its values in the order the runs have them."""
+    out: dict[str, list[str]] = {}
+    for r in runs:
+        for k, v in r.swept.items():
+            if v not in out.setdefault(k, []):
+                out[k].append(v)
+    return out
+
+
+COLUMNS = ("run", "label", "group", "device", "status", "world", "global_batch", "rate", "unit", "efficiency",
+           "final_loss", "val_loss", "target", "time_to_target_s", "gpu_hours", "cost", "data_share",
+           "exposed_sync_share", "rank_gap_pct")
 
 
 def groups(runs: Sequence[Run]) -> dict[str, list[Run]]:
@@ -288,30 +320,50 @@ def _target_for(target: float | Mapping[str, float | None] | None, group: str) -
 
 
 def rows(runs: Sequence[Run], target: float | Mapping[str, float | None] | None, price: float) -> list[dict[str, Any]]:
-    """One row per run, grouped (:func:`groups`); in each group the baseline is the completed run with the smallest
-    world size. ``target``: one loss for every group, or one per group. GPU-hours and cost only for GPU runs."""
+    """One row per run, grouped (:func:`groups`); in each group the scaling baseline is the completed run with the
+    smallest world size among the runs that differ from it only in world size (:func:`baselines`; none where the
+    world size does not vary). ``target``: one loss for every group, or one per group. GPU-hours and cost only for
+    GPU runs."""
+    named = [replace(r, label=x) for r, x in zip(runs, labels(runs), strict=True)]
     out = []
-    for group, members in groups(runs).items():
+    for group, members in groups(named).items():
         out += _group_rows(group, members, _target_for(target, group), price)
     return out
 
 
+def baselines(runs: Sequence[Run]) -> dict[int, Run]:
+    """The scaling baseline of each run (by ``id``) whose efficiency means something: runs that differ only in world
+    size (a sweep's jobs with the same values of its other keys; runs that are no sweep's job, together) form a
+    series, and in a series whose completed runs have more than one world size, the completed run with the
+    fewest ranks is the baseline of each of its runs. At one world size a throughput ratio is no scaling."""
+    series: dict[tuple[tuple[str, str], ...], list[Run]] = {}
+    for r in runs:
+        series.setdefault(tuple(sorted((k, v) for k, v in r.swept.items() if k != "world_size")), []).append(r)
+    out: dict[int, Run] = {}
+    for members in series.values():
+        done = [r for r in members if r.status == layout.STATUS_COMPLETED and r.rate]
+        if len({r.world for r in done}) > 1:
+            base = min(done, key=lambda r: r.world)
+            out.update({id(r): base for r in members})
+    return out
+
+
 def _group_rows(group: str, runs: Sequence[Run], target: float | None, price: float) -> list[dict[str, Any]]:
-    done = [r for r in runs if r.status == layout.STATUS_COMPLETED and r.rate]
-    base = min(done, key=lambda r: r.world) if done else None
+    base_of = baselines(runs)
     out = []
     for r in sorted(runs, key=lambda r: (r.world, r.name)):
+        base = base_of.get(id(r))
         eff = scaling_efficiency(r.rate, r.world, base.rate, base.world) if base and r is not base else None
         t = time_to_target(loss_at_steps(r.losses, r.log_every, r.steps, r.loss_steps), target, r.step_time_s,
                            r.first_step_s) \
             if target is not None and r.status == layout.STATUS_COMPLETED else None
         hours = gpu_hours(t, r.world) if r.device == "cuda" else None  # a CPU run has no GPU-hours to price
         out.append({
-            "run": r.name, "group": group, "task": r.task, "device": r.device, "status": r.status, "world": r.world,
-            "global_batch": r.global_batch, "rate": r.rate, "unit": r.unit,
+            "run": r.name, "label": r.label or r.name, "group": group, "task": r.task, "device": r.device,
+            "status": r.status, "world": r.world, "global_batch": r.global_batch, "rate": r.rate, "unit": r.unit,
             "efficiency": 1.0 if r is base else eff, "final_loss": r.losses[-1] if r.losses else None,
             "val_loss": r.val_loss, "target": target, "time_to_target_s": t, "gpu_hours": hours,
-            "cost": cost(hours, price), "bottleneck": bottleneck(r, None if r is base else eff),
+            "cost": cost(hours, price), "bottleneck": bottleneck(r, None if r is base else eff, base is not None),
             **_breakdown_columns(r.time_breakdown),
             **r.metrics,
         })
@@ -333,8 +385,11 @@ def _breakdown_columns(tb: Mapping[str, Any] | None) -> dict[str, float | None]:
 
 def warnings(runs: Sequence[Run]) -> list[str]:
     """What makes the runs not directly comparable, in words: within each group (:func:`groups`), differing global
-    batches and settings; across groups, that nothing is compared across them."""
+    batches and settings (not the keys a sweep varied: they are the comparison); across groups, that nothing is
+    compared across them."""
     out = []
+    runs = [replace(r, label=x) for r, x in zip(runs, labels(runs), strict=True)]
+    expected = (*EXPECTED_DIFFERENCES, *swept_values(runs))
     parts = groups(runs)
     if len(parts) > 1:
         out.append(f"the runs fall into {len(parts)} groups that do not compare ({'; '.join(parts)}): different "
@@ -344,13 +399,13 @@ def warnings(runs: Sequence[Run]) -> list[str]:
         where = f"{group}: " if len(parts) > 1 else ""
         batches = {r.global_batch for r in members if r.global_batch}
         if len(batches) > 1:
-            out.append(f"{where}the global batches differ (" + ", ".join(f"{r.name}: {r.global_batch}"
+            out.append(f"{where}the global batches differ (" + ", ".join(f"{r.label}: {r.global_batch}"
                                                                        for r in members)
                        + "): the runs solve different optimisation problems, so their losses per step do not compare")
-        diff = config_differences({r.name: r.config for r in members if r.config})
+        diff = config_differences({r.label: r.config for r in members if r.config}, expected)
         if diff:
             out.append(f"{where}other settings differ: " + "; ".join(
-                f"{k} ({', '.join(f'{n}={v}' for n, v in vals.items())})" for k, vals in list(diff.items())[:12])
+                f"{k} ({', '.join(f'{n}: {v}' for n, v in vals.items())})" for k, vals in list(diff.items())[:12])
                 + (f"; and {len(diff) - 12} more" if len(diff) > 12 else ""))
     return out
 
@@ -368,14 +423,16 @@ def _fmt(v: Any, kind: str = "") -> str:
 def _table_lines(table: Sequence[Mapping[str, Any]], gpu: bool) -> list[str]:
     target = next((r["target"] for r in table if r.get("target") is not None), None)
     extra = metric_columns(table)
-    head = ["run", "status", "ranks", "global batch", "throughput", "scaling eff.", "final loss", "val loss", *extra,
-            f"time to loss {target:.4g}" if target is not None else "time to target"]
+    scaled = any(r["efficiency"] is not None for r in table)
+    head = ["run", "status", "ranks", "global batch", "throughput", *(["scaling eff."] if scaled else []),
+            "final loss", "val loss", *extra, f"time to loss {target:.4g}" if target is not None else "time to target"]
     head += ["GPU-hours", "cost"] if gpu else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in table:
         warn = " ⚠" if r["status"] != layout.STATUS_COMPLETED else ""
-        cells = [r["run"], r["status"] + warn, str(r["world"]), _fmt(r["global_batch"]),
-                 f"{_fmt(r['rate'])} {r['unit']}" if r["rate"] else "—", _fmt(r["efficiency"], "pct"),
+        cells = [r.get("label") or r["run"], r["status"] + warn, str(r["world"]), _fmt(r["global_batch"]),
+                 f"{_fmt(r['rate'])} {r['unit']}" if r["rate"] else "—",
+                 *([_fmt(r["efficiency"], "pct")] if scaled else []),
                  _fmt(r["final_loss"]), _fmt(r["val_loss"]), *(_fmt(r.get(k)) for k in extra),
                  f"{r['time_to_target_s']:.1f} s" if r["time_to_target_s"] is not None else "not reached"]
         if gpu:
@@ -385,23 +442,26 @@ def _table_lines(table: Sequence[Mapping[str, Any]], gpu: bool) -> list[str]:
     return lines
 
 
-def markdown(table: Sequence[Mapping[str, Any]], warns: Sequence[str], price: float) -> str:
-    """The report as Markdown: one table per group (task and unit), the bottleneck sentences, the warnings.
-    GPU-hours and cost appear only when some run ran on GPUs."""
+def markdown(table: Sequence[Mapping[str, Any]], warns: Sequence[str], price: float,
+             swept: Mapping[str, Sequence[str]] | None = None) -> str:
+    """The report as Markdown: what the sweep varied, the warnings, one table per group (task and unit) with the
+    legend of its columns under it, the bottleneck sentences. GPU-hours and cost appear only when some run ran on
+    GPUs; scaling efficiency only in a group whose runs' world sizes differ."""
     gpu = any(r["device"] == "cuda" for r in table)
     by: dict[str, list[Mapping[str, Any]]] = {}
     for r in table:
         by.setdefault(r["group"], []).append(r)
     out = ["# Comparison", ""]
+    if swept:
+        out += ["Swept (what the runs differ in on purpose): " + "; ".join(
+            f"{k} = {', '.join(map(str, vals))}" for k, vals in swept.items()) + ".", ""]
     if warns:
         out += ["**Warning:** " + w + "." for w in warns] + [""]
     for group, members in by.items():
         out += ([f"## {group}", ""] if len(by) > 1 else []) + _table_lines(members, gpu) + [""]
-    out += [(f"Cost at ${price:.2f} per GPU-hour (--price), for GPU runs only; CPU runs have none. " if gpu else
-             "CPU runs only: no GPU-hours or cost. ")
-            + "Scaling efficiency: throughput per rank against the completed run with the fewest ranks"
-            + (" of the same group" if len(by) > 1 else "") + ". Time to target: the first step (start-up, "
-            "compilation) plus the later steps at the median step time.", "", "## Where the time goes", ""]
+    out += [f"Cost at ${price:.2f} per GPU-hour (--price), for GPU runs only; CPU runs have none." if gpu else
+            "CPU runs only: no GPU-hours or cost.", "", *legend.lines(table, gpu, price, several_groups=len(by) > 1),
+            "", "## Where the time goes", ""]
     out += [f"- {r['bottleneck']}" for r in table]
     return "\n".join(out) + "\n"
 
@@ -524,7 +584,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     warns = warnings(runs)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    report = markdown(table, warns, args.price) + sweep_trials(args.paths)
+    report = markdown(table, warns, args.price, swept_values(runs)) + sweep_trials(args.paths)
     (out / "report.md").write_text(report)
     write_csv(table, out / "report.csv")
     files = plots(runs, table, out)
