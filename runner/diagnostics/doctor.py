@@ -324,20 +324,44 @@ def visible_check(gpus: Sequence[Gpu] | None = None, environ: dict[str, str] | N
 
 
 def host_check() -> Check:
-    """Python and torch versions (torch's from its package metadata: no import) and the CPUs this process may use."""
+    """Python and torch versions and torch's build (from its package metadata: no import) and the CPUs this
+    process may use."""
     try:
         torch_version = importlib.metadata.version("torch")
+        build = torch_build(torch_version, importlib.metadata.requires("torch") or [])
     except importlib.metadata.PackageNotFoundError:
-        torch_version = None
+        torch_version = build = None
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    data = {"python": platform.python_version(), "torch": torch_version, "cpus": cpus, "host": platform.node(),
-            "platform": platform.platform()}
-    text = f"python {data['python']}, torch {torch_version or 'not installed'}, {cpus} CPUs"
+    data = {"python": platform.python_version(), "torch": torch_version, "torch_build": build, "cpus": cpus,
+            "host": platform.node(), "platform": platform.platform()}
+    text = (f"python {data['python']}, torch {torch_version or 'not installed'}"
+            + (f" ({build} build)" if build else "") + f", {cpus} CPUs")
     return Check("host", OK if torch_version else FAIL, text if torch_version else text + ": install torch", data)
 
 
+# pip's torch from PyPI is the CUDA build on Linux; on a host without a GPU it brings 2 GB+ of CUDA libraries that
+# nothing uses. README's pip path says the same.
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+GPU_BUILD_WITHOUT_GPU = ("a CUDA build on a host without an NVIDIA GPU: its CUDA libraries (2 GB+) go unused; the CPU "
+                         f"build is enough (pip install torch --index-url {CPU_INDEX}, before ddp-runner)")
+
+
+def torch_build(version: str, requires: Sequence[str]) -> str:
+    """Which build of torch its package metadata describes: ``CPU``, ``CUDA 12.8`` (a ``+cu128`` wheel), ``CUDA``
+    (PyPI's own Linux wheel, which requires NVIDIA's CUDA packages) or ``ROCm 6.2``."""
+    local = version.partition("+")[2]
+    if local == "cpu" or local.startswith("cpu."):
+        return "CPU"
+    if m := re.fullmatch(r"cu(\d+)(\d)", local):
+        return f"CUDA {m.group(1)}.{m.group(2)}"
+    if local.startswith("rocm"):
+        return f"ROCm {local[4:]}"
+    return "CUDA" if any(r.lower().startswith("nvidia-") for r in requires) else "CPU"
+
+
 def torch_checks(visible_count: int | None) -> list[Check]:
-    """torch's own view: CUDA device count, NCCL (and its version), gloo. Imports torch."""
+    """torch's own view: its build, CUDA device count, NCCL (and its version), gloo. Imports torch.
+    ``visible_count``: the GPUs nvidia-smi shows, None where there is no NVIDIA driver."""
     try:
         import torch
         import torch.distributed as dist
@@ -345,10 +369,14 @@ def torch_checks(visible_count: int | None) -> list[Check]:
         return [Check("torch", FAIL, f"torch does not import: {e}")]
     cuda = torch.cuda.is_available()
     count = torch.cuda.device_count()
-    data = {"version": torch.__version__, "cuda_build": torch.version.cuda, "cuda_available": cuda,
+    build = (f"CUDA {torch.version.cuda}" if torch.version.cuda
+             else f"ROCm {torch.version.hip}" if getattr(torch.version, "hip", None) else "CPU")
+    data = {"version": torch.__version__, "build": build, "cuda_build": torch.version.cuda, "cuda_available": cuda,
             "device_count": count}
-    text = f"torch {torch.__version__}, CUDA build {torch.version.cuda or 'none (CPU wheel)'}, {count} CUDA devices"
+    text = f"torch {torch.__version__}, the {build} build, {count} CUDA devices"
     status = OK
+    if torch.version.cuda and not cuda and visible_count is None:
+        status, text = WARN, text + "; " + GPU_BUILD_WITHOUT_GPU
     if visible_count is not None and visible_count != count:
         status = WARN
         text += f"; nvidia-smi with CUDA_VISIBLE_DEVICES shows {visible_count}: ddp-run uses torch's count"

@@ -177,3 +177,33 @@ def test_doctor_on_a_gpu_host_keeps_its_nccl_advice(fake_smi: Path, monkeypatch:
     text = capsys.readouterr().out
     assert "NCCL_P2P_DISABLE=1 switches an NCCL transport off" in text
     assert "(added by ddp-run for workers)" in text
+
+
+# --- which torch build ------------------------------------------------------------------------------------------
+
+def test_the_torch_build_from_its_package_metadata() -> None:
+    nvidia = ["filelock", 'nvidia-cuda-runtime-cu12==12.8.90; platform_system == "Linux"']
+    assert doctor.torch_build("2.13.0+cpu", []) == "CPU"
+    assert doctor.torch_build("2.13.0+cu128", nvidia) == "CUDA 12.8"
+    assert doctor.torch_build("2.13.0+cu118", []) == "CUDA 11.8"
+    assert doctor.torch_build("2.13.0+rocm6.2", []) == "ROCm 6.2"
+    assert doctor.torch_build("2.13.0", nvidia) == "CUDA"  # PyPI's own Linux wheel
+    assert doctor.torch_build("2.13.0", ["filelock"]) == "CPU"  # PyPI's macOS/Windows wheel
+    host = doctor.host_check()  # this suite's torch, read without importing it
+    assert re.search(r", torch \S+ \((CPU|CUDA[\d. ]*|ROCm \S+) build\), \d+ CPUs$", host.summary), host.summary
+    assert host.data["torch_build"] in host.summary
+
+
+def test_a_cuda_build_on_a_host_without_a_gpu_says_how_to_get_the_cpu_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    [own] = [c for c in doctor.torch_checks(None) if c.name == "torch"]
+    assert f"the {own.data['build']} build" in own.summary
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    [check] = [c for c in doctor.torch_checks(None) if c.name == "torch"]
+    assert check.status == WARN and check.summary.startswith(f"torch {torch.__version__}, the CUDA 12.8 build, 0 CUDA")
+    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in check.summary
+    [on_gpu_host] = [c for c in doctor.torch_checks(0) if c.name == "torch"]  # a driver, GPUs hidden: no advice
+    assert "index-url" not in on_gpu_host.summary
