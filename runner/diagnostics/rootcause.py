@@ -182,6 +182,39 @@ def headline(cause: Mapping[str, Any]) -> str:
     return f"earliest error on {who} [{cause.get('class')}]: {cause.get('type')}: {cause.get('message')}"
 
 
+def frames(traceback: list[str], most: int = 3) -> list[str]:
+    """The last ``most`` whole frames of a recorded traceback tail: each ``File …`` line with its source line, the
+    ``^^^`` markers left out; never a fragment that starts inside a frame, never the exception line (the cause line
+    says it). [] when the tail holds no frame (torchrun's log lines, a hang)."""
+    starts = [i for i, line in enumerate(traceback) if line.startswith('  File "')]
+    out: list[str] = []
+    for i in starts[-most:]:
+        out.append(traceback[i])
+        for line in traceback[i + 1:]:
+            if not line.startswith("    ") or line.startswith('  File "'):
+                break
+            if line.strip(" ^~"):
+                out.append(line)
+    return out
+
+
+def first_lines(cause: Mapping[str, Any], log: str | None = None) -> list[str]:
+    """What a failed run's console shows of its cause first: the one line naming the rank and the error, then the
+    last whole frames of its traceback (``log``: the rank log that holds all of it), or the launcher's last log
+    lines. [] when the cause has no traceback to show (the closing line says it all)."""
+    tail = [str(line) for line in cause.get("traceback") or []]
+    if not tail:
+        return []
+    message = (str(cause.get("message") or "").strip().splitlines() or [""])[0][:300]
+    who = f"rank {cause['rank']}" if cause.get("rank") is not None else "the launcher"
+    head = f"earliest error on {who} [{cause.get('class')}]: {cause.get('type')}: {message}"
+    found = frames(tail)
+    if not found:
+        return [head, *(f"    {line}" for line in tail[-6:])]
+    return [head, f"  its last frames{f' (the whole traceback: {log})' if log else ''}:",
+            *(f"  {line}" for line in found)]
+
+
 def consequence_lines(cause: Mapping[str, Any], most: int = 8) -> list[str]:
     """What followed on other ranks, one line each."""
     return [f"then rank {c['rank']}: {c['class']}: {c['message'][:160]}" for c in cause.get("consequences", [])[:most]]

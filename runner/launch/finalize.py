@@ -153,8 +153,9 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
             print(line, file=sys.stderr, flush=True)
         return _exit_code(False, rc, interrupted)
     label = manifest["status"].upper() if interrupted is not None else "FAILED"
-    for line in cause.get("traceback", [])[-6:]:
-        print(f"    {line}", file=sys.stderr)
+    log = layout.join(rd.url, layout.rank_log(cause["rank"])) if isinstance(cause.get("rank"), int) else None
+    for i, line in enumerate(rootcause.first_lines(cause, log)):  # the cause first, then the frames
+        print(f"ddp-run: {line}" if i == 0 else line, file=sys.stderr)
     for line in rootcause.consequence_lines(cause):
         print(f"ddp-run: {line}", file=sys.stderr)
     print(f"ddp-run: rank logs: {layout.join(rd.url, layout.LOGS)}", file=sys.stderr)

@@ -1,0 +1,81 @@
+"""A failed run's console (runner/launch/finalize.py): the one-line cause first, then whole frames of its traceback,
+never a fragment that starts inside a frame; the closing lines still name the rank, the cause and the user's line.
+The record is a real one: a task whose ``forward`` takes ``(x)`` where the engine calls ``model(x, y)``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fsspec.implementations.local import LocalFileSystem
+
+from ddp_runner.config.plan import Plan
+from ddp_runner.contract import layout
+from ddp_runner.diagnostics import rootcause
+from ddp_runner.launch import finalize
+from ddp_runner.rundir.run_dir import RunDir
+
+TORCH = "/venv/lib/python3.11/site-packages/torch/nn"
+MESSAGE = "Net.forward() takes 2 positional arguments but 3 were given"
+# The last 12 lines of the traceback, as tasks/engine/worker_io.py records them: they start inside a frame.
+TAIL = [
+    "    else self._run_ddp_forward(*inputs, **kwargs)",
+    "         ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+    f'  File "{TORCH}/parallel/distributed.py", line 1715, in _run_ddp_forward',
+    "    return self.module(*inputs, **kwargs)  # type: ignore[index]",
+    "           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+    f'  File "{TORCH}/modules/module.py", line 1778, in _wrapped_call_impl',
+    "    return self._call_impl(*args, **kwargs)",
+    "           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+    f'  File "{TORCH}/modules/module.py", line 1789, in _call_impl',
+    "    return forward_call(*args, **kwargs)",
+    "           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+    f"TypeError: {MESSAGE}",
+]
+WHERE = "/home/me/badfwd.py:11 in Net.forward (the engine calls model(x, y))"
+
+
+def test_frames_are_whole_and_leave_out_the_markers_and_the_exception_line() -> None:
+    assert rootcause.frames(TAIL) == [
+        f'  File "{TORCH}/parallel/distributed.py", line 1715, in _run_ddp_forward',
+        "    return self.module(*inputs, **kwargs)  # type: ignore[index]",
+        f'  File "{TORCH}/modules/module.py", line 1778, in _wrapped_call_impl',
+        "    return self._call_impl(*args, **kwargs)",
+        f'  File "{TORCH}/modules/module.py", line 1789, in _call_impl',
+        "    return forward_call(*args, **kwargs)"]
+    assert rootcause.frames(TAIL, most=1) == TAIL[8:10]
+    assert rootcause.frames(["torchrun: something went wrong"]) == []
+
+
+def test_the_console_shows_the_cause_first_then_the_frames(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    (run / layout.PROGRESS).mkdir(parents=True)
+    for rank, t in ((1, 10.0), (0, 11.0)):
+        (run / layout.rank_error(rank)).write_text(json.dumps({
+            "rank": rank, "time": 1_760_000_000.0 + t, "type": "TypeError", "message": MESSAGE, "traceback": TAIL,
+            "where": WHERE}))
+    rd = RunDir(url=str(run), local=str(run), fs=LocalFileSystem(), path=str(run))
+    plan = Plan(world_size=2, per_rank_batch=8, accumulation=1, global_batch=16, device="cpu", backend="gloo",
+                nnodes=1, nproc_per_node=2)
+
+    assert finalize.finish(rd, {"versions": {}}, plan, rc=1, interrupted=None) == 1
+
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0] == f"ddp-run: earliest error on rank 1 [exception]: TypeError: {MESSAGE}", err
+    assert err[1] == f"  its last frames (the whole traceback: {run}/logs/rank1.log):", err
+    assert err[2].startswith('    File "') and "_run_ddp_forward" in err[2], err  # a whole frame, not mid-stack
+    assert not any(line.strip().startswith("^") for line in err)
+    assert err[-2:] == [f"ddp-run: FAILED: earliest error on rank 1 [exception]: TypeError: {MESSAGE}",
+                        f"  where: {WHERE}"], err  # the end still names the rank, the cause and the user's line
+
+
+def test_a_cause_without_a_traceback_is_said_once_at_the_end() -> None:
+    hang = {"rank": 1, "class": "hang", "type": "hang", "message": "no progress for 60 s", "traceback": []}
+    assert rootcause.first_lines(hang) == []
+    launcher = {"rank": None, "class": "launcher_error", "type": "LauncherError", "message": "torchrun exited with 1",
+                "traceback": ["torchrun: rendezvous failed"]}
+    assert rootcause.first_lines(launcher) == [
+        "earliest error on the launcher [launcher_error]: LauncherError: torchrun exited with 1",
+        "    torchrun: rendezvous failed"]
