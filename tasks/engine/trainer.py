@@ -35,6 +35,7 @@ from ddp_runner.tasks.engine.diagnostics import telemetry as gpu_telemetry
 from ddp_runner.tasks.engine.optim import apply_inductor_settings, build_optimizer, lr_factor
 from ddp_runner.tasks.engine.progress import Progress
 from ddp_runner.tasks.engine.sampler import ResumableDistributedSampler
+from ddp_runner.tasks.engine.scaling_facts import entry as scaling_facts
 from ddp_runner.tasks.engine.stop import StopAgreement
 from ddp_runner.tasks.engine.strategy import factory, grad_sync
 from ddp_runner.tasks.engine.strategy.base import Strategy
@@ -681,6 +682,8 @@ class Trainer:
             "goodput": self._goodput(loop),
             # Each rank's data, compute, exposed gradient sync and optimizer time per step; slowest and fastest rank.
             "time_breakdown": timing.summarize(self.time_windows, loop.timer.every),
+            # Gradient and parameter bytes, threads and cores: what the scaling projection prices (ddp-compare).
+            **scaling_facts(self.strategy.params, self.cfg),
             "compile": self._compile_facts(),
             # How often validation ran, its seconds (also goodput's "validation") and the graphs it compiled.
             "validation": dict(self.validation) if self.validation["runs"] else None,
