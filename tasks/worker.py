@@ -25,7 +25,11 @@ def main(run_dir: str | None = None, started: float | None = None) -> int:
     """Run this rank into ``run_dir`` (default: ``DDP_RUNNER_RUN_DIR``); return its exit code. ``started``: when
     its imports began, if not now (Unix seconds)."""
     startup.mark("worker_start", started)
-    run_dir = run_dir or os.environ[layout.ENV_RUN_DIR]
+    run_dir = run_dir or os.environ.get(layout.ENV_RUN_DIR)
+    if not run_dir:  # `python -m ddp_runner.tasks` with no run directory: one line, not a KeyError
+        print(f"ddp_runner.tasks: refused: no run directory: pass it (python -m ddp_runner.tasks RUN_DIR) or set"
+              f" {layout.ENV_RUN_DIR}; ddp-run does both", file=sys.stderr, flush=True)
+        return layout.EXIT_REFUSED
     local_dir = os.environ.get(layout.ENV_LOCAL_DIR, run_dir)
     rank = int(os.environ.get("RANK", "0"))
     osutil.die_with_parent(signal.SIGKILL)  # torchrun's agent gone: no rank may outlive it

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import os
-import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from ddp_runner.contract.errors import PlanError
 from ddp_runner.contract.rules import flatten
 from ddp_runner.data import prep as data_prep
 from ddp_runner.diagnostics.doctor import cheap_report
+from ddp_runner.job import dry_run
 from ddp_runner.job.planning import memory, plan_job
 from ddp_runner.launch import registry
 from ddp_runner.launch.base import Job
@@ -277,33 +277,6 @@ def _record_start(job: Job, rd: rundir.RunDir, cmd: list[str], how: Invocation, 
     return manifest
 
 
-_RUN_DIR = "$RUN_DIR"  # the dry run's stand-in for the run directory, which only a launch creates
-
-
-def launch_argv(argv: list[str]) -> list[str]:
-    """The dry run's command line without ``dry_run=true``: what launches the plan it printed."""
-    return [a for a in argv if a.lstrip("+").split("=", 1)[0] != "dry_run"]
-
-
-def _shell_word(word: str) -> str:
-    """``word`` for a POSIX shell, with ``$RUN_DIR`` left for the shell to expand (and nothing else)."""
-    if _RUN_DIR not in word:
-        return shlex.quote(word)
-    escaped = word.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`").replace("$", "\\$")
-    return '"' + escaped.replace("\\" + _RUN_DIR, _RUN_DIR) + '"'
-
-
-def _print_dry_run(how: Invocation, cmd: list[str], launcher: str) -> None:
-    """What to type to launch this plan (a sweep: the whole sweep), and exactly what ddp-run then starts."""
-    what = "this sweep" if {"-m", "--multirun"} & set(how.argv) else "this plan"
-    starts = ("submits an sbatch job (RUN_DIR/slurm/job.sbatch) whose nodes run" if launcher == "slurm"
-              else "starts")
-    print(f"ddp-run: dry run, nothing launched. To launch {what}, run:\n  "
-          + secrets.redact(shlex.join(launch_argv(how.argv)), how.masks)
-          + "\nddp-run then creates the run directory (RUN_DIR below), writes config.yaml and run.json into it, and "
-          f"{starts}:\n  " + " ".join(_shell_word(a) for a in cmd), flush=True)
-
-
 def execute(composed: dict[str, Any], how: Invocation,
             check: Callable[[dict[str, Any]], None] | None = None) -> Outcome:
     """One job: plan, refuse or launch, supervise, summarise. ``check``: refuses (PlanError) a composed config the
@@ -350,7 +323,8 @@ def execute(composed: dict[str, Any], how: Invocation,
                if next(iter(how.resume_changes.values()))['from_step'] is not None else ""), how.masks), flush=True)
     launcher = registry.get(conf["launcher"])
     if conf["dry_run"]:
-        _print_dry_run(how, launcher.command(plan, conf["launcher"], _RUN_DIR), conf["launcher"]["name"])
+        dry_run.print_dry_run(how.argv, how.masks, launcher.command(plan, conf["launcher"], dry_run.RUN_DIR),
+                              conf["launcher"]["name"], dry_run.launch_variables(conf, plan, launcher, task_dir))
         print(secrets.redact(OmegaConf.to_yaml(OmegaConf.create({"plan": plan.to_manifest(),
                                                                    layout.MANIFEST_MEMORY_PLAN: mem})), how.masks))
         if rd is not None and rd.lease is not None:

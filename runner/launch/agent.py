@@ -63,11 +63,24 @@ def _cheap_caller_names() -> None:
         dynamic_rendezvous.get_method_name = get_method_name
 
 
+def missing_run_dir(argv: list[str], environ: dict[str, str] | os._Environ[str]) -> str | None:
+    """Why this package's worker cannot start (its run directory is named nowhere: a dry run's command pasted with
+    RUN_DIR unset), in one line; None when it can, or the command is another one."""
+    run_dir = forkserver.run_dir_of(argv)
+    if run_dir is None or run_dir.strip() or environ.get(layout.ENV_RUN_DIR, "").strip():
+        return None
+    return (f"no run directory: the worker's argument is empty and {layout.ENV_RUN_DIR} is unset. Fix: set RUN_DIR "
+            "to a run directory ddp-run made (config.yaml, run.json), or launch with ddp-run itself")
+
+
 def main() -> None:
     """Bind the stores, then hand over to torchrun's own main (it reads ``sys.argv``)."""
     import shutil
     import tempfile
 
+    if (why := missing_run_dir(sys.argv[1:], os.environ)) is not None:
+        print(f"ddp-run agent: refused: {why}", file=sys.stderr)  # once, not a KeyError in every rank
+        sys.exit(layout.EXIT_REFUSED)
     _private_debug_output()  # first: binding the stores below imports torch
     mine = temp_dir(os.getpid())
     os.makedirs(mine, mode=0o700, exist_ok=True)

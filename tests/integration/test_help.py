@@ -14,6 +14,7 @@ from conftest import ROOT, run_dirs
 from ddp_runner.config import reference
 from ddp_runner.config.cli_help import compose_values, conf_dirs
 from ddp_runner.config.key_docs import KEY_DOCS
+from ddp_runner.contract import layout
 
 
 def test_help_covers_every_key_of_the_validation_table_and_every_preset(out_root, cli) -> None:
@@ -113,6 +114,24 @@ def test_the_dry_run_prints_the_command_that_launches_its_plan(out_root, cli) ->
     started = next(ln for ln in lines if "-m ddp_runner.tasks" in ln)
     assert _shell_words(started)[-1] == "/runs/a b" and "<run dir>" not in r.stdout
     assert not out_root.exists()
+
+
+def test_the_dry_runs_torchrun_line_carries_its_environment_and_needs_run_dir(out_root, cli) -> None:
+    """Pasted into a shell, the line ddp-run starts gets the variables ddp-run gives torchrun (the run directory's
+    among them); with RUN_DIR unset, the shell refuses it in one line and starts nothing (it used to start
+    torchrun, whose ranks each died with ``KeyError: 'DDP_RUNNER_RUN_DIR'``)."""
+    r = cli(["task=smoke", "device=cpu", "dry_run=true"], out_root)
+    assert r.returncode == 0, r.stderr
+    assert "and starts, with the environment it gives torchrun:" in r.stdout
+    started = next(ln for ln in r.stdout.splitlines() if "-m ddp_runner.tasks" in ln)
+    words = _shell_words(started)
+    assert words[0] == "env" and words[1:3] == [f"{layout.ENV_RUN_DIR}=/runs/a b", f"{layout.ENV_LOCAL_DIR}=/runs/a b"]
+    assert words[-1] == "/runs/a b" and not any(w.startswith(layout.ENV_T0 + "=") for w in words)
+    unset = subprocess.run(["bash", "-c", f'printf "%s\\n" {started.strip()}'], capture_output=True, text=True,
+                           timeout=30, env={k: v for k, v in os.environ.items() if k != "RUN_DIR"})
+    assert unset.returncode != 0 and unset.stdout == "", unset
+    [line] = unset.stderr.strip().splitlines()
+    assert "RUN_DIR: set RUN_DIR to a run directory ddp-run made" in line
 
 
 def test_a_dry_run_sweep_prints_the_sweep_command_and_leaves_nothing(out_root, cli) -> None:
