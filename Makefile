@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 RUN_ARGS ?= $(if $(shell nvidia-smi -L 2>/dev/null),world_size=auto,device=cpu world_size=2)
 ARGS   ?=
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run test test-repeat lint bench clean
 
 setup: $(VENV)/.installed
 
@@ -72,9 +72,30 @@ TEST_WORKERS ?= 4
 
 # Bytecode is cached for the suite's hundreds of interpreters (the package, the tests' rewritten modules), even
 # where the environment sets PYTHONDONTWRITEBYTECODE.
+PYTEST := PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25
+
 test: $(VENV)/.installed-test
 	$(PY) -m ruff check runner tasks tests bench examples tools
-	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(ARGS)
+	$(PYTEST) $(ARGS)
+
+# A flaky test passes once and fails the next time, mostly under load: FILES (a tier's folder or test files) N
+# times back to back, with `make test`'s options (the same workers, so the same contention), a line per round. It
+# stops at the first failing round, whose output is the last on the screen. `make test-repeat
+# FILES=tests/integration/test_termination.py N=10 TEST_WORKERS=0`: one file, serially.
+FILES ?= tests/e2e
+N     ?= 3
+
+test-repeat: $(VENV)/.installed-test
+	@i=1; while [ $$i -le $(N) ]; do \
+		t0=$$(date +%s); \
+		$(PYTEST) $(ARGS) $(FILES); rc=$$?; \
+		took=$$(( $$(date +%s) - t0 )); \
+		if [ $$rc -ne 0 ]; then \
+			echo "test-repeat: round $$i of $(N) FAILED (pytest exit $$rc) after $$took s: $(FILES)"; exit $$rc; \
+		fi; \
+		echo "test-repeat: round $$i of $(N) passed in $$took s: $(FILES)"; \
+		i=$$((i + 1)); \
+	done; echo "test-repeat: all $(N) rounds passed: $(FILES)"
 
 bench: setup
 	$(PY) bench/overhead.py

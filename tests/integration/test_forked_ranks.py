@@ -104,12 +104,16 @@ def test_the_agent_forks_this_packages_worker_and_runs_any_other_command_as_torc
     assert (config.start_method, entry, args) == ("spawn", sys.executable, ["-u", "train.py", "--lr=1"])
 
 
-def _rank_body(local_rank: int) -> None:
-    """Rank 1 fails with exit code 3; rank 0 works until torchrun stops it (SIGTERM, its default action)."""
+def _rank_body(local_rank: int, ready: str) -> None:
+    """Rank 1 fails with exit code 3 once rank 0 is set up (the file ``ready``); rank 0 works until torchrun stops
+    it (SIGTERM, its default action)."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # forked from this process: not the handler torchrun set here
     if local_rank == 1:
-        time.sleep(0.3)
+        deadline = time.monotonic() + 60
+        while not os.path.exists(ready) and time.monotonic() < deadline:
+            time.sleep(0.01)
         sys.exit(3)
+    open(ready, "w").close()  # the stop now finds SIGTERM's default action, not this process's handler
     time.sleep(60)
 
 
@@ -119,7 +123,9 @@ def test_a_failure_reports_every_ranks_exit_code(installed, tmp_path) -> None:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 
     _, elastic_mp = installed
-    pc = elastic_mp.start_processes(name="t", entrypoint=_rank_body, args={0: (0,), 1: (1,)}, envs={0: {}, 1: {}},
+    ready = str(tmp_path / "rank0-ready")
+    pc = elastic_mp.start_processes(name="t", entrypoint=_rank_body, args={0: (0, ready), 1: (1, ready)},
+                                    envs={0: {}, 1: {}},
                                     logs_specs=DefaultLogsSpecs(log_dir=str(tmp_path)), start_method="fork")
     result = pc.wait(timeout=60, period=0.1)
     assert result is not None and result.is_failed()

@@ -9,17 +9,18 @@ import os
 import shutil
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from conftest import cli_in_process
+from conftest import cli_in_process, wait_for
 
 from ddp_runner.config.plan import Gpu
 from ddp_runner.job.pool import Pool
 from ddp_runner.job.sweep_view import View
 
-# A stand-in job: reports its devices as its outcome, after `hold` seconds (or at once on SIGINT, saying so).
+# A stand-in job: reports its devices as its outcome, after `hold` seconds (or at once on SIGINT, saying so, and
+# whether its hold had run out by then). Its console records come after its SIGINT handler: a test that sees them
+# knows the handler is in place.
 CHILD = r"""
 import json, os, signal, sys, time
 job = json.loads(os.environ["DDP_RUNNER_SWEEP_JOB"])
@@ -35,6 +36,7 @@ with open(got["console"], "w") as f:
 deadline = time.time() + float(sys.argv[1])
 while time.time() < deadline and got["stopped"] is None:
     time.sleep(0.05)
+got["held_out"] = time.time() >= deadline
 with open(job["result"], "w") as f:
     json.dump(got, f)
 """
@@ -55,7 +57,18 @@ def _no_leftovers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Pool, "__init__", init)
     yield
     for pool in made:
+        for child in pool.running.values():  # a failed check leaves a held job running: end it
+            child.proc.kill()
+            child.proc.wait()
         pool.close()
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
 
 
 class Terminal(io.StringIO):
@@ -72,11 +85,15 @@ def test_gpu_jobs_get_disjoint_sets_their_uuids_and_wait_for_free_gpus(tmp_path:
     pool = Pool("auto", on_end=ended.append, gpus=lambda: GPUS, view=View(io.StringIO()))
     conf = {"device": "cuda", "world_size": 2, "launcher": {"nnodes": 1}, "sweep": {}}
     try:
-        first = pool.start(0, {"seed": "1"}, _argv(1.0), conf, str(tmp_path))
+        # The first job holds its GPUs until this test stops it: only the second one's can free up for the third.
+        first = pool.start(0, {"seed": "1"}, _argv(3600), conf, str(tmp_path))
         second = pool.start(1, {"seed": "2"}, _argv(0.2), conf, str(tmp_path))
-        t0 = time.monotonic()
         third = pool.start(2, {"seed": "3"}, _argv(0.0), conf, str(tmp_path))  # waits for two free GPUs
-        assert time.monotonic() - t0 > 0.1 and 1 in pool.done, "the third job started only once one had ended"
+        # The pool's own records, not the clock: the third job started after the second one's end was reaped.
+        assert 1 in pool.done and third and third.started >= pool.done[1].ended, \
+            "the third job started only once one had ended"
+        wait_for("the first job's handler", lambda: '"step"' in _read(first.files["console"]))
+        first.proc.send_signal(signal.SIGINT)
         pool.wait_all()
     finally:
         pool.wait_all()
@@ -109,13 +126,14 @@ def test_a_stop_reaches_every_running_job_once_and_later_jobs_do_not_start(tmp_p
     out = io.StringIO()
     pool = Pool("auto", on_end=lambda c: None, cores=[0, 1], view=View(out))
     conf = {"device": "cpu", "world_size": 1, "launcher": {"nnodes": 1}, "sweep": {}}
-    running = [pool.start(n, {}, _argv(30), conf, str(tmp_path)) for n in range(2)]
-    time.sleep(0.5)  # the children have installed their handler
+    # Held far longer than any test may run: only the stop can end them.
+    running = [pool.start(n, {}, _argv(3600), conf, str(tmp_path)) for n in range(2)]
+    for c in running:  # each child's console records come after its SIGINT handler is in place
+        wait_for(f"job {c.num}'s handler", lambda c=c: '"step"' in _read(c.files["console"]))
     pool._on_signal(signal.SIGINT, None)
     assert pool.start(2, {}, _argv(0), conf, str(tmp_path)) is None, "no job starts once the sweep stops"
-    t0 = time.monotonic()
     pool.wait_all()
-    assert time.monotonic() - t0 < 20
+    assert [c.outcome["held_out"] for c in running] == [False, False], "the stop ended them, not their hold"
     assert [c.outcome["stopped"] for c in running] == [signal.SIGINT, signal.SIGINT]
     assert "stopping 2 running jobs: each saves a checkpoint" in out.getvalue()
 
@@ -127,9 +145,10 @@ def test_the_view_draws_every_running_job_on_a_terminal(tmp_path: Path, monkeypa
     pool = Pool("auto", on_end=lambda c: None, cores=[0, 1], view=view)
     conf = {"device": "cpu", "world_size": 1, "launcher": {"nnodes": 1}, "sweep": {}}
     child = pool.start(0, {"train.lr": "0.1"}, _argv(1.0), conf, str(tmp_path))
-    time.sleep(0.5)
-    pool.poll()
-    state = view.records[0].read()
+    records = view.records[0]  # kept here: the view lets go of it when the job ends
+    # The pool draws while the job runs, until the job's step record is read (the job may end meanwhile).
+    wait_for("job 0's step record", lambda: pool.poll() or records.read()["step"] == 3)
+    state = records.read()
     assert state["step"] == 3 and state["loss"] == 0.5 and state["total"] == 10
     pool.wait_all()
     text = term.getvalue()

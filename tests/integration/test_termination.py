@@ -21,6 +21,7 @@ PROGRAM = textwrap.dedent("""
     termination.install(grace_s=float(sys.argv[2]))
 
     def finish(timeout_s, why):
+        open(out + ".finishing", "a").close()  # at once: a watcher set off by mistake shows here
         time.sleep(min(1.0, timeout_s))  # the write in flight
         with open(out + ".finished", "a") as f:
             f.write(f"{why} {round(timeout_s)}\\n")
@@ -28,24 +29,31 @@ PROGRAM = textwrap.dedent("""
     termination.on_terminate(finish)
     if sys.argv[3] == "now":  # a rank that failed on its own finishes the work before SIGTERM comes
         termination.finish_now("error", grace_s=7)
+    # A forked child says on a pipe when it has set itself up: the SIGTERM must find it so, not still running
+    # what it inherited from this process.
+    ready_r, ready_w = os.pipe()
     if sys.argv[3] == "child":  # a forked child (a DataLoader worker): SIGTERM ends it alone, as by default
         pid = os.fork()
         if pid == 0:
             termination.reset_in_child()
+            os.write(ready_w, b"r")
             time.sleep(60)
             os._exit(0)
-        time.sleep(0.5)
+        os.read(ready_r, 1)
         os.kill(pid, 15)
         _, status = os.waitpid(pid, 0)
         open(out + ".child", "w").write(str(os.WIFSIGNALED(status) and os.WTERMSIG(status)))
     if sys.argv[3] == "loader":  # a DataLoader worker: the stop is the rank's to take, SIGTERM leaves it running
+        go_r, go_w = os.pipe()
         pid = os.fork()
         if pid == 0:
             termination.shield_loader_worker()
-            time.sleep(3)
+            os.write(ready_w, b"r")
+            os.read(go_r, 1)  # alive until after the SIGTERM, which comes first
             os._exit(7)
-        time.sleep(0.5)
+        os.read(ready_r, 1)
         os.kill(pid, 15)
+        os.write(go_w, b"g")
         _, status = os.waitpid(pid, 0)
         open(out + ".child", "w").write(str(os.WIFEXITED(status) and os.WEXITSTATUS(status)))
     open(out + ".ready", "w").close()
@@ -73,8 +81,10 @@ def test_sigterm_finishes_the_work_then_dies_by_sigterm(tmp_path):
 def test_a_forked_child_stopped_by_sigterm_does_not_stop_the_parent(tmp_path):
     proc, out = _start(tmp_path, grace=15, mode="child")
     assert Path(out + ".child").read_text() == str(int(signal.SIGTERM)), "the child died by SIGTERM"
+    # Not a wait for a process to be ready: a quiet spell in which a watcher set off by mistake would have begun
+    # the work (``.finishing`` is its first act). Load can only hide such a mistake here, never fail a good build.
     time.sleep(0.5)
-    assert proc.poll() is None and not Path(out + ".finished").exists(), "the parent's watcher stayed asleep"
+    assert proc.poll() is None and not Path(out + ".finishing").exists(), "the parent's watcher stayed asleep"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=20) == -signal.SIGTERM and Path(out + ".finished").exists()
 

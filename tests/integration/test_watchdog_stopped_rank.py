@@ -83,6 +83,8 @@ def test_a_stopped_rank_is_named_before_the_ranks_waiting_for_it(
     watch = Watchdog(str(tmp_path), str(tmp_path), 3, TIMEOUT_S, lambda: None, say=said.append)
     watch.tick()
     assert watch.hang is None
+    # Not a wait for another process: the watchdog's own clock must pass its timeout since it saw the records
+    # (the first tick). A lower bound: load can only lengthen it, and the verdict does not depend on by how much.
     time.sleep(TIMEOUT_S + 0.1)
     watch.tick()
 

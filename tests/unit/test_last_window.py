@@ -8,8 +8,6 @@ a log step's values are waited for only after the next step is queued, except at
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from ddp_runner.tasks.engine.metrics import StepMeter
@@ -99,14 +97,20 @@ def test_the_simulated_queue_reproduces_the_fast_last_window_of_host_time():
 
 def test_a_pause_after_the_boundary_belongs_to_the_next_window():
     # A validation right after a log step runs after its boundary: the window before it must not subtract it.
-    meter = StepMeter(samples_per_step=8, world_size=1, tokens_per_sample=None, flops_per_sample=None, peak=None)
+    # Host time on the test's clock (a busy machine adds nothing): a step of 0.125 s, a pause of 0.09375 s, then
+    # 1/1024 s of host work; either way of getting it wrong moves a window across 0.05 s.
+    dev = Device(depth=0.0)
+    meter = StepMeter(samples_per_step=8, world_size=1, tokens_per_sample=None, flops_per_sample=None, peak=None,
+                      clock=HostTimeClock(dev), now=lambda: dev.host)
+    dev.host += 0.5
     meter.step_done()
     meter.close_window()  # start-up
     meter.step_done()
-    time.sleep(0.05)
+    dev.host += 0.125
     end = meter.boundary()
     with meter.paused("validation"):
-        time.sleep(0.05)
+        dev.host += 0.09375
+    dev.host += 2 ** -10
     first = meter.close_window(end=end)["perf/step_time_s"]
     assert first >= 0.05, "the window kept its own time; the later pause was not subtracted from it"
     meter.step_done()

@@ -63,21 +63,47 @@ def test_gpt2_small_flops_per_token_is_about_855_mflop():
     assert padded.flops_per_token() == pytest.approx(855e6, rel=0.001)
 
 
+class _Clock:
+    """The meter's clock (its ``clock`` and ``now``), moved by the test: a step or a pause takes exactly what the
+    test says, however busy the machine. Durations are binary fractions, so their sums are exact."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def mark(self) -> float:
+        return self.t
+
+    def seconds(self, start: float, end: float) -> float:
+        return end - start
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += seconds
+
+
 def test_step_meter_windows_pauses_and_medians():
     from ddp_runner.tasks.engine.metrics import StepMeter
 
-    meter = StepMeter(samples_per_step=64, world_size=2, tokens_per_sample=1024, flops_per_sample=1e9, peak=1e15)
+    clock = _Clock()
+    meter = StepMeter(samples_per_step=64, world_size=2, tokens_per_sample=1024, flops_per_sample=1e9, peak=1e15,
+                      clock=clock, now=clock.now)
+    clock.sleep(0.5)  # start-up
     meter.step_done()
     first = meter.close_window()
     assert meter.medians() == {"step_time_s": None, "tokens_per_s": None, "mfu_pct": None}  # first: not counted
     meter.add_wait(0.25)
+    clock.sleep(0.0625)  # a step
     meter.step_done()
     with meter.paused("checkpoint"):
-        time.sleep(0.2)
+        clock.sleep(0.25)
+    clock.sleep(0.0625)
     meter.step_done()
     out = meter.close_window()
-    assert meter.excluded["checkpoint"] >= 0.2
-    assert out["perf/step_time_s"] < 0.1, "time inside paused() is not a training step"
+    assert meter.excluded["checkpoint"] == 0.25
+    # 2 steps of 0.0625 s; counting the pause, 0.1875 s each
+    assert out["perf/step_time_s"] == 0.0625, "time inside paused() is not a training step"
     assert out["perf/data_wait_s"] == pytest.approx(0.125)
     assert out["perf/samples_per_s"] == pytest.approx(64 / out["perf/step_time_s"])
     assert out["perf/tokens_per_s"] == pytest.approx(out["perf/samples_per_s"] * 1024)
@@ -137,29 +163,31 @@ def test_a_pause_first_waits_for_the_training_work_still_queued():
     """On a GPU the host runs ahead: when a checkpoint or a validation pauses the meter, training steps may still
     be queued. Their device time is training time; it must not vanish into the pause (which once reported 575.6k
     tokens/s with checkpoints against 524.7k without). The device's queue is played here by a sync that takes
-    0.3 s, the pause's own work by 0.2 s of sleep."""
+    0.5 s, the pause's own work by 0.25 s, on the test's clock."""
     from ddp_runner.tasks.engine.metrics import StepMeter
 
+    clock = _Clock()
     drained = []
 
-    def sync() -> None:  # the first call drains 0.3 s of queued training work; later ones find the queue empty
+    def sync() -> None:  # the first call drains 0.5 s of queued training work; later ones find the queue empty
         if not drained:
-            time.sleep(0.3)
-        drained.append(time.perf_counter())
+            clock.sleep(0.5)
+        drained.append(clock.now())
 
     meter = StepMeter(samples_per_step=8, world_size=1, tokens_per_sample=None, flops_per_sample=None, peak=None,
-                      sync=sync)
+                      sync=sync, clock=clock, now=clock.now)
+    clock.sleep(0.5)
     meter.step_done()
     meter.close_window()  # start-up window
-    t0 = time.perf_counter()
+    t0 = clock.now()
     meter.step_done()  # the host has queued the step; the device still works on it
     with meter.paused("checkpoint"):
-        time.sleep(0.2)
+        clock.sleep(0.25)
     out = meter.close_window()
-    elapsed = time.perf_counter() - t0
+    elapsed = clock.now() - t0
     assert len(drained) == 2, "the device is drained on entry and on exit"
-    assert 0.3 <= out["perf/step_time_s"] <= elapsed - 0.2
-    assert 0.2 <= meter.excluded["checkpoint"] < 0.3
+    assert 0.5 <= out["perf/step_time_s"] <= elapsed - 0.25
+    assert 0.25 <= meter.excluded["checkpoint"] < 0.5
 
 
 def test_goodput_shares_add_up_and_rates_use_the_whole_wall_clock():
