@@ -67,11 +67,16 @@ def _reach_mlflow(conf: dict[str, Any]) -> str | None:
     uri = mlflow_uri(conf)
     # MLflow's own usage telemetry posts to the internet from a thread: off unless the user set it (their env wins)
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    from mlflow.tracking import MlflowClient
+    from ddp_runner.trackers import mlflow_rest
 
     with quick_requests():
         try:
-            MlflowClient(uri).search_experiments(max_results=1)
+            if mlflow_rest.is_http(uri):  # a plain request: importing MLflow costs the driver seconds
+                mlflow_rest.RestClient(uri, REACH_TIMEOUT_S).reachable()
+            else:
+                from mlflow.tracking import MlflowClient
+
+                MlflowClient(uri).search_experiments(max_results=1)
         except Exception as exc:  # noqa: BLE001 - any failure to answer is the refusal's reason
             return f"{tracking.redact_uri(uri)}: {why(exc, uri)}"
     return None

@@ -19,12 +19,12 @@ from typing import Any
 
 from ddp_runner.contract import layout, tracking
 from ddp_runner.contract.errors import PlanError
-from ddp_runner.trackers.preflight import mlflow_uri, quick_requests, why
+from ddp_runner.trackers import mlflow_rest
+from ddp_runner.trackers.preflight import REACH_TIMEOUT_S, mlflow_uri, quick_requests, why
 
 # MLflow's run status by the job's run.json status.
 MLFLOW_STATUS = {layout.STATUS_COMPLETED: "FINISHED", layout.STATUS_FAILED: "FAILED",
                  layout.STATUS_INTERRUPTED: "KILLED", layout.STATUS_PREEMPTED: "KILLED"}
-PARAMS_PER_CALL = 100  # MLflow's limit of parameters in one log_batch
 
 
 def _name(url: str) -> str:
@@ -62,64 +62,36 @@ def open_runs(conf: dict[str, Any], plan: dict[str, Any], run_url: str, sweep_di
 
 def _open_mlflow(conf: dict[str, Any], plan: dict[str, Any], run_url: str, sweep_dir: str | None,
                  previous: dict[str, Any] | None) -> dict[str, Any]:
-    from mlflow.entities import Param
-    from mlflow.tracking import MlflowClient
-
     uri = mlflow_uri(conf)
-    client = MlflowClient(uri)
     wanted = tracking.params(conf, plan)
     try:
         with quick_requests():
+            store = mlflow_rest.client(uri, REACH_TIMEOUT_S)
             if previous is not None:  # a continued run goes on in its own tracker run
                 run_id = previous["run_id"]
-                run = client.get_run(run_id)
-                client.update_run(run_id, status="RUNNING")
-                have = run.data.params
+                _status, have = store.run(run_id)
+                store.set_status(run_id, "RUNNING", end=False)
                 changed = {k: v for k, v in wanted.items() if k in have and have[k] != v}
                 wanted = {k: v for k, v in wanted.items() if k not in have}
                 for k, v in changed.items():  # a parameter cannot change: the new value goes in as a tag
-                    client.set_tag(run_id, f"continued.{k}", v)
+                    store.set_tag(run_id, f"continued.{k}", v)
                 record = dict(previous)
             else:
-                exp_id = _experiment(client, (conf["logger"][tracking.MLFLOW] or {}).get("experiment")
-                                     or conf["task"]["name"])
+                exp_id = store.experiment((conf["logger"][tracking.MLFLOW] or {}).get("experiment")
+                                          or conf["task"]["name"])
                 tags = {tracking.TAG_RUN_DIR: run_url}
-                parent = _sweep_parent(client, exp_id, sweep_dir) if sweep_dir else None
+                parent = store.sweep_parent(exp_id, sweep_dir, _name(sweep_dir)) if sweep_dir else None
                 if parent is not None:
                     tags["mlflow.parentRunId"] = parent
-                run_id = client.create_run(exp_id, run_name=_name(run_url), tags=tags).info.run_id
+                run_id = store.create_run(exp_id, _name(run_url), tags)
                 record = {"tracking_uri": tracking.redact_uri(uri), "experiment_id": exp_id, "run_id": run_id,
                           "parent_run_id": parent}
-            items = [Param(k, v) for k, v in wanted.items()]
-            for i in range(0, len(items), PARAMS_PER_CALL):
-                client.log_batch(run_id, params=items[i:i + PARAMS_PER_CALL])
+            store.log_params(run_id, wanted)
     except Exception as exc:  # noqa: BLE001 - the server refused or went away since the preflight check
         raise PlanError("logger.mlflow", tracking.redact_uri(uri),
                         f"the MLflow run could not be opened ({why(exc, uri)})",
                         "check the tracking server, or leave mlflow out of logger=[...]") from exc
     return record
-
-
-def _experiment(client: Any, name: str) -> str:
-    found = client.get_experiment_by_name(name)
-    if found is not None:
-        return found.experiment_id
-    try:
-        return client.create_experiment(name)
-    except Exception:  # another job created it meanwhile
-        found = client.get_experiment_by_name(name)
-        if found is None:
-            raise
-        return found.experiment_id
-
-
-def _sweep_parent(client: Any, exp_id: str, sweep_dir: str) -> str:
-    """The parent run of the sweep in ``sweep_dir`` (its first job creates it)."""
-    found = client.search_runs([exp_id], filter_string=f"tags.`{tracking.TAG_SWEEP}` = '{sweep_dir}'",
-                               max_results=1)
-    if found:
-        return found[0].info.run_id
-    return client.create_run(exp_id, run_name=_name(sweep_dir), tags={tracking.TAG_SWEEP: sweep_dir}).info.run_id
 
 
 def finish(conf: dict[str, Any], record: dict[str, Any], status: str | None) -> str | None:
@@ -128,19 +100,17 @@ def finish(conf: dict[str, Any], record: dict[str, Any], status: str | None) -> 
     ml = record.get(tracking.MLFLOW)
     if not ml:
         return None
-    from mlflow.tracking import MlflowClient
-
     mstatus = MLFLOW_STATUS.get(status or "")
     if mstatus is None:  # still running or queued (a Slurm job): whoever ends it later says how
         return None
     try:
         with quick_requests():
-            client = MlflowClient(tracking.mlflow_uri(conf) or ml["tracking_uri"])
-            client.set_terminated(ml["run_id"], status=mstatus)
+            store = mlflow_rest.client(tracking.mlflow_uri(conf) or ml["tracking_uri"], REACH_TIMEOUT_S)
+            store.set_status(ml["run_id"], mstatus, end=True)
             if ml.get("parent_run_id"):
-                parent = client.get_run(ml["parent_run_id"])
-                failed = parent.info.status == "FAILED" or mstatus != "FINISHED"
-                client.set_terminated(ml["parent_run_id"], status="FAILED" if failed else "FINISHED")
+                parent_status, _ = store.run(ml["parent_run_id"])
+                failed = parent_status == "FAILED" or mstatus != "FINISHED"
+                store.set_status(ml["parent_run_id"], "FAILED" if failed else "FINISHED", end=True)
     except Exception as exc:  # noqa: BLE001 - the run is over either way; say it
         return f"the MLflow run {ml['run_id']} could not be closed ({why(exc, tracking.mlflow_uri(conf) or '')})"
     return None

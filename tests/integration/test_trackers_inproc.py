@@ -11,6 +11,7 @@ import socket
 import pytest
 import torch
 
+from ddp_runner.contract import tracking
 from ddp_runner.contract.errors import PlanError
 
 
@@ -100,3 +101,49 @@ def test_a_setting_of_a_logger_not_selected_is_refused_naming_it(cli, tmp_path):
             tmp_path / "out")
     assert r.returncode == 2 and "key:   logger.mlflow.tracking_uri" in r.stderr, r.stderr
     assert "logger=[tensorboard,mlflow]" in r.stderr
+
+
+# The driver's side of an MLflow run against the real server, in a fresh interpreter (this one has imported MLflow):
+# the preflight, a sweep job's run opened under its parent, reopened as a continued run with a changed parameter,
+# then closed; MLflow itself never imported.
+_DRIVER_SIDE = """
+import json, sys
+from ddp_runner.trackers import preflight, runs
+uri, sweep = sys.argv[1], sys.argv[2]
+conf = {"output": {"root": "outputs"}, "task": {"name": "smoke"}, "train": {"lr": 0.1},
+        "logger": {"mlflow": {"tracking_uri": uri, "experiment": "driver-rest"}}}
+plan = {"world_size": 2, "global_batch": 16}
+preflight.preflight(conf)
+rec = runs.open_runs(conf, plan, sweep + "/0_job", sweep, None)
+conf["train"]["lr"] = 0.2
+again = runs.open_runs(conf, plan, sweep + "/0_job", sweep, rec)
+warning = runs.finish(conf, again, "completed")
+print(json.dumps({"record": rec["mlflow"], "again": again["mlflow"], "warning": warning,
+                  "imported": sorted(m for m in sys.modules if m.split(".")[0] == "mlflow")}))
+"""
+
+
+def test_the_driver_opens_reopens_and_closes_an_mlflow_run_without_importing_mlflow(mlflow_server, tmp_path):
+    import subprocess
+    import sys
+
+    from mlflow.tracking import MlflowClient
+
+    sweep = str(tmp_path / "sweep")
+    r = subprocess.run([sys.executable, "-c", _DRIVER_SIDE, mlflow_server, sweep], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.splitlines()[-1])
+    assert out["imported"] == [] and out["warning"] is None
+    rec = out["record"]
+    assert out["again"]["run_id"] == rec["run_id"] and rec["parent_run_id"]
+    client = MlflowClient(mlflow_server)
+    run = client.get_run(rec["run_id"])
+    assert run.info.status == "FINISHED" and run.info.end_time is not None
+    assert run.info.run_name == "0_job" and run.info.experiment_id == rec["experiment_id"]
+    assert client.get_experiment(rec["experiment_id"]).name == "driver-rest"
+    assert run.data.params["train.lr"] == "0.1" and run.data.params["plan.global_batch"] == "16"
+    assert run.data.tags["continued.train.lr"] == "0.2"  # a parameter cannot change: the new value as a tag
+    assert run.data.tags["mlflow.parentRunId"] == rec["parent_run_id"]
+    parent = client.get_run(rec["parent_run_id"])
+    assert parent.info.status == "FINISHED" and parent.data.tags[tracking.TAG_SWEEP] == sweep
