@@ -13,8 +13,8 @@ EXIT_USAGE = 2
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=PROG, description="Export a run's trained weights out of its run directory.")
-    p.add_argument("source", metavar="RUN_DIR", help="a run directory (its newest complete checkpoint), or a"
-                   " checkpoint step_<N> (any fsspec URL)")
+    p.add_argument("source", metavar="RUN_DIR", help="a run directory (its newest complete checkpoint that passes"
+                   " its integrity check, as a resume takes it), or a checkpoint step_<N> (any fsspec URL)")
     p.add_argument("--step", type=int, default=None, help="the checkpoint of this optimizer step (default: newest)")
     p.add_argument("--format", choices=("safetensors", "hf"), default="safetensors",
                    help="safetensors: model.safetensors + export.json; hf: a transformers GPT-2 folder (GPT task)")
@@ -27,11 +27,17 @@ def main(argv: list[str] | None = None) -> None:
     args = parse(sys.argv[1:] if argv is None else argv)
     import yaml
 
+    from ddp_runner.contract import checkpoints
     from ddp_runner.tasks.engine.checkpoint import export
 
     try:
-        url = export.checkpoint_url(args.source, args.step)
-        weights, state = export.load_weights(url)
+        found = export.candidates(args.source, args.step)
+        for name, why in found.skipped:  # a stray file named step_<N>, a save that never committed
+            print(f"{PROG}: note: {checkpoints.skipped_note(name, why)}", file=sys.stderr)
+        weights, state, url, passed_over = export.load_newest(found)
+        for bad, reason in passed_over:  # the newest failed its integrity check: the same fallback as a resume
+            print(f"{PROG}: warning: {checkpoints.fallback_warning(_name(bad), reason, _name(url), 'exporting')}",
+                  file=sys.stderr)
         step = (state.get("progress") or {}).get("step")
         run = url.rstrip("/").rsplit("/", 2)[0] if "/checkpoints/" in url else args.source
         out = args.out or export.default_dir(run, step, args.format)
@@ -48,6 +54,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{PROG}: step {step} of {url} -> {out}")
     for f in files:
         print(f"  {f}")
+
+
+def _name(url: str) -> str:
+    return url.rstrip("/").rsplit("/", 1)[-1]
 
 
 if __name__ == "__main__":

@@ -68,6 +68,40 @@ def parse_marker(marker: Marker, step: int | None = None) -> dict[str, Any] | No
     return meta
 
 
+def entry_problem(name: str, is_dir: bool, has_marker: bool) -> str | None:
+    """Why entry ``name`` of a checkpoints folder is not a committed checkpoint, as every reader of the folder judges
+    it (the workers' resume and retention, ``ddp-export``, the driver before launch): None when it is one, or when
+    its name is not ``step_<N>`` at all (a save's temporary sibling, nothing a reader lists). ``is_dir``: whether it
+    is a folder; ``has_marker``: whether its ``meta.json`` exists (the workers also check that it is valid:
+    :func:`marker_problem`; the driver never reads it)."""
+    if step_of(name) is None:
+        return None
+    if not is_dir:
+        return "a file, not a checkpoint folder"
+    if not has_marker:
+        return f"no {MARKER_FILE}: a save that never committed"
+    return None
+
+
+def marker_problem(name: str, marker: Marker) -> str | None:
+    """Why the commit marker of checkpoint folder ``name`` does not commit it (:func:`parse_marker`), or None."""
+    if parse_marker(marker, step_of(name)) is None:
+        return f"its {MARKER_FILE} is not a valid commit marker"
+    return None
+
+
+def skipped_note(name: str, why: str) -> str:
+    """The note a reader of a checkpoints folder gives for entry ``name`` it passes over (``why``: from
+    :func:`entry_problem`), the same words on every side."""
+    return f"{layout.CHECKPOINTS}/{name} is not a complete checkpoint ({why}); skipped"
+
+
+def fallback_warning(name: str, reason: str, taken: str, doing: str = "resuming") -> str:
+    """The warning for checkpoint ``name`` passed over (``reason``: its integrity problem) for the older ``taken``:
+    a resume's and ``ddp-export``'s alike (``doing``: what is done from ``taken``)."""
+    return f"{name} failed its integrity check ({reason}); {doing} from {taken}"
+
+
 def file_size_problem(name: str, file: str, recorded: int, actual: int | None) -> str | None:
     """Why ``file`` of checkpoint ``name`` does not match its marker (``actual`` None: the file is absent); None
     when its size is the one recorded."""

@@ -289,6 +289,9 @@ def execute(composed: dict[str, Any], how: Invocation,
         if resume == resume_checks.LAST:
             resume = resume_checks.latest_unfinished(str(composed["output"]["root"]))
             print(f"ddp-run: resume=last: continuing {resume}", flush=True)
+        if resume not in resume_checks.NEW_RUN:  # what the workers will pass over, said before launch
+            for note in resume_checks.skipped_notes(resume):
+                print(f"ddp-run: note: {note}", file=sys.stderr, flush=True)
         if resume not in resume_checks.NEW_RUN and resume_checks.is_run_dir(resume):
             conf, rd, how.env_raw, how.resume_changes = _continued_run(resume, bool(composed.get("dry_run")),
                                                                        how.overrides, composed)

@@ -18,7 +18,7 @@ from typing import IO, Any
 from ddp_runner.config.task_module import CUSTOM_PRESET
 from ddp_runner.contract import layout
 from ddp_runner.diagnostics import rootcause
-from ddp_runner.rundir import listing, records
+from ddp_runner.rundir import checkpoint_list, listing, records
 from ddp_runner.rundir import status as run_status
 
 HEAD = ("RUN", "STATUS", "TASK", "WORLD", "GLOBAL BATCH", "STEP", "LAST LOSS", "THROUGHPUT", "AGE")
@@ -133,17 +133,6 @@ def given_overrides(overrides: list[str], argv: list[str]) -> list[str]:
     return [o for o in overrides if typed_task or o != f"task={CUSTOM_PRESET}"]
 
 
-def newest_checkpoint(fs: Any, path: str) -> str | None:
-    """The newest committed checkpoint's name (``step_<N>``), or None."""
-    markers = fs.glob(layout.join(path, layout.CHECKPOINTS, "step_*", layout.CKPT_MARKER))
-    steps = []
-    for m in markers:
-        name = m.rstrip("/").rsplit("/", 2)[-2]
-        if name[5:].isdigit():
-            steps.append((int(name[5:]), name))
-    return max(steps)[1] if steps else None
-
-
 def describe(url: str, now: float | None = None) -> str:
     """``ddp-runs show``: one run's plan, status, root cause, and the commands that continue or reproduce it.
     Raises :class:`listing.Damaged` when ``url`` is not a readable run directory."""
@@ -163,8 +152,10 @@ def describe(url: str, now: float | None = None) -> str:
              ("plan", f"{plan.get('explanation', '—')}; device {plan.get('device')}, backend {plan.get('backend')}"
                       f", {plan.get('nnodes', 1)} node{'s' if plan.get('nnodes', 1) != 1 else ''}"),
              ("progress", _progress(row, now))]
-    ckpt = newest_checkpoint(fs, path)
+    ckpts = checkpoint_list.of_run(fs, path)
+    ckpt = ckpts.newest
     lines.append(("checkpoint", f"{ckpt} (newest complete)" if ckpt else "none complete"))
+    lines += [("", note) for note in ckpts.notes()]  # what a resume and ddp-export pass over, said here too
     cause = summary.get("root_cause") if isinstance(summary, dict) else None
     if isinstance(cause, dict) and cause:
         lines.append(("root cause", f"{rootcause.headline(cause)} (where: {cause.get('where')})"))

@@ -13,7 +13,7 @@ from fsspec.implementations.local import LocalFileSystem
 from ddp_runner.config.plan import Plan
 from ddp_runner.contract import checkpoints, layout
 from ddp_runner.contract.errors import PlanError
-from ddp_runner.rundir import records, resume_keys, status
+from ddp_runner.rundir import checkpoint_list, records, resume_keys, status
 
 FIX = "use resume=auto, resume=last, resume=restart, a run directory or a checkpoints/step_<N> path"
 
@@ -61,14 +61,15 @@ def check_resume_source(resume: str, plan: Plan, conf: dict[str, Any] | None = N
                 raise PlanError("resume", resume, f"fails its integrity check: {problem}",
                                 "resume from an older checkpoints/step_<N>, or from the run directory (its newest"
                                 " checkpoint that passes is taken)")
-        elif markers := fs.glob(layout.join(path, "step_*", layout.CKPT_MARKER)):
+        elif (found := checkpoint_list.scan(fs, path)).complete:
             run = path.rsplit("/", 1)[0]  # <run>/checkpoints
-            problems = [p for m in markers if (p := checkpoint_size_problem(fs, m.rsplit("/", 1)[0]))]
-            if len(problems) == len(markers):
+            problems = [p for _, name in found.complete if (p := checkpoint_size_problem(fs, layout.join(path, name)))]
+            if len(problems) == len(found.complete):
                 raise PlanError("resume", resume, "holds no checkpoint that passes its integrity check: "
                                 + "; ".join(problems), fix)
         else:
-            raise PlanError("resume", resume, "holds no complete checkpoint (no step_<N>/meta.json)", fix)
+            why = "; ".join(found.notes()) or "no step_<N>/meta.json"
+            raise PlanError("resume", resume, f"holds no complete checkpoint ({why})", fix)
         theirs = records.read_manifest(fs, run)["plan"] if fs.exists(layout.join(run, layout.MANIFEST)) else {}
         ws, global_batch = theirs.get("world_size"), theirs.get("global_batch")
         their_conf = (records.read_config(fs, run, complete=False)
@@ -116,11 +117,27 @@ def newest_checkpoint(run_url: str) -> str | None:
     """The name (``step_<N>``) of a run directory's newest committed checkpoint, None when it has none."""
     try:
         fs, path = fsspec.core.url_to_fs(run_url)
-        markers = fs.glob(layout.join(path.rstrip("/"), layout.CHECKPOINTS, "step_*", layout.CKPT_MARKER))
+        return checkpoint_list.of_run(fs, path).newest
     except (OSError, ValueError, ImportError):
         return None
-    steps = [s for m in markers if (s := checkpoints.step_of(m.rstrip("/").rsplit("/", 2)[-2])) is not None]
-    return f"step_{max(steps)}" if steps else None
+
+
+def skipped_notes(source: str) -> list[str]:
+    """The notes for what a resume from ``source`` (a run directory, or its checkpoints folder) passes over in
+    its checkpoints folder: a stray file named ``step_<N>``, a save that never committed. Never raises: a source
+    that cannot be read gets its refusal elsewhere."""
+    try:
+        fs, path = fsspec.core.url_to_fs(source)
+        path, run = path.rstrip("/"), source.rstrip("/")
+        if path.rsplit("/", 1)[-1] == layout.CHECKPOINTS:
+            run = run.rsplit("/", 1)[0]
+        elif fs.isdir(layout.join(path, layout.CHECKPOINTS)):
+            path = layout.join(path, layout.CHECKPOINTS)
+        else:
+            return []  # a checkpoint named explicitly: it loads or is refused, nothing is passed over
+        return [f"{run}: {note}" for note in checkpoint_list.scan(fs, path).notes()]
+    except (OSError, ValueError, ImportError):
+        return []
 
 
 def unfinished_runs(root: str, limit: int | None = None) -> list[tuple[str, str, str]]:

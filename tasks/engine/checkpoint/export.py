@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field
 from typing import Any
 
 import fsspec
@@ -30,30 +31,51 @@ def default_dir(run_dir: str, step: int, fmt: str) -> str:
     return layout.join(run_dir, EXPORT_DIR, f"step_{step}" + ("-hf" if fmt == "hf" else ""))
 
 
-def checkpoint_url(source: str, step: int | None = None) -> str:
-    """The checkpoint ``source`` names: a checkpoint itself, else the newest complete one (or step ``step``) of a run
-    directory. ValueError with the fix when there is none."""
+@dataclass(frozen=True)
+class Candidates:
+    """The checkpoints an export may take, newest first; ``explicit``: one was named (a checkpoint, or ``--step``),
+    so its failure is the answer; ``skipped``: (name, why) of the folder's entries that are not checkpoints."""
+
+    urls: list[str]
+    explicit: bool = False
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+def candidates(source: str, step: int | None = None) -> Candidates:
+    """The checkpoints ``source`` names: a checkpoint itself, else a run directory's complete ones (newest first),
+    or its step ``step``. ValueError with the fix when there is none."""
     if storage.is_checkpoint(source) and step is None:
-        return source
+        return Candidates([source], explicit=True)
     root = layout.join(source.rstrip("/"), layout.CHECKPOINTS)
     found = dict(storage.list_complete(root))
+    skipped = storage.list_skipped(root)
     if not found:
         raise ValueError(f"{source}: no complete checkpoint under {root}. Fix: point at a run directory that saved"
                          " one (checkpoint.final=true), or at a checkpoint step_<N>")
     if step is None:
-        return found[max(found)]
+        return Candidates([found[s] for s in sorted(found, reverse=True)], skipped=skipped)
     if step not in found:
         raise ValueError(f"{source}: no complete checkpoint of step {step}; there are steps"
                          f" {', '.join(map(str, sorted(found)))}")
-    return found[step]
+    return Candidates([found[step]], explicit=True, skipped=skipped)
 
 
-def load_weights(url: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The whole model's weights of the checkpoint at ``url`` (integrity-checked), and its small state (progress,
-    plan, config)."""
-    state = storage.load(url, map_location="cpu")
+def load_newest(found: Candidates) -> tuple[dict[str, torch.Tensor], dict[str, Any], str, list[tuple[str, str]]]:
+    """The weights and small state of the newest candidate that passes its integrity check, its URL, and the
+    (url, reason) of each newer one passed over, as a resume falls back (``storage.load_first_good``); a candidate
+    named explicitly is loaded alone, so that its failure is the answer (CheckpointError)."""
+    if found.explicit:
+        url, skipped = found.urls[0], []
+        state = storage.load(url, map_location="cpu")
+    else:
+        state, url, skipped = storage.load_first_good(found.urls, map_location="cpu")
+    return weights_of(url, state), state, url, skipped
+
+
+def weights_of(url: str, state: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The whole model's weights of the checkpoint at ``url`` whose ``state.pt`` loaded as ``state``."""
     if not sharded.is_sharded(state):
-        return clean_names(state["model"]), state
+        return clean_names(state["model"])
     ckpt = url.rstrip("/")
     if ckpt.endswith("/" + storage.STATE_FILE):
         ckpt = ckpt.rsplit("/", 1)[0]
@@ -61,8 +83,8 @@ def load_weights(url: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     fs, path = fsspec.core.url_to_fs(consolidated)
     if fs.exists(path):
         with fs.open(path, "rb") as f:
-            return clean_names(torch.load(f, map_location="cpu", weights_only=True)), state
-    return clean_names(_consolidate(f"{ckpt}/{state['sharded']}")), state
+            return clean_names(torch.load(f, map_location="cpu", weights_only=True))
+    return clean_names(_consolidate(f"{ckpt}/{state['sharded']}"))
 
 
 def _consolidate(shards: str) -> dict[str, torch.Tensor]:

@@ -23,7 +23,7 @@ from typing import IO, Any
 import torch
 import torch.distributed as dist
 
-from ddp_runner.contract import layout, secrets
+from ddp_runner.contract import checkpoints, layout, secrets
 from ddp_runner.tasks.engine.checkpoint import compat, sharded, storage
 from ddp_runner.tasks.engine.checkpoint.async_saver import AsyncSaver
 from ddp_runner.tasks.engine.checkpoint.rng import rng_state, set_rng_state
@@ -163,7 +163,7 @@ class CheckpointManager:
         state, src, skipped = storage.load_first_good(sources.urls, map_location="cpu")
         for url, reason in skipped:
             if self.is_main:  # every rank makes the same choice from the same files; rank 0 says it
-                msg = f"{_name(url)} failed its integrity check ({reason}); resuming from {_name(src)}"
+                msg = checkpoints.fallback_warning(_name(url), reason, _name(src))
                 print(msg, flush=True)  # the rank log
                 if self.console is not None:  # and the user's console: a checkpoint was passed over
                     print(f"warning: {msg}", file=self.console, flush=True)

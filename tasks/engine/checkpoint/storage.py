@@ -135,14 +135,19 @@ def _meta_bytes(step: int, nbytes: int, digest: str, files: dict[str, int] | Non
 
 def _read_meta(fs: fsspec.AbstractFileSystem, dir_path: str, step: int | None = None) -> dict | None:
     """The parsed, validated meta.json of a checkpoint dir, or None when it is absent or invalid."""
+    text = _marker_text(fs, dir_path)
+    return None if text is None else rules.parse_marker(text, step)
+
+
+def _marker_text(fs: fsspec.AbstractFileSystem, dir_path: str) -> bytes | None:
+    """The text of a checkpoint dir's meta.json, None when it has none (or ``dir_path`` is a file, not a dir)."""
     # s3fs answers a file's size (which cat_file asks first) from a cached listing of its directory, which may
     # predate the commit (another process, or this one's listing of a sharded save's files).
     fs.invalidate_cache(dir_path)
     try:
-        text = fs.cat_file(f"{dir_path}/{META_FILE}")
-    except FileNotFoundError:
+        return fs.cat_file(f"{dir_path}/{META_FILE}")
+    except (FileNotFoundError, NotADirectoryError):  # a stray file named step_<N> is no checkpoint
         return None
-    return rules.parse_marker(text, step)
 
 
 def _fsync_dir(path: str) -> None:
@@ -156,33 +161,53 @@ def _fsync_dir(path: str) -> None:
 # ------------------------------------------------------------------------------------------- listing
 
 
-def _scan(fs: fsspec.AbstractFileSystem, root: str) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
-    """(complete, leftovers) as (step, entry name) lists; complete sorted by step."""
+def _scan(fs: fsspec.AbstractFileSystem, root: str
+          ) -> tuple[list[tuple[int, str]], list[tuple[int, str]], list[tuple[str, str]]]:
+    """(complete, leftovers, skipped): complete and leftovers as (step, entry name) lists, complete sorted by step;
+    skipped as (entry name, why) for every ``step_<N>`` that is not a complete checkpoint (the contract's rule).
+
+    A leftover is this module's own: a save's temporary sibling, or a ``step_<N>`` folder without its marker.
+    A *file* named ``step_<N>`` is neither complete nor a leftover: skipped, and never deleted (not ours)."""
     fs.invalidate_cache(root)  # object-store listings are cached; another process may have written since
     try:
-        entries = fs.ls(root, detail=False)
+        entries = fs.ls(root, detail=True)
     except (FileNotFoundError, NotADirectoryError):
-        return [], []
+        return [], [], []
     complete: list[tuple[int, str]] = []
     leftovers: list[tuple[int, str]] = []
+    skipped: list[tuple[str, str]] = []
     for entry in entries:
-        name = entry.rstrip("/").rsplit("/", 1)[-1]
+        name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
         if (step := rules.step_of(name)) is not None:
-            if _read_meta(fs, f"{root}/{name}", step) is not None:
+            is_dir = entry.get("type") == "directory"
+            marker = _marker_text(fs, f"{root}/{name}") if is_dir else None
+            if (why := rules.entry_problem(name, is_dir, marker is not None)) is None and marker is not None:
+                why = rules.marker_problem(name, marker)  # the workers load only what a valid marker commits
+            if why is None:
                 complete.append((step, name))
-            else:
+                continue
+            skipped.append((name, why))
+            if is_dir:
                 leftovers.append((step, name))  # an object-store save that never committed
         elif m := _LEFTOVER_RE.match(name):
             leftovers.append((int(m.group(1)), name))
     complete.sort()
-    return complete, leftovers
+    skipped.sort(key=lambda s: rules.step_of(s[0]) or 0)
+    return complete, leftovers, skipped
 
 
 def list_complete(ckpt_root: str) -> list[tuple[int, str]]:
     """All complete checkpoints under ``ckpt_root`` as ``(step, url)``, sorted by step (oldest first)."""
     fs, root = _fs(ckpt_root)
-    complete, _ = _scan(fs, root)
+    complete, _, _ = _scan(fs, root)
     return [(step, _join_url(ckpt_root, name)) for step, name in complete]
+
+
+def list_skipped(ckpt_root: str) -> list[tuple[str, str]]:
+    """Every ``step_<N>`` entry under ``ckpt_root`` that is not a complete checkpoint, as ``(name, why)``: what a
+    reader passes over, and says so (``rules.skipped_note``)."""
+    fs, root = _fs(ckpt_root)
+    return _scan(fs, root)[2]
 
 
 def latest(ckpt_root: str) -> str | None:
@@ -233,7 +258,7 @@ def _norm_urls(urls: frozenset[str] | set[str]) -> set[str]:
 
 
 def _cleanup(fs: fsspec.AbstractFileSystem, root: str, protect: frozenset[str] = frozenset()) -> list[str]:
-    complete, leftovers = _scan(fs, root)
+    complete, leftovers, _ = _scan(fs, root)
     if not complete:
         return []  # nothing committed yet: a leftover could still be the only trace of progress; keep it
     newest = complete[-1][0]
@@ -259,7 +284,7 @@ def cleanup_partial(ckpt_root: str) -> list[str]:
 
 def _apply_retention(fs: fsspec.AbstractFileSystem, root: str, keep_last: int,
                      protect: frozenset[str]) -> None:
-    complete, _ = _scan(fs, root)
+    complete, _, _ = _scan(fs, root)
     protected = _norm_urls(protect)
     if keep_last > 0 and len(complete) > keep_last:
         for _, name in complete[:-keep_last]:
