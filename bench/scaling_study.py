@@ -156,10 +156,12 @@ def run_compare(study: dict[str, Any], out: Path) -> dict[str, Any]:
             "error": proc.stderr[-2000:] if proc.returncode else None}
 
 
-def run_doctor(world: int, device: str, out: Path) -> dict[str, Any]:
-    """(f): ddp-doctor's JSON report of this host, its all-reduce measured over ``world`` processes."""
+def run_doctor(world: int, device: str, out: Path, sizes: str | None = None) -> dict[str, Any]:
+    """(f): ddp-doctor's JSON report of this host, its all-reduce measured over ``world`` processes (at ``sizes``,
+    ddp-doctor's ``--sizes``; None: its defaults)."""
+    extra = ["--sizes", sizes] if sizes else []
     proc = subprocess.run([sys.executable, "-m", "ddp_runner.diagnostics.doctor", "--json", "--device", device,
-                           "--nproc", str(world)], capture_output=True, text=True, env=_env(), timeout=600)
+                           "--nproc", str(world), *extra], capture_output=True, text=True, env=_env(), timeout=600)
     (out / "doctor.json").write_text(proc.stdout)
     return {"rc": proc.returncode, "out": str(out / "doctor.json"),
             "error": proc.stderr[-2000:] if proc.returncode else None}
@@ -259,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scopes", default="model,blocks", help="train.compile_scope values to study")
     ap.add_argument("--parts", default="a,b,c,d,e,f", help="which parts to run")
     ap.add_argument("--set", action="append", default=[], help="extra ddp-run override for every run")
+    ap.add_argument("--doctor-sizes", default=None,
+                    help="(f): ddp-doctor's all-reduce sizes, e.g. 1M,4M (default: ddp-doctor's own)")
     ap.add_argument("--work", default=None,
                     help="folder for the runs (default: a fresh temporary one). A later call with the same --work"
                          " (e.g. outputs/study on a machine still warm) reuses its compile caches")
@@ -310,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
                                      ["train.timing_every=1"], warm, a.timeout))
     if "f" in parts:
         _say(f"(f) ddp-doctor over {max(worlds)} process(es)")
-        res["doctor"] = run_doctor(max(worlds), a.device, out)
+        res["doctor"] = run_doctor(max(worlds), a.device, out, a.doctor_sizes)
     save()
     print("\n".join(summary_lines(res)), flush=True)
     print(f"results: {out / 'results.json'}")

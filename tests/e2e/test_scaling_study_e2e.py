@@ -28,6 +28,7 @@ def test_dry_run_on_cpu_runs_every_part_and_writes_the_report(tmp_path):
         [sys.executable, str(ROOT / "bench" / "scaling_study.py"), "--device", "cpu", "--task", "gpt",
          "--global-batch", "16", "--per-rank", "8", "--steps", "4", "--pair-steps", "6", "--scopes", "model",
          "--reference", str(ref), "--set", "train.compile=false", "--set", "data.val_fraction=0.002",
+         "--doctor-sizes", "1M",  # ddp-doctor's own measurement is tested at its default sizes (test_doctor_host.py)
          "--out", str(out)], capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     res = json.loads((out / "results.json").read_text())
