@@ -1,0 +1,56 @@
+"""The composed config resolved, every interpolation that fails (``${oc.env:UNSET}``, ``${now:}``, a key that does not
+exist, a resolver that does not exist) refused before anything starts: the key, the text as given, and the fix,
+never OmegaConf's traceback."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigCycleDetectedException, GrammarParseError, InterpolationResolutionError
+
+from ddp_runner.contract.errors import PlanError
+
+_ENV = re.compile(r"Environment variable '([^']*)' not found")
+_KEY = re.compile(r"Interpolation key '([^']*)' not found")
+_RESOLVER = re.compile(r"Unsupported interpolation type (\S+)")
+_PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+FIX = "give the value itself, or an interpolation that resolves (docs/refusals.md)"
+
+
+def resolved(cfg: DictConfig) -> dict[str, Any]:
+    """``cfg`` as a plain container with every interpolation resolved; PlanError naming the first key whose
+    interpolation cannot be resolved."""
+    try:
+        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    except (InterpolationResolutionError, GrammarParseError, ConfigCycleDetectedException) as exc:
+        key = str(getattr(exc, "full_key", None) or "config")
+        raise refusal(key, raw_value(OmegaConf.to_container(cfg, resolve=False), key), exc) from None
+
+
+def refusal(key: str, value: Any, exc: BaseException) -> PlanError:
+    """The refusal of ``key`` whose interpolation ``value`` failed with ``exc``: what failed, in words, and the fix."""
+    text = (str(getattr(exc, "msg", None) or exc).strip().splitlines() or [type(exc).__name__])[0]
+    if m := _ENV.search(text):
+        name = m.group(1) or "<NAME>"
+        return PlanError(key, value, f"takes its value from the environment variable {name}, which is not set",
+                         f"set it first (export {name}=…), or give a default: ${{oc.env:{name},<default>}}")
+    if m := _KEY.search(text):
+        return PlanError(key, value, f"refers to {m.group(1)}, which is no key of the config",
+                         "interpolate a key that exists (e.g. ${train.epochs}), or give the value itself")
+    if m := _RESOLVER.search(text):
+        return PlanError(key, value, f"uses a resolver named {m.group(1)!r}, which does not exist",
+                         "use one that exists (oc.env, oc.select, oc.decode, now), or give the value itself")
+    return PlanError(key, value, f"its interpolation cannot be resolved ({text})", FIX)
+
+
+def raw_value(tree: Any, key: str) -> Any:
+    """The unresolved value at dotted ``key`` (``a.b[0].c``) of a plain container; ``key`` itself when absent."""
+    node = tree
+    for name, index in _PART.findall(key):
+        try:
+            node = node[int(index)] if index else node[name]
+        except (KeyError, IndexError, TypeError):
+            return key
+    return node
