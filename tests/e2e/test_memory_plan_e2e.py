@@ -17,7 +17,7 @@ if str(ROOT) not in sys.path:
 
 # 4 blocks: the fewest at which FSDP's estimate, with the planner's 15% to spare, fits below the midpoint of FSDP's
 # and ZeRO-1's (at 2, FSDP's unsharded block and activations make it too close to ZeRO-1's). 8 validation samples:
-# the end-of-run validation under FSDP all-gathers every block for each batch (the default 2048 cost ~10 CPU-s).
+# the end-of-run validation under FSDP all-gathers every block for each batch: 8 samples, not the preset's default.
 TINY = ["task=gpt", "device=cpu", "world_size=2", "task.model.layers=4", "task.model.width=128",
         "task.model.context=16", "batch.per_rank=2", "checkpoint.async_save=false", "train.val_every=0",
         "train.val_samples=8", "data.val_fraction=0.01"]
