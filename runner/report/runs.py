@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import IO, Any
 
 from ddp_runner.config.task_module import CUSTOM_PRESET
@@ -201,7 +203,8 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Examples: ddp-runs · ddp-runs s3://bucket/outputs · ddp-runs --json · "
         "ddp-runs show outputs/2026-12-01/12-00-00_smoke_w2")
     p.add_argument("words", nargs="*", metavar="ROOT | show DIR",
-                   help="the output root to list (default: outputs), or 'show' and one run directory")
+                   help="the output root to list (default: outputs; output.root=ROOT as ddp-run takes it works too),"
+                   " or 'show' and one run directory")
     p.add_argument("--json", action="store_true", help="print JSON (for scripts)")
     return p
 
@@ -211,6 +214,21 @@ def _error(msg: str, fix: str) -> int:
     return 2
 
 
+_KEY_FORM = re.compile(r"^\+?([A-Za-z_][\w.]*)=(.*)$")  # ddp-run's key=value (a URL has its :// before any =)
+
+
+def root_word(word: str, exists: Callable[[str], bool] = os.path.exists) -> str:
+    """The output root a ``ddp-runs`` word names: a path or URL as given, or ``output.root=<root>`` as ``ddp-run``
+    takes it. ValueError for another ``key=value`` (ddp-runs lists one root; it filters nothing). A folder that
+    really has such a name is taken as it is."""
+    m = _KEY_FORM.match(word)
+    if m is None or exists(word):
+        return word
+    if m.group(1) == "output.root" and m.group(2):
+        return m.group(2)
+    raise ValueError(f"ddp-runs takes an output root (a path or URL, or output.root=<root>), not {word}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point of ``ddp-runs``: 0 on success, 2 on a bad root or run directory."""
     args = _parser().parse_args(argv)
@@ -218,10 +236,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if words[:1] == ["show"]:
         if len(words) != 2:
             return _error("'show' takes one run directory", "ddp-runs show outputs/<date>/<time>_<task>_w<N>")
+        if _KEY_FORM.match(words[1]) and not os.path.exists(words[1]):
+            return _error(f"'show' takes a run directory (a path or URL), not {words[1]}",
+                          "ddp-runs show outputs/<date>/<time>_<task>_w<N>; ddp-runs ROOT lists them")
         return _show(words[1], args.json, now)
     if len(words) > 1:
         return _error(f"one root at a time, got {len(words)}", "ddp-runs ROOT, or ddp-runs show DIR")
-    root = words[0] if words else "outputs"
+    try:
+        root = root_word(words[0]) if words else "outputs"
+    except ValueError as exc:
+        return _error(str(exc), "ddp-runs /path/to/outputs, or ddp-runs output.root=/path/to/outputs")
     try:
         found = listing.scan(root, now)
     except FileNotFoundError:
