@@ -11,6 +11,7 @@ from typing import Any
 from ddp_runner.config.plan import Plan
 from ddp_runner.contract import layout, stops
 from ddp_runner.diagnostics import closing
+from ddp_runner.launch import stop_outcome
 from ddp_runner.rundir.manifest import completion_check, read_rank_files
 from ddp_runner.rundir.run_dir import RunDir
 
@@ -69,14 +70,13 @@ def resume_lines(rd: RunDir, stopped: dict[str, Any] | None, status: str) -> lis
     from ddp_runner.rundir.resume import newest_checkpoint
 
     if stopped is not None:
-        saved = f"checkpoint {stopped['checkpoint']} committed, nothing lost"
-    else:
-        newest = newest_checkpoint(rd.url)
-        if newest is None:
-            return [f"ddp-run: {status}: no checkpoint was committed; this run cannot be continued (start it again;"
-                    " checkpoint.every_steps=N saves on the way)"]
-        saved = f"the last complete checkpoint is {newest}"
-    return [f"ddp-run: {status}: {saved}. Continue it with:", f"  ddp-run resume={rd.url}"]
+        return stop_outcome.continue_lines(rd.url, status, stopped)
+    newest = newest_checkpoint(rd.url)
+    if newest is None:
+        return [f"ddp-run: {status}: no checkpoint was committed; this run cannot be continued (start it again;"
+                " checkpoint.every_steps=N saves on the way)"]
+    return [f"ddp-run: {status}: the last complete checkpoint is {newest}. Continue it with:",
+            f"  ddp-run resume={rd.url}"]
 
 
 def _exit_code(ok: bool, rc: int, interrupted: int | None) -> int:
@@ -102,7 +102,11 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
     stopped = None if (watch or {}).get("hang") else agreed_stop(facts, plan.world_size)
     if stopped is not None and interrupted is None:  # the stop reached a worker, not this driver
         interrupted = stopped["signal"]
-    ok = rc == 0 and interrupted is None and check["all_completed"]
+    late = stopped is None and interrupted is not None and stop_outcome.came_after_the_end(facts, check,
+                                                                                           plan.world_size)
+    if late:  # every rank had done its work: the stop cut nothing (torchrun's own exit code is its SIGTERM's)
+        manifest["stop_after_the_end"], interrupted = stops.signal_name(interrupted), None
+    ok = (rc == 0 or late) and interrupted is None and check["all_completed"]
     exit_codes = _exit_codes(facts, errors, agent_log, plan.world_size)
     cause = None if ok or stopped is not None else rootcause.root_cause({
         "world_size": plan.world_size, "errors": errors, "facts": facts, "watch": watch,
@@ -143,12 +147,13 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
     rd.write_json(layout.SUMMARY, summary)
     step[0] = "reporting"
     if ok:
+        if late:
+            print(stop_outcome.after_the_end_line(manifest["stop_after_the_end"]), file=sys.stderr, flush=True)
         for line in closing.completed_lines(train, check, layout.join(rd.url, layout.SUMMARY)):
             print(line, flush=True)
         return 0
     if stopped is not None:
-        print(f"ddp-run: {manifest['status'].upper()} by {stops.signal_name(interrupted)}: every rank stopped"
-              f" after step {stopped['step']}", file=sys.stderr)
+        print(stop_outcome.stopped_line(manifest["status"], stops.signal_name(interrupted), stopped), file=sys.stderr)
         for line in resume_lines(rd, stopped, manifest["status"]):
             print(line, file=sys.stderr, flush=True)
         return _exit_code(False, rc, interrupted)

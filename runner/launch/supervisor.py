@@ -98,9 +98,10 @@ class Supervisor:
                 self.proc.kill()  # the workers die with torchrun (their parent-death signal is SIGKILL)
             return
         # Said at once: stopping can take seconds, and silence invites a second Ctrl-C.
-        print(f"ddp-run: stopping on {stops.signal_name(signum)}: every rank saves a checkpoint at the next optimizer"
-              f" step (up to {self.grace_s - stops.DRIVER_MARGIN_S:.0f} s, checkpoint.stop_grace_s); press Ctrl-C"
-              " again to stop at once without it", file=sys.stderr, flush=True)
+        print(f"ddp-run: stopping on {stops.signal_name(signum)}: every rank saves a checkpoint of its last optimizer"
+              " step, at the next step boundary or, after the last step, at once (up to"
+              f" {self.grace_s - stops.DRIVER_MARGIN_S:.0f} s, checkpoint.stop_grace_s); press Ctrl-C again to stop at"
+              " once without it", file=sys.stderr, flush=True)
         self.interrupted = signum
         if self.request_file is not None:
             with open(self.request_file, "w") as f:  # rank 0 reads it within a second; the signal follows the grace

@@ -2,6 +2,9 @@
 (``termination.requested``); here the ranks reduce it with one tiny all-reduce (MAX of a 1-element tensor), so that
 all of them see the same answer at the same step and take part in one complete checkpoint.
 
+A validation votes after each of its batches (every rank the same number of times), so that a stop during it is
+taken at once, the validation cut short (:class:`StopAgreed`), not after it.
+
 On a log step the vote rides in the gather the step's logged values already make (``PendingLog``): no collective
 of its own (with ``train.log_every=1``, the default, none at all); the other steps take :meth:`StopAgreement.poll`.
 
@@ -21,6 +24,15 @@ import torch
 import torch.distributed as dist
 
 from ddp_runner.tasks.engine.diagnostics import termination
+
+
+class StopAgreed(Exception):  # noqa: N818 - an agreement, not an error: the ranks leave the work it cut short
+    """Every rank agreed to stop inside work that is not an optimizer step (a validation): raised by that work at
+    the same vote on every rank, so that all of them leave it together and save."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"the ranks agreed to stop (signal {signum})")
+        self.signum = signum
 
 
 class StopAgreement:

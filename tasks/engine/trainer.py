@@ -12,7 +12,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -36,7 +36,7 @@ from ddp_runner.tasks.engine.optim import apply_inductor_settings, build_optimiz
 from ddp_runner.tasks.engine.progress import Progress
 from ddp_runner.tasks.engine.sampler import ResumableDistributedSampler
 from ddp_runner.tasks.engine.scaling_facts import entry as scaling_facts
-from ddp_runner.tasks.engine.stop import StopAgreement
+from ddp_runner.tasks.engine.stop import StopAgreed, StopAgreement
 from ddp_runner.tasks.engine.strategy import factory, grad_sync
 from ddp_runner.tasks.engine.strategy.base import Strategy
 from ddp_runner.tasks.engine.trackers.base import Trackers
@@ -155,7 +155,8 @@ def _facts(ctx: Context, **extra: Any) -> dict[str, Any]:
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, data: Dataset, ctx: Context, batch: int, precision: str,
              lockstep: bool = False, metrics: dict[str, float] | None = None,
-             names: tuple[str, ...] | None = None, compile_mode: str = "compiled") -> float:
+             names: tuple[str, ...] | None = None, compile_mode: str = "compiled",
+             stop: Callable[[], int] | None = None) -> float:
     """Mean loss over the whole dataset, each sample counted exactly once across ranks.
 
     ``metrics``: filled with the task's extra metrics (``names``, the same on every rank) over the same samples,
@@ -165,33 +166,37 @@ def evaluate(model: torch.nn.Module, data: Dataset, ctx: Context, batch: int, pr
     no padding, and the sums and counts are reduced across ranks. ``lockstep``: every forward is a collective
     (a sharded model gathers its parameters), so a rank with fewer batches runs extra forwards that count zero.
     ``compile_mode``: ``eager`` or ``compiled``, how a compiled model runs here (tasks/engine/val_compile.py).
+    ``stop``: the stop vote (a collective), taken after every batch, as many times on every rank (rank 0's batch
+    count, the largest); a stop it agrees on leaves the validation on every rank at that batch (``StopAgreed``).
     """
     was_training = model.training
     model.eval()
     shard = Subset(data, range(ctx.rank, len(data), ctx.world_size))
     totals = torch.zeros(2, dtype=torch.float64, device=ctx.device)
     sums = task_metrics.Sums(ctx.device, names if metrics is not None else ())
-    batches = list(DataLoader(shard, batch_size=batch, shuffle=False)) if lockstep else \
-        DataLoader(shard, batch_size=batch, shuffle=False)
-    if lockstep:
-        most = math.ceil(math.ceil(len(data) / ctx.world_size) / batch)  # rank 0's batch count, the largest
-        filler = next(iter(DataLoader(data, batch_size=1)))
-        batches += [None] * (most - len(batches))
-    for i, xy in enumerate(batches):
-        x, y = xy if xy is not None else filler
-        if compile_mode == "compiled":  # CUDA graphs (reduce-overhead): each batch is a new step of the tree
-            val_compile.mark_step()
-        with val_compile.stance(compile_mode, first_batch=i == 0), _autocast(ctx.device, precision):
-            loss, extra = task_metrics.split_output(model(x.to(ctx.device), y.to(ctx.device)))
-        if xy is None:
-            continue
-        totals[0] += loss.double() * len(x)
-        totals[1] += len(x)
-        sums.add({k: v for k, v in extra.items() if k in (sums.names or ())}, weight=len(x))
-        heartbeat.tick()
-    totals = torch.cat([totals, sums.sums.double()])
-    dist.all_reduce(totals)
-    model.train(was_training)
+    most = math.ceil(math.ceil(len(data) / ctx.world_size) / batch)  # rank 0's batch count, the largest
+    batches = iter(DataLoader(shard, batch_size=batch, shuffle=False))
+    filler = next(iter(DataLoader(data, batch_size=1))) if lockstep else None
+    try:
+        for i in range(most):
+            xy = next(batches, None)
+            if xy is not None or lockstep:  # a rank out of batches runs the lockstep's forwards, counting zero
+                x, y = xy if xy is not None else filler
+                if compile_mode == "compiled":  # CUDA graphs (reduce-overhead): each batch is a new step of the tree
+                    val_compile.mark_step()
+                with val_compile.stance(compile_mode, first_batch=i == 0), _autocast(ctx.device, precision):
+                    loss, extra = task_metrics.split_output(model(x.to(ctx.device), y.to(ctx.device)))
+            if xy is not None:
+                totals[0] += loss.double() * len(x)
+                totals[1] += len(x)
+                sums.add({k: v for k, v in extra.items() if k in (sums.names or ())}, weight=len(x))
+                heartbeat.tick()
+            if stop is not None and (signum := stop()):
+                raise StopAgreed(signum)
+        totals = torch.cat([totals, sums.sums.double()])
+        dist.all_reduce(totals)
+    finally:
+        model.train(was_training)
     if metrics is not None:
         metrics.update(zip(sums.names or (), (totals[2:] / totals[1]).tolist(), strict=True))
     return (totals[0] / totals[1]).item()
@@ -384,6 +389,9 @@ class Trainer:
         termination.accept_stops(True)
         try:
             self._loop(loop, batches, stop)
+            loop.profiler.finish(self.state.step)  # when training ended inside the traced steps
+            if self.stopped is None:
+                self._end(loop, stop)
         finally:
             termination.accept_stops(False)
         return self._finish(loop)
@@ -448,9 +456,13 @@ class Trainer:
             if loop.pending is not None and (loop.pending.ready is None or val_due or ckpt_due
                                              or step == self.total_steps):
                 self._finish_log(loop)  # the checkpoint holds the losses
-            if val_due:
-                with loop.meter.paused("validation"):
-                    loop.val_loss = self.validate(loop.writer, step, loop.progress, loop.val_metrics)
+            if val_due and not loop.stop_agreed:  # an agreed stop saves first: the validation would only delay it
+                try:
+                    with loop.meter.paused("validation"):
+                        loop.val_loss = self.validate(loop.writer, step, loop.progress, loop.val_metrics, stop)
+                except StopAgreed as agreed:  # every rank left the validation at the same batch
+                    self._stop(loop, agreed.signum, saved=False, during=f"the validation at step {step}")
+                    return
             if ckpt_due:
                 with loop.meter.paused("checkpoint"):  # the save's blocking time is not a training step
                     self.checkpoint(loop=loop)
@@ -459,9 +471,10 @@ class Trainer:
                 self._stop(loop, signum, saved=ckpt_due)
                 return
 
-    def _stop(self, loop: _Loop, signum: int, saved: bool) -> None:
-        """Every rank agreed to stop after this step: one complete checkpoint of it (unless the periodic one just
-        saved it), committed before the process ends."""
+    def _stop(self, loop: _Loop, signum: int, saved: bool, during: str | None = None, final: bool = False) -> None:
+        """Every rank agreed to stop after this step: one complete checkpoint of it (unless one is saved or being
+        saved already: the periodic or the final one, which this waits for), committed before the process ends.
+        ``during``: the work the stop cut short (a validation), for the record; ``final``: the step is the last."""
         termination.taken()
         heartbeat.phase("checkpoint")
         if loop.pending is not None:
@@ -469,14 +482,52 @@ class Trainer:
         t0 = time.monotonic()
         with loop.meter.paused("checkpoint"):
             if not saved:
-                self.checkpoint(loop=loop)
+                self.checkpoint(final=final, loop=loop)
             self.checkpoints.wait()
+        termination.done()  # committed: the process ends by itself from here
         name = f"step_{self.state.step}"
         self.stopped = {"step": self.state.step, "signal": signum, "checkpoint": name,
                         "save_s": round(time.monotonic() - t0, 3),
-                        "signal_after_step": termination.requested_after()}
-        self._say(f"stop: signal {signum}: every rank stopped after step {self.state.step};"
-                  f" checkpoint {name} committed in {time.monotonic() - t0:.2f} s")
+                        "signal_after_step": termination.requested_after(), "during": during,
+                        "last_step": self.state.step >= self.total_steps}
+        self._say(f"stop: signal {signum}: every rank stopped after step {self.state.step}"
+                  + (f", during {during}" if during else "")
+                  + f"; checkpoint {name} committed in {time.monotonic() - t0:.2f} s")
+
+    def _end(self, loop: _Loop, stop: StopAgreement) -> None:
+        """After the last optimizer step: the final checkpoint first, then the final validation, so that a stop from
+        here on loses no step. A stop during the validation (the ranks vote after each of its batches) cuts it short,
+        and the run ends stopped at its last step, which ``resume=<run dir>`` validates (docs/resume.md); a stop
+        after both cuts nothing, and the run completes."""
+        heartbeat.phase("finish")
+        saved = self._holds_this_step(loop)  # resumed at its last step: a stop had cut its final validation short
+        if not saved:
+            with loop.meter.paused("checkpoint"):  # in the background where saves are: it overlaps the validation
+                saved = self.checkpoint_final(loop)
+        signum = loop.stop_agreed  # the last step's vote
+        if self.parts.val_set is not None:
+            try:
+                if not signum:
+                    with loop.meter.paused("validation"):
+                        loop.val_loss = self.validate(loop.writer, self.state.step, loop.progress, loop.val_metrics,
+                                                      stop)
+            except StopAgreed as agreed:  # every rank left the validation at the same batch
+                signum = agreed.signum
+            if signum:
+                self._stop(loop, signum, saved=saved, during="the final validation", final=True)
+                return
+        with loop.meter.paused("checkpoint"):
+            self.checkpoints.wait()
+        if saved:
+            termination.done()  # every step is committed: a stop from here on cuts nothing
+            faults.in_phase("finish", self.ctx.rank, self.state.step, self.ctx.local_dir)
+
+    def _holds_this_step(self, loop: _Loop) -> bool:
+        """Did this launch resume from this run's own checkpoint of the step it is at, and make no step since (a
+        continued run whose final validation a stop had cut short: that checkpoint is its final one)?"""
+        own = layout.join(self.checkpoints.root, f"step_{self.state.step}")
+        return (self.resumed_from is not None and self.state.step == loop.start_step
+                and self.resumed_from.rstrip("/") == own.rstrip("/"))
 
     def _start_loop(self) -> _Loop:
         ctx, t = self.ctx, self.cfg.train
@@ -544,10 +595,15 @@ class Trainer:
         self.scheduler.step()
         return lr, grad_norm
 
-    def checkpoint_final(self, loop: _Loop) -> None:
-        """The final checkpoint (collective), with the open logging window's losses (none at the last step)."""
-        self._keep_window(loop)
-        self.checkpoints.save_final(self.state)
+    def checkpoint_final(self, loop: _Loop) -> bool:
+        """The final checkpoint (collective), with the open logging window's losses (none at the last step), written
+        in the background where saves are (``self.checkpoints.wait()`` waits for it); False when none is due
+        (``checkpoint.final=false``)."""
+        if not self.checkpoints.final:
+            return False
+        termination.taken()  # a stop from here on waits for this save: it holds every step
+        self.checkpoint(final=True, loop=loop)
+        return True
 
     def _after_first_step(self, loop: _Loop) -> None:
         """The first step of this launch (step 1, or the first after a resume): time it, ready the save's
@@ -612,20 +668,25 @@ class Trainer:
         return "tokens/s" if self.parts.tokens_per_sample else "samples/s"
 
     def validate(self, writer: Any, step: int, progress: Progress | None = None,
-                 metrics: dict[str, float] | None = None) -> float:
+                 metrics: dict[str, float] | None = None, stop: StopAgreement | None = None) -> float:
         """Exact validation loss (every sample once across ranks), logged at ``step`` and shown on the console;
-        ``metrics`` receives the task's extra metrics over the same samples (``val/<name>``)."""
+        ``metrics`` receives the task's extra metrics over the same samples (``val/<name>``). ``stop``: the ranks'
+        stop vote, taken after every batch; a stop it agrees on cuts the validation short (``StopAgreed``, nothing
+        logged). The random generators are left as found (each data loader draws a seed from them): whether and
+        where a run validates never changes its training, nor a checkpoint saved around a validation."""
         heartbeat.phase("validate")
+        faults.in_phase("validation", self.ctx.rank, step, self.ctx.local_dir)
         data = self.parts.val_set
         cap = self.cfg.train.get("val_samples")
         if cap and cap < len(data):  # the same leading samples every time, each counted once
             data = Subset(data, range(cap))
         found: dict[str, float] = {}
         v, t0 = self.validation, time.perf_counter()
-        with val_compile.counting(v):  # ends with the loss on the host: the device's work is in the time
+        # Ends with the loss on the host: the device's work is in the time.
+        with val_compile.counting(v), torch.random.fork_rng(devices=[]):
             loss = evaluate(self.model, data, self.ctx, self.per_rank, self.cfg.train.precision,
                             lockstep=self.strategy.collective_forward, metrics=found, names=self._metric_names(data),
-                            compile_mode=v["compile_mode"])
+                            compile_mode=v["compile_mode"], stop=stop.poll if stop is not None else None)
         v["last_s"] = time.perf_counter() - t0
         v["runs"], v["seconds"] = v["runs"] + 1, v["seconds"] + v["last_s"]
         extra = task_metrics.named(tuple(found), list(found.values()), "val")
@@ -635,7 +696,7 @@ class Trainer:
         self._say(f"validation: {v['last_s']:.2f} s ({v['compile_mode']}; graphs compiled in validations so far:"
                   f" {v['graphs_compiled']})")
         if progress is not None:  # and on the user's console
-            progress.validated(step, loss)
+            progress.validated(step, loss, extra)
         if metrics is not None:
             metrics.update(extra)
         return loss
@@ -656,15 +717,8 @@ class Trainer:
         return names
 
     def _finish(self, loop: _Loop) -> dict[str, Any]:
-        """After the last step: the final validation and checkpoint, then the summary."""
+        """The summary, once training has ended (its final checkpoint and validation done) or stopped."""
         heartbeat.phase("finish")
-        loop.profiler.finish(self.state.step)  # when training ended inside the traced steps
-        if self.parts.val_set is not None and self.stopped is None:
-            with loop.meter.paused("validation"):
-                loop.val_loss = self.validate(loop.writer, self.state.step, loop.progress, loop.val_metrics)
-        if self.stopped is None:
-            with loop.meter.paused("checkpoint"):
-                self.checkpoint_final(loop)
         if loop.progress is not None:
             loop.progress.close()
         summary = {

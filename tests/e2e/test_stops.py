@@ -176,3 +176,35 @@ def test_sigint_under_fsdp_saves_every_shard_and_the_resume_is_exact(tmp_path, t
     r = ddp_run([f"resume={run}"], tmp_path / "unused")
     assert r.returncode == 0, r.stdout + r.stderr
     check_resumed_exactly(run, gpt_fsdp_reference, r.stdout + r.stderr)
+
+
+def test_a_stop_during_the_final_validation_keeps_every_step_and_the_resume_validates(tmp_path, text_file):
+    """SIGINT to the driver during the end validation (rank 0 sends it as that validation begins and waits until the
+    stop reaches it: faults.in_phase): the final checkpoint holds every step, the run ends interrupted after its last
+    step, and ``resume=<run dir>`` runs only the final validation (docs/resume.md)."""
+    from ddp_runner.tasks.engine.diagnostics import faults
+
+    args = [a for a in with_default_checkpoints(gpt_dropout_args(text_file))
+            if not a.startswith(("train.max_steps=", "train.epochs="))] + ["train.max_steps=4", "train.warmup_steps=1"]
+    r = ddp_run(args, tmp_path / "out", env={faults.ENV_STOP_AT: "validation@4"})
+    [run] = run_dirs(tmp_path / "out")
+    assert r.returncode == 128 + signal.SIGINT, r.stdout + r.stderr
+    manifest, summary = load_json(run / "run.json"), load_json(run / "summary.json")
+    assert manifest["status"] == summary["status"] == "interrupted", r.stderr
+    latest = ck.latest(f"{run}/checkpoints")
+    assert latest is not None and latest.endswith("step_4"), f"the final checkpoint: no step lost\n{r.stderr}"
+    stopped = load_json(run / "logs/rank0.json").get("stopped") or {}
+    assert stopped.get("step") == 4 and stopped["last_step"] and stopped["during"] == "the final validation", stopped
+    assert summary["steps"] == 4 and len(summary["losses"]) == 4 and summary["val_loss"] is None
+    assert "every rank stopped after step 4, the last, during the final validation" in r.stderr, r.stderr
+    assert f"ddp-run resume={run}" in r.stderr and "no checkpoint was committed" not in r.stderr
+
+    committed = (Path(latest) / "meta.json").stat().st_mtime_ns
+    again = ddp_run([f"resume={run}"], tmp_path / "unused")
+    assert again.returncode == 0, again.stdout + again.stderr
+    resumed = load_json(run / "summary.json")
+    assert resumed["status"] == "completed" and resumed["steps"] == 4 and resumed["val_loss"] is not None
+    assert resumed["losses"] == summary["losses"] and resumed["resumed_from"].endswith("step_4")
+    assert not re.search(r"^\s*step [1-4]/4 .*loss [\d.]+ ", again.stdout, re.M), "no step trained again"
+    assert tb_points(run, "val/loss") == [4] and tb_points(run, "train/loss") == [1, 2, 3, 4]
+    assert (Path(latest) / "meta.json").stat().st_mtime_ns == committed, "the final checkpoint stands as it was"

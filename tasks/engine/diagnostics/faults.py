@@ -23,6 +23,13 @@ save path's one hook point, between a checkpoint's payload and its commit marker
   the middle of a save.
 
 :func:`save_hooks` hands them to the checkpoint code once; without either, the save path calls nothing here.
+And one for the stop tests (its name: :data:`ENV_STOP_AT`):
+
+- ``DDP_RUNNER_STOP_AT=<phase>@<step>``: rank 0, entering ``phase`` (``validation``: a validation; ``finish``: the
+  end of training, its final checkpoint and validation done) at optimizer step ``step``, sends SIGINT to the driver
+  (run.json names it) and waits until the stop has reached it (:func:`in_phase`), so that the stop lands in that
+  phase whatever the machine's load.
+
 Nothing else in the engine injects faults.
 """
 
@@ -145,3 +152,25 @@ def save_hooks() -> CheckpointHooks | None:
     if _active.slow_save is None and not _active.commit_pause_s:
         return None
     return CheckpointHooks(_active.slow_save, _active.commit_pause_s)
+
+
+ENV_STOP_AT = "DDP_RUNNER_STOP_AT"
+STOP_WAIT_S = 60.0  # the stop reaches the ranks within a second; a driver that never passes it on fails the test
+
+
+def in_phase(phase: str, rank: int, step: int, local_dir: str) -> None:
+    """The stop tests' hook (``DDP_RUNNER_STOP_AT=<phase>@<step>``, read here: a rare call): on rank 0, in
+    ``phase`` at step ``step``, SIGINT to the driver, then wait until the stop it passes on has reached this rank."""
+    if rank != 0 or os.environ.get(ENV_STOP_AT) != f"{phase}@{step}":
+        return
+    import json
+
+    from ddp_runner.tasks.engine.diagnostics import termination
+
+    with open(os.path.join(local_dir, layout.MANIFEST)) as f:
+        driver = int(json.load(f)["driver"]["pid"])
+    print(f"{ENV_STOP_AT}: SIGINT to the driver (pid {driver}) in {phase} at step {step}", file=sys.stderr, flush=True)
+    os.kill(driver, signal.SIGINT)
+    deadline = time.monotonic() + STOP_WAIT_S
+    while not termination.requested() and time.monotonic() < deadline:
+        time.sleep(0.01)

@@ -23,6 +23,11 @@ checkpoint and end normally, telling the watcher through :func:`taken` and :func
 should the loop not take it in time (its
 main thread is stuck in a collective whose peer is gone) or the save not finish, it says so and stops the process
 as above: the last complete checkpoint stands.
+
+After the last optimizer step the trainer calls :func:`taken` before the final checkpoint (a stop then waits for
+that save) and :func:`done` once every step is in a committed checkpoint: a stop from there on (during the final
+validation, which the ranks cut short at their next vote, or while the process finishes) loses nothing, and the
+watcher lets the process end by itself.
 """
 
 from __future__ import annotations
@@ -78,12 +83,15 @@ def accept_stops(on: bool) -> None:
 
 
 def taken() -> None:
-    """The ranks agreed to stop: the watcher now waits for the checkpoint (see :func:`done`)."""
+    """A checkpoint of every step done is under way (the ranks agreed to stop, or the final checkpoint after the
+    last step): a stop now waits for it (see :func:`done`)."""
     _taken.set()
 
 
 def done() -> None:
-    """The checkpoint on stop is committed; the process is about to end by itself."""
+    """Every step done is in a committed checkpoint (the checkpoint on stop, or the final one): nothing a stop could
+    save is left, and the process ends by itself."""
+    _taken.set()  # a stop that comes now needs no step boundary either
     _done.set()
 
 
@@ -181,7 +189,9 @@ def _watch(fd: int) -> None:
     deadline = t0 + grace_s
     # The write in flight is finished first, whatever comes next (the loop's own save waits for it anyway).
     _run_work(grace_s, "SIGTERM")
-    if _accepting.is_set():
+    if _done.is_set():
+        return  # every step is committed: the main thread ends the process (a validation at its next vote)
+    if _accepting.is_set() or _taken.is_set():
         if _taken.wait(max(0.0, t0 + grace_s / 2 - time.monotonic())):
             if _done.wait(max(0.0, deadline - time.monotonic())):
                 return  # the checkpoint on stop is committed; the main thread ends the process

@@ -1,0 +1,44 @@
+"""What a stop did to a run, read from its ranks' records after torchrun ends (pure: runner/launch/finalize.py
+prints and records it).
+
+- A stop the ranks agreed on (every rank's facts say ``stopped``): the run ends ``interrupted`` (``preempted``) with
+  the checkpoint of the step they stopped after. After the last optimizer step that checkpoint is the final one,
+  and what the stop cut short is the final validation: ``resume=<run dir>`` runs only that (docs/resume.md).
+- A stop that reached the ranks after their work was done (final checkpoint committed, final validation run: every
+  rank completed, none stopped) cut nothing: the run is ``completed``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+def came_after_the_end(facts: Mapping[int, Mapping[str, Any]], check: Mapping[str, Any], world_size: int) -> bool:
+    """Did every rank finish its work (it reports completion, and no stop) although a stop was sent? Then the stop
+    came after the final checkpoint and validation, and cut nothing."""
+    ranks = [facts.get(r) or {} for r in range(world_size)]
+    return bool(check.get("all_completed")) and all(f.get("completed") and not f.get("stopped") for f in ranks)
+
+
+def stopped_line(status: str, signal_name: str, stopped: Mapping[str, Any]) -> str:
+    """The console's line for a stop the ranks agreed on: the signal, the step, and what it cut short."""
+    where = ", the last" if stopped.get("last_step") else ""
+    if stopped.get("during"):
+        where += f", during {stopped['during']}"
+    return f"ddp-run: {status.upper()} by {signal_name}: every rank stopped after step {stopped['step']}{where}"
+
+
+def continue_lines(url: str, status: str, stopped: Mapping[str, Any]) -> list[str]:
+    """What was saved, and the one command that continues the run (after the last step: that validates it)."""
+    saved = f"ddp-run: {status}: checkpoint {stopped['checkpoint']} committed, nothing lost"
+    if stopped.get("last_step"):
+        return [f"{saved}; training is done but its final validation did not run. Run it (no step is left) with:",
+                f"  ddp-run resume={url}"]
+    return [f"{saved}. Continue it with:", f"  ddp-run resume={url}"]
+
+
+def after_the_end_line(signal_name: str) -> str:
+    """The console's line for a stop that cut nothing (:func:`came_after_the_end`)."""
+    return (f"ddp-run: {signal_name} came after the last step, the final checkpoint and the final validation: nothing"
+            " was cut short")
