@@ -3,22 +3,31 @@
 The driver owns the terminal: it asks rank 0 (``DDP_RUNNER_CONSOLE_RECORDS``) to write its console as records
 into ``logs/console.jsonl`` (tasks/engine/progress.py) and reads them on every supervision tick. The bar is drawn
 from the driver's first second on, start-up included, and redrawn four times a second whether or not a step has
-ended: the elapsed time moves even while one step takes a minute. Rank 0's messages (validation losses,
-warnings) and the driver's own lines are printed above the bar. Piped output gets no bar: rank 0 writes plain
-``step N/M`` lines itself.
+ended: the elapsed time moves even while one step takes a minute. Rank 0's messages (validation losses and
+metrics, warnings) and the driver's own lines are printed above the bar.
+
+Every frame is one line that fits the terminal (runner/launch/live_frame.py chooses its fields), redrawn at once
+when the terminal is resized (SIGWINCH). Each record moves the bar before anything is printed, so that a printed
+validation line is never ahead of the bar below it. Piped output gets no bar: rank 0 writes plain ``step N/M``
+lines itself.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import threading
 import time
+from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
 from ddp_runner.contract import layout
+from ddp_runner.launch import live_frame
+from ddp_runner.launch.live_frame import clock, figures, steps_text, times_text  # noqa: F401 - the bar's words
 
 REFRESH_PER_S = 4
 
@@ -32,88 +41,113 @@ def wanted(stream: IO[str]) -> bool:
     return tty and os.environ.get("TERM", "") != "dumb"
 
 
-def figures(state: Mapping[str, Any]) -> str:
-    """The bar's figures with their units: ``loss 0.7276 · 63,606 tokens/s · val loss 0.7012``."""
-    out = []
-    if state.get("loss") is not None:
-        out.append(f"loss {state['loss']:.4f}")
-    if state.get("rate") is not None:
-        out.append(f"{state['rate']:,.0f} {state.get('unit') or 'samples/s'}")
-    if state.get("val") is not None:
-        out.append(f"val loss {state['val']:.4f}")
-    return " · ".join(out)
-
-
-def clock(seconds: float | None) -> str:
-    """``1:02:03``, ``2:03``; ``-`` when unknown."""
-    if seconds is None:
-        return "-"
-    m, sec = divmod(int(seconds), 60)
-    h, m = divmod(m, 60)
-    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
-
-
-def times_text(elapsed: float | None, remaining: float | None, finished: bool) -> str:
-    """``elapsed 0:14 · ETA 2:03`` (no ETA before it can be estimated, nor once finished)."""
-    out = f"elapsed {clock(elapsed)}"
-    return out if finished or remaining is None else f"{out} · ETA {clock(remaining)}"
-
-
-def _times_column(t0: float) -> Any:
-    """Elapsed since ``t0`` (the driver's launch, start-up included; monotonic seconds) and the task's ETA."""
-    from rich.progress import ProgressColumn
-    from rich.text import Text
-
-    class Times(ProgressColumn):
-        max_refresh = None  # the elapsed time moves at every redraw
-
-        def render(self, task: Any) -> Text:
-            return Text(times_text(time.monotonic() - t0, task.time_remaining, task.finished),
-                        style="progress.elapsed")
-
-    return Times()
-
-
-def steps_text(step: int, total: int | None) -> str:
-    """``step 3/8`` (``step 3`` while the total is unknown)."""
-    return f"step {step}/{total}" if total else (f"step {step}" if step else "")
+def terminal_columns(stream: IO[str]) -> int | None:
+    """The width of the terminal ``stream`` writes to, None when it is not one (the terminal's own size wins over
+    ``COLUMNS``: it is what a resize changes)."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns or None
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 class Live:
-    """Rank 0's records drawn as a bar on ``console`` (a rich Console; the driver's stdout by default)."""
+    """Rank 0's records drawn as a one-line bar on ``console`` (a rich Console; the driver's stdout by default)."""
 
     def __init__(self, path: str, label: str, console: Any = None) -> None:
         from rich.console import Console
-        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
+        from rich.live import Live as RichLive
+        from rich.spinner import Spinner
 
-        self.path = path
+        self.path, self.label = path, label
         self.offset = os.path.getsize(path) if os.path.exists(path) else 0  # a continued run's earlier records
         self.partial = b""
-        self.state: dict[str, Any] = {"step": 0, "total": None, "unit": None}
-        self.progress = Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[steps]}"),
-            TextColumn("{task.fields[figures]}"), _times_column(time.monotonic()),
-            console=console or Console(file=sys.stdout), refresh_per_second=REFRESH_PER_S, transient=False,
-            # the driver's own lines above the bar; its stderr only when that is the same terminal (2>file stays)
-            redirect_stdout=True, redirect_stderr=wanted(sys.stderr))
-        self.task = self.progress.add_task(label, total=None, steps="", figures="start-up: starting the workers")
+        self.state: dict[str, Any] = {"step": 0, "total": None, "unit": None, "stage": "starting the workers"}
+        self.paces: deque[tuple[float, int]] = deque()  # rank 0's (time, step): the ETA's pace
+        self.t0, self.finished = time.monotonic(), False
+        self.console = console or Console(file=sys.stdout)
+        self.spinner = Spinner("dots", style="progress.spinner")
+        # The driver's own lines above the bar; its stderr only when that is the same terminal (2>file stays).
+        self.live = RichLive(self, console=self.console, refresh_per_second=REFRESH_PER_S, transient=False,
+                             redirect_stdout=True, redirect_stderr=wanted(sys.stderr))
+        self._resized = threading.Event()
+        self._ended = False
+        self._previous_winch: Any = None
 
     @classmethod
     def for_run(cls, local_dir: str, label: str) -> Live:
         """The bar for the run whose local directory is ``local_dir``."""
         return cls(str(Path(local_dir, layout.CONSOLE_RECORDS)), label)
 
+    # -- drawing -------------------------------------------------------------------------------------------------
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        """The frame now, fitted to the console's width (rich calls this at every redraw)."""
+        from rich.progress_bar import ProgressBar
+        from rich.text import Text
+
+        now = time.monotonic()
+        remaining = None if self.finished else live_frame.remaining_s(self.paces, self.state.get("total"))
+        kept, bar = live_frame.layout(live_frame.fields(self.state, self.label, now - self.t0, remaining,
+                                                        self.finished), options.max_width)
+        line = Text(no_wrap=True, overflow="ellipsis", end="")
+        for key, text, style in live_frame.pieces(kept):
+            if key == "bar":
+                total = self.state.get("total")
+                drawn = ProgressBar(total=total, completed=self.state.get("step") or 0, width=bar,
+                                    pulse=not total, animation_time=now)
+                line.append_text(Text.assemble(*((s.text, s.style) for s in console.render(drawn, options)
+                                                 if not s.control)))
+            elif key == "spinner":  # its frame of the moment
+                line.append_text(self.spinner.render(now))
+            else:
+                line.append(text, style=style)
+        line.truncate(options.max_width, overflow="ellipsis")  # only a terminal narrower than step and loss
+        yield line
+
+    def refresh(self) -> None:
+        """Draw the frame now."""
+        self.live.refresh()
+
     def start(self) -> None:
-        """Start drawing (and redirect the driver's own prints above the bar)."""
-        self.progress.start()
+        """Start drawing (and redirect the driver's own prints above the bar); redraw on every resize."""
+        self._fit_terminal()
+        self.live.start(refresh=True)
+        try:
+            self._previous_winch = signal.signal(signal.SIGWINCH, lambda *_: self._resized.set())
+        except (ValueError, AttributeError):  # not the main thread, or no SIGWINCH (Windows): the next redraw
+            self._previous_winch = None
+        else:
+            threading.Thread(target=self._redraw_on_resize, name="ddp-run-live-resize", daemon=True).start()
 
     def stop(self) -> None:
         """Read the last records, draw the final frame and give the terminal back."""
         self.tick()
-        self.progress.stop()
+        self.finished = True
+        if self._previous_winch is not None:  # first: the handler must not interrupt the set() below
+            signal.signal(signal.SIGWINCH, self._previous_winch)
+        self._ended = True
+        self._resized.set()
+        self.live.stop()
+
+    def _fit_terminal(self) -> None:
+        """The console's width from the terminal it draws on (a resize changes it; COLUMNS does not follow)."""
+        if (columns := terminal_columns(self.console.file)) is not None:
+            self.console.width = columns
+
+    def _redraw_on_resize(self) -> None:
+        # A thread, not the signal handler, redraws: the handler may interrupt the main thread inside a print.
+        while True:
+            self._resized.wait()
+            self._resized.clear()
+            if self._ended:
+                return
+            self._fit_terminal()
+            self.refresh()
+
+    # -- records -------------------------------------------------------------------------------------------------
 
     def tick(self) -> None:
-        """Apply the records rank 0 added since the last tick."""
+        """Apply the records rank 0 added since the last tick, and draw the bar they leave."""
         try:
             with open(self.path, "rb") as f:
                 f.seek(self.offset)
@@ -127,32 +161,44 @@ class Live:
                 self.apply(json.loads(line))
             except (ValueError, TypeError, KeyError):
                 continue  # not a record (a torn write): the next one says more
+        if lines:
+            self.refresh()
 
     def apply(self, rec: Mapping[str, Any]) -> None:
-        """One record: ``start``, ``step``, ``val``, ``stage`` or a ``line`` to print above the bar."""
+        """One record: ``start``, ``step``, ``val``, ``stage`` or a ``line`` to print above the bar. The state
+        moves first: a line printed is followed by the bar as the record left it."""
         kind, s = rec.get("kind"), self.state
         if kind == "line":
             self.say(rec["text"])
-            return
-        if kind == "stage":
-            self.progress.update(self.task, figures=f"start-up: {rec['text']}")
-            return
-        if kind == "start":
+        elif kind == "stage":
+            s["stage"] = rec["text"]
+        elif kind == "start":
             s.update(total=rec["total"], step=rec["start"], unit=rec.get("unit"))
-            # reset: a resumed run's first steps are not counted as progress made in no time (the ETA)
-            self.progress.reset(self.task, total=rec["total"], completed=rec["start"])
+            self.paces.clear()  # a resumed run's first steps are not progress made in no time (the ETA)
         elif kind == "step":
             s.update(step=rec["step"], total=rec["total"], loss=rec["loss"], rate=rec["rate"])
-            self.progress.update(self.task, completed=rec["step"], total=rec["total"])
+            self._pace(rec.get("t"), rec["step"])
         elif kind == "val":
-            s["val"] = rec["loss"]
-            self.say(f"  step {rec['step']}/{s['total']}  val loss {rec['loss']:.4f}")
-        else:
+            s.update(step=max(s.get("step") or 0, rec["step"]), val=rec["loss"], metrics=rec.get("metrics") or {})
+            self.say(val_line(rec["step"], s.get("total"), rec["loss"], s["metrics"]))
+
+    def _pace(self, t: float | None, step: int) -> None:
+        """Remember rank 0's time of ``step`` for the ETA (the last ``ETA_WINDOW_S`` seconds of them)."""
+        if t is None:
             return
-        self.progress.update(self.task, steps=steps_text(s["step"], s["total"]), figures=figures(s))
+        self.paces.append((float(t), step))
+        while self.paces and self.paces[0][0] < t - live_frame.ETA_WINDOW_S:
+            self.paces.popleft()
 
     def say(self, text: str) -> None:
         """Print a line above the bar, as written (no markup)."""
         from rich.text import Text
 
-        self.progress.console.print(Text(text), soft_wrap=True)
+        self.console.print(Text(text), soft_wrap=True)
+
+
+def val_line(step: int, total: int | None, loss: float, metrics: Mapping[str, float]) -> str:
+    """The line printed above the bar after a validation: ``  step 16/48  val loss 0.1153  val accuracy 0.9961``
+    (rank 0's plain console prints the same: tasks/engine/progress.py)."""
+    where = f"step {step}/{total}" if total else f"step {step}"
+    return f"  {where}  val loss {loss:.4f}" + "".join(f"  {live_frame.metric_text(k, v)}" for k, v in metrics.items())

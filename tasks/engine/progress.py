@@ -12,6 +12,7 @@ import io
 import json
 import os
 import time
+from collections.abc import Mapping
 from typing import IO, Any
 
 from ddp_runner.contract import layout
@@ -71,6 +72,13 @@ def stage(console: IO[str] | None, text: str) -> None:
         console.record("stage", text=text)
 
 
+def metric_text(name: str, value: float) -> str:
+    """A task's extra validation metric on the console: ``val accuracy 0.9961`` (the driver's bar words it the
+    same: runner/launch/live_frame.py)."""
+    shown = f"{value:.4f}" if abs(value) < 1000 else f"{value:,.1f}"
+    return f"val {name.removeprefix('val/')} {shown}"
+
+
 def rate_text(rate: float, unit: str) -> str:
     """A throughput with its unit: ``63,606 tokens/s``."""
     return f"{rate:,.0f} {unit}"
@@ -106,13 +114,16 @@ class Progress:
             self.records.record("step", **self.held)
             self.held, self.last_record = None, now
 
-    def validated(self, step: int, loss: float) -> None:
-        """Report a validation loss computed after ``step`` optimizer steps."""
+    def validated(self, step: int, loss: float, metrics: Mapping[str, float] | None = None) -> None:
+        """Report a validation loss computed after ``step`` optimizer steps, and the task's extra metrics over the
+        same samples (``{"val/accuracy": 0.99}``)."""
+        metrics = dict(metrics or {})
         if self.records is not None:
             self._release(time.monotonic())  # the bar shows the step this loss belongs to
-            self.records.record("val", step=step, loss=loss)
+            self.records.record("val", step=step, loss=loss, metrics=metrics)
         elif self.console is not None:
-            self.console.write(f"  step {step}/{self.total}  val loss {loss:.4f}\n")
+            self.console.write(f"  step {step}/{self.total}  val loss {loss:.4f}"
+                               + "".join(f"  {metric_text(k, v)}" for k, v in metrics.items()) + "\n")
             self.console.flush()
 
     def close(self) -> None:
