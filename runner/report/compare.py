@@ -27,7 +27,7 @@ from typing import Any
 from ddp_runner.contract import layout, series
 from ddp_runner.contract.rules import flatten
 from ddp_runner.diagnostics import breakdown
-from ddp_runner.report import legend
+from ddp_runner.report import legend, projection_report
 from ddp_runner.rundir import records
 from ddp_runner.rundir.status import status_of
 
@@ -559,7 +559,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "completed run of it reached)")
     ap.add_argument("--price", type=float, default=DEFAULT_PRICE,
                     help=f"price per GPU-hour for the cost column of GPU runs (default {DEFAULT_PRICE:.2f})")
+    projection_report.add_arguments(ap)
     args = ap.parse_args(argv)
+    if wrong := projection_report.problem(args):
+        print(f"ddp-compare: error: {wrong}", file=sys.stderr)
+        return 2
     try:
         paths = find_runs(args.paths)
     except FileNotFoundError as exc:
@@ -584,10 +588,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     warns = warnings(runs)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    report = markdown(table, warns, args.price, swept_values(runs)) + sweep_trials(args.paths)
+    projected, projected_files = projection_report.section(groups(runs), args, out)  # with --project
+    report = markdown(table, warns, args.price, swept_values(runs)) + sweep_trials(args.paths) + projected
     (out / "report.md").write_text(report)
     write_csv(table, out / "report.csv")
-    files = plots(runs, table, out)
+    files = plots(runs, table, out) + projected_files
     print(report)
     print(f"ddp-compare: wrote {out / 'report.md'}, {out / 'report.csv'}, " + ", ".join(str(f) for f in files))
     return 0

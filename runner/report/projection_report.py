@@ -1,0 +1,334 @@
+"""``ddp-compare --project 8,64,512``: the scaling projection's part of the report (a section of report.md,
+projection.csv, projection.png). Its options, the calibration on the measured runs with the fewest ranks, the check
+against the measured runs it did not use, and the projected table at each asked world size, in both modes (fixed
+global batch, fixed per-rank batch). The arithmetic is projection.py's; the model is stated in docs/scaling.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ddp_runner.report import projection as P
+from ddp_runner.report import projection_inputs as inputs
+from ddp_runner.report.projection_inputs import RunLike
+
+CSV_COLUMNS = ("group", "mode", "world", "samples_per_rank", "step_s", "work_s", "comm_s", "rate", "unit", "efficiency",
+               "device_hours", "cost", "beyond_node", "feasible", "measured_rate", "error")
+
+
+def world_list(text: str) -> list[int]:
+    """``"8,64,512"`` → [8, 64, 512] (argparse type: positive integers, comma-separated)."""
+    try:
+        out = sorted({int(t) for t in text.split(",") if t.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: world sizes separated by commas, e.g. 8,64,512") from None
+    if not out or out[0] < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: world sizes must be 1 or more")
+    return out
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The projection's options, in a group of their own."""
+    g = ap.add_argument_group("scaling projection (docs/scaling.md)")
+    g.add_argument("--project", type=world_list, metavar="N,N,…",
+                   help="project step time, throughput, scaling efficiency and cost at these world sizes (e.g. "
+                   "8,64,512) from the measured runs; the report also gives its own error on measured runs it was "
+                   "not fitted to")
+    g.add_argument("--calibrate", type=world_list, metavar="N,N,…",
+                   help="the measured world sizes the projection is fitted to (default: the smaller half of them, "
+                   "e.g. 1,2 of 1,2,3,4; the others are the check)")
+    g.add_argument("--links", metavar="FILE",
+                   help="the all-reduce within a node as `ddp-doctor --json` measured it (that report, or a run.json "
+                   "holding one); default: a run.json's, else the runs' own exposed gradient sync")
+    g.add_argument("--link-gbps", type=float, help="bus bandwidth within a node, GB/s (instead of --links)")
+    g.add_argument("--link-latency-us", type=float, help="latency per hop within a node, µs (with --link-gbps)")
+    g.add_argument("--inter-node-gbps", type=float,
+                   help="bus bandwidth between nodes per rank, GB/s (e.g. 50 for one 400 Gb/s NIC a GPU); without "
+                   "it, ranks on other nodes are priced on the node's link and the report says so")
+    g.add_argument("--inter-node-latency-us", type=float, help="latency per hop between nodes, µs")
+    g.add_argument("--ranks-per-node", type=int,
+                   help="ranks a node holds (default: 8 for GPU runs, the most ranks a measured CPU host ran)")
+
+
+def problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the projection's options (None: nothing), as ``--option=value: why``."""
+    if args.project is None:
+        given = [o for o in ("calibrate", "links", "link_gbps", "inter_node_gbps", "ranks_per_node")
+                 if getattr(args, o) is not None]
+        return f"--{given[0].replace('_', '-')} needs --project" if given else None
+    for name in ("link_gbps", "inter_node_gbps", "ranks_per_node"):
+        v = getattr(args, name)
+        if v is not None and v <= 0:
+            return f"--{name.replace('_', '-')}={v}: must be > 0"
+    for name in ("link_latency_us", "inter_node_latency_us"):
+        v = getattr(args, name)
+        if v is not None and v < 0:
+            return f"--{name.replace('_', '-')}={v}: must be >= 0"
+    if args.links and not Path(args.links).is_file():
+        return f"--links={args.links}: no such file"
+    return None
+
+
+# -- one group's projection ----------------------------------------------------------------------------------
+
+@dataclass
+class Projection:
+    """One group's outcome: the model (None with ``failure``), the check, the projected points, the largest
+    efficient N per mode, the measured runs, and the lines the report adds (skipped runs, notes)."""
+
+    group: str
+    unit: str
+    gpu: bool
+    measured: list[P.Measured]
+    model: P.Model | None = None
+    failure: str | None = None
+    check: list[tuple[P.Measured, P.Point, float]] | None = None
+    points: list[P.Point] | None = None
+    largest: dict[str, int | None] | None = None
+    notes: list[str] | None = None
+
+
+def project_group(group: str, runs: Sequence[RunLike], args: argparse.Namespace) -> Projection:
+    """Calibrate on ``runs`` of one group, check, project at ``args.project`` (both modes)."""
+    usable = [r for r in runs if inputs.why_not(r) is None]
+    notes = [f"{r.name} left out: {inputs.why_not(r)}" for r in runs if inputs.why_not(r) is not None]
+    ms = [inputs.measured(r) for r in usable]
+    unit = "tokens/s" if any(m.tokens_per_sample for m in ms) else "samples/s"
+    out = Projection(group, unit, any(m.device == "cuda" for m in ms), ms, notes=notes)
+    if not ms:
+        out.failure = "no completed run with a median step time and a time breakdown"
+        return out
+    if len({m.strategy for m in ms}) > 1:
+        out.failure = f"the runs use different strategies ({', '.join(sorted({m.strategy for m in ms}))})"
+        return out
+    worlds = sorted({m.world for m in ms})
+    cal = args.calibrate or P.held_out_split(worlds)[0]
+    missing = sorted(set(cal) - set(worlds))
+    if missing:
+        out.failure = f"--calibrate names world sizes no run measured: {', '.join(map(str, missing))}"
+        return out
+    try:
+        intra, inter = inputs.links(runs, args.links, args.link_gbps, args.link_latency_us, args.inter_node_gbps,
+                                    args.inter_node_latency_us)
+        rpn = args.ranks_per_node or inputs.default_ranks_per_node(runs)
+        out.model = P.calibrate([m for m in ms if m.world in cal], intra, inter, rpn)
+    except ValueError as exc:
+        out.failure = str(exc)
+        return out
+    out.notes += list(out.model.notes)
+    out.check = P.errors(out.model, [m for m in ms if m.world not in cal])
+    asked = sorted(set(args.project) | set(worlds))
+    out.points = [P.project(out.model, n, mode, args.price if out.gpu else None) for n in asked for mode in P.MODES]
+    upto = max(asked)
+    out.largest = {mode: P.largest_efficient(out.model, mode, upto) for mode in P.MODES}
+    return out
+
+
+# -- words, CSV, plot ----------------------------------------------------------------------------------------
+
+def _ms(s: float) -> str:
+    return f"{1000 * s:.1f} ms"
+
+
+def _rate(v: float) -> str:
+    return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
+
+
+def _calibration_line(p: Projection) -> str:
+    m = p.model
+    assert m is not None
+    base = m.base
+    names = ", ".join(x.name for x in p.measured if x.world in m.calibrated_on)
+    link = m.links.intra
+    kappa = (f"; ranks share the host's {base.cores} CPU cores ({base.threads_per_rank} thread"
+             f"{'s' if base.threads_per_rank != 1 else ''} a rank): κ(N) = max(1, N·threads/cores) on each host of "
+             f"{m.links.ranks_per_node} ranks" if base.device == "cpu" and base.cores else "")
+    ranks = " and ".join(map(str, m.calibrated_on))
+    return (f"Fitted to the runs with {ranks} rank{'s' if m.calibrated_on != (1,) else ''} ({names}): "
+            f"{_ms(m.sample_s)} of data and compute per sample, optimizer {_ms(m.optimizer_s)} a step, exposure "
+            f"ρ = {m.exposure:.2f} of the modelled communication; link: α {1e6 * link.latency_s:.0f} µs a hop, busbw "
+            f"{link.bus_gbps:.3g} GB/s ({link.source}){kappa}; the {base.strategy} strategy, global batch "
+            f"{base.global_batch}, micro-batch {base.micro_batch}. Model and assumptions: docs/scaling.md.")
+
+
+def _check_lines(p: Projection) -> list[str]:
+    if not p.check:
+        return ["No measured run was left out of the fit, so the projection's error is not measured here (fit on "
+                "fewer world sizes with --calibrate to see it).", ""]
+    lines = [f"Check against the measured runs not used in the fit (goal: within {100 * P.CHECK_GOAL:.0f}%):", "",
+             f"| ranks | run | measured {p.unit} | projected {p.unit} | error | measured step | projected step "
+             "(work + communication) | run's own spread |", "|---|---|---|---|---|---|---|---|"]
+    for m, pt, err in p.check:
+        spread = m.spread
+        lines.append(f"| {m.world} | {m.name} | {_rate(_measured_rate(m))} | {_rate(pt.rate)} | {100 * err:+.1f}% |"
+                     f" {_ms(m.step_s)} | {_ms(pt.step_s)} ({_ms(pt.work_s)} + {_ms(pt.comm_s)}) |"
+                     f" {'±%.0f%%' % (100 * spread) if spread is not None else '—'} |")
+    worst = max(p.check, key=lambda c: abs(c[2]))
+    verdict = (f"All within {100 * P.CHECK_GOAL:.0f}% (worst {100 * worst[2]:+.1f}% at {worst[0].world} ranks)."
+               if abs(worst[2]) <= P.CHECK_GOAL else
+               f"Goal missed: {100 * worst[2]:+.1f}% at {worst[0].world} ranks. " + _why(p))
+    return [*lines, "", verdict, ""]
+
+
+def _why(p: Projection) -> str:
+    """What the report can say about a missed goal from the runs' own figures."""
+    assert p.model is not None and p.check is not None
+    why = []
+    shared = [m for m, _, _ in p.check if P.contention(min(m.world, m.ranks_per_node or m.world), m.device, m.cores,
+                                                       m.threads_per_rank) > 1]
+    if shared:
+        why.append(f"the runs with {', '.join(str(m.world) for m in shared)} ranks had more ranks than the host's "
+                   f"{shared[0].cores} cores, so their speed also depends on what else the host ran (κ assumes they "
+                   "had the cores to themselves)")
+    noisy = {m.world: m.spread for m in p.measured if m.spread is not None and m.spread >= P.CHECK_GOAL}
+    if noisy:
+        why.append("the runs' own logging windows vary by " + ", ".join(
+            f"±{100 * s:.0f}% ({w} rank{'s' if w != 1 else ''})" for w, s in sorted(noisy.items()))
+            + ": a projection cannot be closer than the measurements it is fitted to and checked against")
+    return ("Why: " + "; ".join(why) + ".") if why else "The runs' figures do not say why: see docs/scaling.md."
+
+
+def _table_lines(p: Projection) -> list[str]:
+    hours = "GPU-hours" if p.gpu else "rank-hours"
+    cols = ["step", p.unit, "efficiency", hours] + (["cost"] if p.gpu else [])
+    head = ["ranks"] + [f"{c} ({'global' if mode == P.FIXED_GLOBAL else 'per rank'})" for mode in P.MODES
+                        for c in cols]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    by = {(pt.world, pt.mode): pt for pt in p.points or []}
+    measured = {m.world for m in p.measured}
+    for n in sorted({pt.world for pt in p.points or []}):
+        cells = [f"{n}{' (measured)' if n in measured else ''}{' †' if by[(n, P.FIXED_GLOBAL)].beyond_node else ''}"]
+        for mode in P.MODES:
+            pt = by[(n, mode)]
+            if not pt.feasible:
+                cells += ["—"] * len(cols)
+                continue
+            cells += [_ms(pt.step_s), _rate(pt.rate), f"{100 * pt.efficiency:.1f}%",
+                      f"{pt.device_hours:.4g}" if pt.device_hours is not None else "—"]
+            if p.gpu:
+                cells.append(f"${pt.cost:,.2f}" if pt.cost is not None else "—")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _footer(p: Projection, price: float) -> list[str]:
+    m = p.model
+    assert m is not None and p.largest is not None
+    upto = max(pt.world for pt in p.points or [])
+    best = "; ".join(f"{mode}: {n if n else 'none (already below at 2 ranks)'}" for mode, n in p.largest.items())
+    out = [f"Largest N (up to {upto}) at which the projected scaling efficiency stays at or above "
+           f"{100 * P.EFFICIENCY_GOAL:.0f}%: {best}.",
+           f"Efficiency: at a fixed global batch ({m.base.global_batch}), one rank's step time over N × N ranks' "
+           f"(strong scaling); at a fixed per-rank batch ({m.base.samples_per_rank:g} samples a rank and step), one "
+           f"rank's step time over N ranks' (weak scaling). Hours: of one run of the base run's samples "
+           f"({m.base.steps} steps × {m.base.global_batch})"
+           + (f"; cost at ${price:.2f} per GPU-hour." if p.gpu else "; CPU runs have no GPU cost.")
+           + " A cell of — at a fixed global batch: fewer samples than ranks."]
+    if any(pt.beyond_node for pt in p.points or []):
+        out.append(f"† beyond one node of {m.links.ranks_per_node} ranks: priced on "
+                   + (f"the inter-node link ({m.links.inter.bus_gbps:g} GB/s, {m.links.inter.source})"
+                      if m.links.inter else "the node's own link, since no --inter-node-gbps was given: optimistic"))
+    return out
+
+
+def markdown(projections: Sequence[Projection], price: float) -> str:
+    """The report's section: per group, the fit, the check, the projection and the notes."""
+    out = ["", "# Scaling projection", ""]
+    for p in projections:
+        if len(projections) > 1:
+            out += [f"## {p.group}", ""]
+        if p.model is None:
+            out += [f"No projection: {p.failure}.", ""] + [f"- {n}" for n in p.notes or []] + [""]
+            continue
+        out += [_calibration_line(p), ""] + _check_lines(p)
+        out += _table_lines(p) + [""] + _footer(p, price) + [""]
+        out += [f"- {n}" for n in p.notes or []] + ([""] if p.notes else [])
+    return "\n".join(out)
+
+
+def write_csv(projections: Sequence[Projection], path: Path) -> None:
+    """Every projected point (and the check's errors on the points of measured runs) as CSV."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS)
+    w.writeheader()
+    for p in projections:
+        checked = {m.world: (_measured_rate(m), err) for m, _, err in p.check or []}
+        for pt in p.points or []:
+            rate, err = checked.get(pt.world, (None, None)) if pt.mode == P.FIXED_GLOBAL else (None, None)
+            w.writerow({"group": p.group, "mode": pt.mode, "world": pt.world, "samples_per_rank": pt.samples_per_rank,
+                        "step_s": pt.step_s, "work_s": pt.work_s, "comm_s": pt.comm_s, "rate": pt.rate,
+                        "unit": p.unit, "efficiency": pt.efficiency, "device_hours": pt.device_hours,
+                        "cost": pt.cost, "beyond_node": pt.beyond_node, "feasible": pt.feasible,
+                        "measured_rate": rate, "error": err})
+    path.write_text(buf.getvalue())
+
+
+def plot(projections: Sequence[Projection], path: Path) -> None:
+    """projection.png: per group, throughput against ranks (measured points: filled where fitted, hollow where
+    checked; the projected curves of both modes; the ideal line) and the projected scaling efficiency."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [p for p in projections if p.model is not None]
+    fig, axes = plt.subplots(len(done), 2, figsize=(11, 4 * len(done)), squeeze=False)
+    for (ax, ax_eff), p in zip(axes, done, strict=True):
+        _throughput_panel(ax, p)
+        for mode, style in zip(P.MODES, ("-", "--"), strict=True):
+            pts = [pt for pt in p.points or [] if pt.mode == mode and pt.feasible]
+            ax_eff.plot([pt.world for pt in pts], [100 * pt.efficiency for pt in pts], style,
+                        label=f"projected, {mode}")
+        ax_eff.axhline(100 * P.EFFICIENCY_GOAL, color="grey", linestyle=":", label=f"{100 * P.EFFICIENCY_GOAL:.0f}%")
+        ax_eff.set_ylabel("scaling efficiency (%)")
+        ax_eff.set_title("Projected scaling efficiency" + (f": {p.group}" if len(done) > 1 else ""))
+        for a in (ax, ax_eff):
+            a.set_xlabel("ranks (world size)")
+            if max(pt.world for pt in p.points or [1]) > 16:
+                a.set_xscale("log", base=2)
+            a.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _throughput_panel(ax: Any, p: Projection) -> None:
+    assert p.model is not None
+    for mode, style in zip(P.MODES, ("-", "--"), strict=True):
+        pts = [pt for pt in p.points or [] if pt.mode == mode and pt.feasible]
+        ax.plot([pt.world for pt in pts], [pt.rate for pt in pts], style, label=f"projected, {mode}")
+    one = P.project(p.model, 1, P.FIXED_GLOBAL).rate
+    worlds = sorted({pt.world for pt in p.points or []})
+    ax.plot(worlds, [one * n for n in worlds], ":", color="grey", label="ideal (one rank × N)")
+    fitted = [m for m in p.measured if m.world in p.model.calibrated_on]
+    checked = [m for m in p.measured if m.world not in p.model.calibrated_on]
+    for ms, face, label in ((fitted, "C3", "measured, fitted"), (checked, "none", "measured, checked")):
+        if ms:
+            ax.scatter([m.world for m in ms], [_measured_rate(m) for m in ms], facecolors=face, edgecolors="C3",
+                       zorder=3, label=label)
+    ax.set_ylabel(p.unit)
+    ax.set_title("Throughput: measured and projected")
+
+
+def _measured_rate(m: P.Measured) -> float:
+    return m.global_batch * (m.tokens_per_sample or 1) / m.step_s
+
+
+def section(groups: Mapping[str, Sequence[RunLike]], args: argparse.Namespace, out: Path) -> tuple[str, list[Path]]:
+    """The report's projection section and the files it wrote (projection.csv, projection.png), or ("", []) without
+    ``--project``. ``groups``: ddp-compare's groups of runs that compare."""
+    if args.project is None:
+        return "", []
+    projections = [project_group(g, members, args) for g, members in groups.items()]
+    write_csv(projections, out / "projection.csv")
+    files = [out / "projection.csv"]
+    if any(p.model is not None for p in projections):
+        plot(projections, out / "projection.png")
+        files.append(out / "projection.png")
+    return markdown(projections, args.price), files
