@@ -67,6 +67,19 @@ def _rank_pid(procs: list[psutil.Process], rank: int) -> int | None:
     return None
 
 
+def _steps_done(pid: int) -> int:
+    """The optimizer steps the rank ``pid`` has done, from its progress record in a remote run's local staging
+    folder (``ddp-run-<run>-*`` in the temp dir; other tests' runs have other pids); 0 before it has one."""
+    for path in Path(tempfile.gettempdir()).glob(f"ddp-run-*/{layout.rank_progress(0)}"):
+        try:
+            record = load_json(path)
+        except (OSError, ValueError):  # being replaced, or another run's folder going away
+            continue
+        if record.get("pid") == pid:
+            return int(record.get("step", 0))
+    return 0
+
+
 def _break_storage(run: Path) -> Callable[[], None]:
     """The checkpoint folder stops being usable (a file where the folder was: fails for root too); returns how
     to mend it, keeping the checkpoints written so far."""
@@ -225,9 +238,11 @@ def test_a_lost_object_store_ends_the_run_truthfully_with_no_process_left(tmp_pa
                                   env={**os.environ, **env}, text=True, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE)
         seen: list[psutil.Process] = []
-        wait_for("rank 0 to start", lambda: _rank_pid(_tree(driver.pid), 0))
+        rank0 = wait_for("rank 0 to start", lambda: _rank_pid(_tree(driver.pid), 0))
         seen += _tree(driver.pid)
-        time.sleep(2)
+        # Training is under way (rank 0's own progress record in the driver's staging folder says a step is
+        # done) before the store goes: a mid-run loss, however slowly this machine starts the ranks.
+        wait_for("rank 0's first step", lambda: _steps_done(rank0) >= 1, driver=driver)
         server.kill()  # the store is gone: checkpoints, the heartbeat, run.json all fail from here
         server.wait()
         seen += [p for p in _tree(driver.pid) if p.pid not in {q.pid for q in seen}]

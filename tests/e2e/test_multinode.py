@@ -16,7 +16,7 @@ from pathlib import Path
 import fsspec
 import psutil
 import pytest
-from conftest import load_json, run_dirs
+from conftest import load_json, run_dirs, wait_for
 
 from ddp_runner.contract import layout
 from ddp_runner.rundir.lease import Taken, take
@@ -175,10 +175,9 @@ def test_a_local_job_listens_on_loopback_only(out_root, restarts):
                                "train.log_every=1000", f"launcher.max_restarts={restarts}", f"output.root={out_root}"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tempfile.gettempdir())
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and len(list(out_root.rglob("rank*.json"))) < 2:
-            time.sleep(0.2)
-        time.sleep(0.5)
+        # A rank writes its facts once its process group is up: by then the agent's store, rank 0's own and the
+        # ranks' gloo sockets all listen. (Not progress/rank*.json: rank 0's could come before rank 1's facts.)
+        wait_for("both ranks' facts", lambda: len(list(out_root.rglob("logs/rank*.json"))) == 2, driver=driver)
         tree = [driver.pid, *(p.pid for p in psutil.Process(driver.pid).children(recursive=True))]
         assert len(tree) >= 4, "driver, agent and two workers"
         addresses = _listening(tree)

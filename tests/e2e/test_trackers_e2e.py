@@ -12,12 +12,17 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import ddp_run, load_json, run_dirs, shared_run
+from conftest import ddp_run, load_json, run_dirs, shared_run, wait_for
 
+from ddp_runner.tasks.engine.diagnostics import faults
 from tests.support.mlflow_server import MlflowRest
 from tests.support.wandb_offline import read_run
 
@@ -48,6 +53,14 @@ def tracked_run(tmp_path_factory, text_file, mlflow_server) -> Path:
 
 def _steps(rest: MlflowRest, run_id: str, key: str) -> list[int]:
     return sorted(int(p["step"]) for p in rest.history(run_id, key))
+
+
+def _json(path: Path) -> dict:
+    """A JSON record that may not be there yet, or may be being replaced: {} then."""
+    try:
+        return load_json(path)
+    except (OSError, ValueError):
+        return {}
 
 
 def test_two_ranks_make_one_mlflow_run_with_the_config_plan_and_one_point_per_step(tracked_run, rest):
@@ -143,18 +156,30 @@ def test_sweep_jobs_are_children_of_one_parent_run(tmp_path, text_file, mlflow_s
 
 def test_killed_then_resumed_run_continues_its_tracker_run_without_duplicate_points(tmp_path, text_file,
                                                                                   mlflow_server, rest):
-    """Killed after step 4 (the slow fault's sleep at steps 3 and 4 lets step 3's point reach the server first), the
-    last checkpoint at step 2: the continued run logs steps 3-6 into the same MLflow run, step 3 once. Every
-    checkpoint also exported its weights (checkpoint.export=safetensors)."""
+    """Killed after step 4, once step 3's point is on the server (the fault's gate, opened when the test sees it
+    there; step 4's point would be sent after the fault), the last checkpoint at step 2: the continued run logs
+    steps 3-6 into the same MLflow run, step 3 once. Every checkpoint also exported its weights
+    (checkpoint.export=safetensors)."""
     args = [*TINY, "world_size=1", f"data.path={text_file}", "train.max_steps=6", "train.val_every=0",
             "checkpoint.every_steps=2", "checkpoint.export=safetensors", "logger=[mlflow,csv]",
             f"logger.mlflow.tracking_uri={mlflow_server}",
-            "logger.mlflow.experiment=resumed", "fault.kind=slow", "fault.rank=0", "fault.step=3", "fault.slow_s=1.5",
-            "fault.also=[{kind:sigkill,rank:0,step:4}]"]
-    r = ddp_run(args, tmp_path)
-    assert r.returncode != 0, r.stdout + r.stderr
-    [run] = run_dirs(tmp_path)
-    run_id = load_json(run / "run.json")["trackers"]["mlflow"]["run_id"]
+            "logger.mlflow.experiment=resumed", "fault.kind=sigkill", "fault.rank=0", "fault.step=4"]
+    gate = tmp_path / "gate"
+    driver = subprocess.Popen([sys.executable, "-m", "ddp_runner", *args, f"output.root={tmp_path}"],
+                              cwd=tempfile.gettempdir(), env={**os.environ, faults.ENV_FAULT_GATE: str(gate)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        [run] = wait_for("the run directory", lambda: run_dirs(tmp_path), driver=driver)
+        run_id = wait_for("the MLflow run", lambda: (_json(run / "run.json").get("trackers") or {}).get(
+            "mlflow", {}).get("run_id"), driver=driver)
+        wait_for("step 3's point on the server", lambda: 3 in _steps(rest, run_id, "train/loss"), driver=driver)
+        gate.touch()
+        out, err = driver.communicate(timeout=240)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.communicate()
+    assert driver.returncode != 0, out + err
     [killed] = rest.runs(rest.experiment_id("resumed"))
     assert killed["info"]["status"] == "FAILED"
     before = _steps(rest, run_id, "train/loss")

@@ -23,6 +23,13 @@ save path's one hook point, between a checkpoint's payload and its commit marker
   the middle of a save.
 
 :func:`save_hooks` hands them to the checkpoint code once; without either, the save path calls nothing here.
+
+And one test-only hook for the rehearsal faults (its name: :data:`ENV_FAULT_GATE`):
+
+- ``DDP_RUNNER_FAULT_GATE=<path>``: a fault holds (at most :data:`GATE_WAIT_S`) until that file exists, so a test
+  lets it strike once it has seen what must come first (a tracker's point on its server) instead of hoping that a
+  sleep was long enough on a busy machine.
+
 And one for the stop tests (its name: :data:`ENV_STOP_AT`):
 
 - ``DDP_RUNNER_STOP_AT=<phase>@<step>``: rank 0, entering ``phase`` (``validation``: a validation; ``finish``: the
@@ -46,6 +53,8 @@ from typing import Any
 from ddp_runner.contract import layout
 
 KINDS = ("exception", "oom", "sigkill", "hang", "slow")
+ENV_FAULT_GATE = "DDP_RUNNER_FAULT_GATE"
+GATE_WAIT_S = 300.0  # a test that never opens the gate gets its fault late, not a run that hangs for ever
 
 
 @dataclass(frozen=True)
@@ -65,14 +74,15 @@ class Faults:
     at_step: tuple[Fault, ...] = ()
     slow_save: tuple[int, float] | None = None  # (step, seconds)
     commit_pause_s: float | None = None
+    gate: str | None = None  # a file the rehearsal faults wait for
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Faults:
-        """The checkpoint tests' hooks from the environment (no rehearsal fault)."""
+        """The tests' hooks from the environment (no rehearsal fault)."""
         slow = env.get(layout.ENV_SLOW_SAVE)
         pause = env.get(layout.ENV_CKPT_TEST_PAUSE)
         return cls(slow_save=(int(slow.partition(":")[0]), float(slow.partition(":")[2])) if slow else None,
-                   commit_pause_s=float(pause) if pause else None)
+                   commit_pause_s=float(pause) if pause else None, gate=env.get(ENV_FAULT_GATE) or None)
 
 
 _active = Faults.from_env(os.environ)
@@ -93,14 +103,22 @@ def configure(fault: Mapping[str, Any] | None, env: Mapping[str, str] = os.envir
     specs = [fault, *(fault.get("also") or [])]  # ``fault.also``: more faults at once (one fails, one is stuck)
     at = tuple(Fault(str(f["kind"]), int(f.get("rank", 0)), int(f.get("step", 1)), float(f.get("slow_s") or 0.0))
                for f in specs)
-    _active = Faults(at, _active.slow_save, _active.commit_pause_s)
+    _active = Faults(at, _active.slow_save, _active.commit_pause_s, _active.gate)
 
 
 def after_step(rank: int, step: int) -> None:
     """Inject the configured fault if this is its rank and step (``slow``: this step or any later one)."""
     for f in _active.at_step:
         if rank == f.rank and (step == f.step or (f.kind == "slow" and step > f.step)):
+            if _active.gate is not None:
+                _wait_for_gate(_active.gate)
             _inject(f, rank, step)
+
+
+def _wait_for_gate(path: str) -> None:
+    deadline = time.monotonic() + GATE_WAIT_S
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _inject(f: Fault, rank: int, step: int) -> None:
