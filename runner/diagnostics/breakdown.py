@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ddp_runner.diagnostics import textfit
+
 # Below these, a phase is not worth a phrase in the bottleneck sentence.
 SHARE_WORTH_SAYING = 0.01
 GAP_WORTH_SAYING = 1.0  # percent
@@ -37,11 +39,17 @@ def _gpu_notes(g: Mapping[str, float] | None) -> list[str]:
     return notes
 
 
+# The columns a narrow terminal loses first (summary.json keeps them all): the rank, its device, its work and the
+# mark of the rank with the most work always stay.
+DROP_FIRST = ("temp", "power", "optimizer", "data", "GPU clock", "compute", "exposed sync", "step")
+
+
 def table(tb: Mapping[str, Any] | None, devices: Mapping[str, str] | None = None,
-          gpus: Mapping[str, Mapping[str, float]] | None = None, indent: str = "  ") -> list[str]:
+          gpus: Mapping[str, Mapping[str, float]] | None = None, indent: str = "  ",
+          width: int | None = None) -> list[str]:
     """ONE table of the ranks: device, mean ms per optimizer step in each phase, the step, the rank's own work
     (step less exposed sync) and, with telemetry, its GPU's clock, power and temperature; the rank with the most
-    work is marked (the same rank :func:`slowest_line` names)."""
+    work is marked (the same rank :func:`slowest_line` names). Narrowed to ``width`` columns (:data:`DROP_FIRST`)."""
     ranks = sorted({*((tb or {}).get("per_rank") or {}), *(gpus or {})}, key=int)
     if not ranks:
         return []
@@ -63,9 +71,7 @@ def table(tb: Mapping[str, Any] | None, devices: Mapping[str, str] | None = None
         if len(per_rank) > 1 and r == str(tb.get("slowest_rank")):
             notes.insert(0, "most work")
         rows.append(row + ([", ".join(notes)] if notes else []))
-    widths = [max(len(row[i]) for row in rows if i < len(row)) for i in range(len(head))]
-    return [indent + "  ".join(c.ljust(widths[i]) if i < len(widths) else c for i, c in enumerate(row)).rstrip()
-            for row in rows]
+    return textfit.columns(rows, width, DROP_FIRST, indent)
 
 
 def slowest_line(tb: Mapping[str, Any] | None) -> str | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ddp_runner.diagnostics import breakdown
+from ddp_runner.diagnostics import breakdown, textfit
 
 # A run this short gets one closing line: its timing figures are mostly start-up and warm-up. By steps only, so
 # that the same config always closes the same way (a wall-clock bound would depend on the machine's load).
@@ -74,19 +74,33 @@ def gpu_note(gpus: Mapping[str, Mapping[str, float]]) -> str | None:
             " (TensorBoard: gpu<R>/sm_clock_mhz)")
 
 
-def completed_lines(train: Mapping[str, Any], check: Mapping[str, Any], summary: str) -> list[str]:
-    """The console's closing lines for a completed run (``summary``: where summary.json is)."""
+def completed_lines(train: Mapping[str, Any], check: Mapping[str, Any], summary: str,
+                    width: int | None = None) -> list[str]:
+    """The console's closing lines for a completed run (``summary``: where summary.json is), fitted to a terminal
+    ``width`` columns wide: sentences wrapped, the ranks' table narrowed (None: one record per line)."""
     if is_short(train):
-        return [one_line(train, check, summary)]
+        return textfit.wrap(one_line(train, check, summary), width)
     head = ", ".join(x for x in (plural(train.get("steps") or 0, "step"), where(check), losses(train)) if x)
-    out = [f"ddp-run: completed: {head}"]
+    out = textfit.wrap(f"ddp-run: completed: {head}", width)
     tb, gpus = train.get("time_breakdown"), train.get("gpus") or {}
-    rows = breakdown.table(tb, check.get("devices"), gpus)
+    rows = breakdown.table(tb, check.get("devices"), gpus, width=width)
     if rows:
-        out.append("ddp-run: each rank" + (", mean per optimizer step (work: the step less its wait in the"
-                                           " gradient sync)" if tb else "") + ":")
+        out += textfit.wrap("ddp-run: each rank" + (", mean per optimizer step (work: the step less its wait in the"
+                                                    " gradient sync)" if tb else "") + ":", width)
         out += rows
     for line in (breakdown.slowest_line(tb), gpu_note(gpus)):
         if line:
-            out.append(f"ddp-run: {line}")
-    return out + breakdown.goodput_lines(train.get("goodput"))
+            out += textfit.wrap(f"ddp-run: {line}", width)
+    return out + textfit.wrap_all(breakdown.goodput_lines(train.get("goodput")), width)
+
+
+def job_line(train: Mapping[str, Any], job: int, width: int | None = None) -> list[str]:
+    """A sweep's job closes with one line (its detail is in its summary.json; the sweep's table follows at the
+    end): ``ddp-run: job 3 completed: 24 steps, final loss 1.0021, val loss 0.9, 4.6 s wall-clock``."""
+    g = train.get("goodput") or {}
+    parts = [plural(train.get("steps") or 0, "step")]
+    if (text := losses(train)):
+        parts.append(text)
+    if g.get("wall_s") is not None:
+        parts.append(f"{g['wall_s']:.1f} s wall-clock")
+    return textfit.wrap(f"ddp-run: job {job} completed: {', '.join(parts)}", width)

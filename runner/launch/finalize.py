@@ -10,7 +10,7 @@ from typing import Any
 
 from ddp_runner.config.plan import Plan
 from ddp_runner.contract import layout, stops
-from ddp_runner.diagnostics import closing
+from ddp_runner.diagnostics import closing, textfit
 from ddp_runner.launch import stop_outcome
 from ddp_runner.rundir.manifest import completion_check, read_rank_files
 from ddp_runner.rundir.run_dir import RunDir
@@ -149,7 +149,7 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
     if ok:
         if late:
             print(stop_outcome.after_the_end_line(manifest["stop_after_the_end"]), file=sys.stderr, flush=True)
-        for line in closing.completed_lines(train, check, layout.join(rd.url, layout.SUMMARY)):
+        for line in _closing(rd, manifest, train, check):
             print(line, flush=True)
         return 0
     if stopped is not None:
@@ -169,6 +169,17 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
         print(line, file=sys.stderr)
     print(f"ddp-run: {label}: {rootcause.headline(cause)}\n  where: {cause['where']}", file=sys.stderr, flush=True)
     return _exit_code(ok, rc, interrupted)
+
+
+def _closing(rd: RunDir, manifest: dict[str, Any], train: dict[str, Any], check: dict[str, Any]) -> list[str]:
+    """A completed run's closing account, fitted to the terminal: a sweep's job in one line (the sweep's table
+    follows at its end); on a terminal, summary.json named in the run directory printed on the last line."""
+    width = textfit.terminal_width(sys.stdout)
+    sweep = (manifest.get("invocation") or {}).get("sweep")
+    if sweep is not None:
+        return closing.job_line(train, sweep.get("job"), width)
+    summary = layout.SUMMARY if width is not None else layout.join(rd.url, layout.SUMMARY)
+    return closing.completed_lines(train, check, summary, width)
 
 
 def failed_while(rd: RunDir, manifest: dict[str, Any], step: str, exc: Exception) -> int:

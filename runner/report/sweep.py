@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from ddp_runner.contract import layout, secrets
+from ddp_runner.diagnostics import textfit
+from ddp_runner.report import sweep_table
 
 SWEEP_JSON = "sweep.json"
 SWEEP_MD = "sweep.md"
@@ -251,11 +253,13 @@ class SweepRecord:
                     fs.pipe_file(layout.join(base, name), masked(record.read_text()).encode())
             done = sum(r["status"] == "completed" for r in jobs)
             going = sum(r["status"] in (layout.STATUS_QUEUED, layout.STATUS_RUNNING) for r in jobs)
-            print(f"ddp-run: sweep: {done} of {len(jobs)} jobs completed" + (f", {going} queued or running"
-                                                                            if going else "")
-                  + f"; {layout.join(base, SWEEP_MD)}", flush=True)
+            width = textfit.terminal_width(sys.stdout)
+            closing = [f"ddp-run: sweep: {done} of {len(jobs)} jobs completed" + (f", {going} queued or running"
+                                                                                 if going else "")
+                       + f"; {layout.join(base, SWEEP_MD)}", *sweep_table.table(jobs, self.swept, objective, width)]
             if top is not None:
-                print(f"ddp-run: sweep: {best_line(jobs, objective)}", flush=True)
+                closing.append(f"ddp-run: sweep: {best_line(jobs, objective)}")
+            print("\n".join(textfit.wrap_all(closing, width)), flush=True)
             if self.follow_hint:
                 print(self.follow_hint.format(sweep=base), flush=True)
         except (OSError, PlanError) as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import subprocess
 import sys
 
@@ -52,9 +53,11 @@ def test_report_over_a_fixed_global_batch_sweep_and_a_failed_run(tmp_path, gpt_w
         acc = EventAccumulator(str(run / "tb"))
         acc.Reload()
         assert {f"time/rank{r}/exposed_sync_ms" for r in range(world)} <= set(acc.Tags()["scalars"])
-    # 12 steps: the console closes each run with one line pointing at summary.json, where the breakdown is (the
-    # per-rank table of a longer run: tests/e2e/test_gpt.py).
-    assert console.count("ddp-run: completed: 12 steps, ") == 4 and console.count("/summary.json") == 4, console
+    # A sweep's console closes each job with one line (its breakdown is in its summary.json; the per-rank table of
+    # a longer run of its own: tests/e2e/test_gpt.py) and the sweep with one table of its jobs (issue 43, item 4).
+    assert len(re.findall(r"^ddp-run: job \d completed: 12 steps, ", console, re.M)) == 4, console
+    assert "ddp-run: completed:" not in console and "each rank" not in console, console
+    assert len(re.findall(r"^  job  world_size  status ", console, re.M)) == 1, console
     assert "of each step waits for gradient sync" in w2["bottleneck"] and w2["exposed_sync_share"]
     report = (out / "report.md").read_text()
     # The failed run used another learning rate (and a rehearsal fault): both are listed as differing settings.

@@ -6,39 +6,55 @@ lines: tests/e2e/test_smoke.py.)"""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pty
 import re
 import select
+import signal
 import struct
 import subprocess
 import sys
 import tempfile
 import termios
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from conftest import load_json, run_dirs
 
 from ddp_runner.contract import layout
+from tests.support import live_screen
 
 FRAME = re.compile(rb"\r\x1b\[2K")  # rich redraws its line: carriage return, erase the line
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
-def run_in_pty(args: list[str], root: Path, timeout: float = 240) -> tuple[int, list[tuple[float, bytes]]]:
-    """``python -m ddp_runner <args>`` with stdin, stdout and stderr on a 120×40 pseudo-terminal; its exit code and
-    what it wrote, in the chunks it arrived in, each with its arrival time (seconds from the start)."""
+def run_in_pty(args: list[str], root: Path, timeout: float = 240, columns: int = 120, cwd: Path | None = None,
+               resizes: Sequence[int] = (), resized: list[tuple[int, int]] | None = None,
+               ) -> tuple[int, list[tuple[float, bytes]]]:
+    """``python -m ddp_runner <args>`` with stdin, stdout and stderr on a ``columns``×40 pseudo-terminal; its exit
+    code and what it wrote, in the chunks it arrived in, each with its arrival time (seconds from the start).
+
+    ``resizes``: widths the terminal takes in turn once the bar shows a training loss, 0.8 s apart (a window
+    manager's resize: the new size, then SIGWINCH to the driver); each is noted in ``resized`` as (the number of
+    chunks received before it, the width)."""
     master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "120"}
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": str(columns)}
     proc = subprocess.Popen([sys.executable, "-m", "ddp_runner", *args, f"output.root={root}"], stdin=slave,
-                            stdout=slave, stderr=slave, cwd=tempfile.gettempdir(), env=env, start_new_session=True)
+                            stdout=slave, stderr=slave, cwd=cwd or tempfile.gettempdir(), env=env,
+                            start_new_session=True)
     os.close(slave)
-    t0, chunks = time.monotonic(), []
+    t0, chunks, pending, last_resize = time.monotonic(), [], list(resizes), 0.0
     try:
         while time.monotonic() - t0 < timeout:
-            ready, _, _ = select.select([master], [], [], 0.1)
+            if pending and time.monotonic() - last_resize > 0.8 and any(b"loss " in d for _, d in chunks[-3:]):
+                fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 40, pending[0], 0, 0))
+                os.kill(proc.pid, signal.SIGWINCH)  # its own session: no controlling terminal to send it
+                (resized if resized is not None else []).append((len(chunks), pending.pop(0)))
+                last_resize = time.monotonic()
+            ready, _, _ = select.select([master], [], [], 0.05)
             if ready:
                 try:
                     data = os.read(master, 65536)
@@ -104,3 +120,81 @@ def test_a_bar_under_a_terminal_redrawn_every_second_while_a_step_takes_longer(t
     assert f"ddp-run: completed: 4 steps, 2 ranks on distinct devices (cpu:0, cpu:1), final loss" \
            f" {summary['final']['train/loss']:.4f}" in tail
     assert tail.strip().splitlines()[-1] == str(run), "the run directory is still the last line"
+
+
+WIDTHS = (60, 80, 100, 120)
+
+
+def _replayed(records: list[dict], width: int) -> live_screen.Screen:
+    """A run's records drawn in process as the driver draws them (a few per tick), on a ``width``-column
+    terminal."""
+    import io
+
+    from rich.console import Console
+
+    from ddp_runner.launch.live import Live
+
+    out = io.StringIO()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp, "console.jsonl")
+        path.write_text("")
+        bar = Live(str(path), "mytask · 2 ranks", console=Console(file=out, force_terminal=True, width=width))
+        bar.start()
+        for i in range(0, len(records), 3):
+            with open(path, "a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in records[i:i + 3])
+            bar.tick()
+        bar.stop()
+    return live_screen.read(out.getvalue())
+
+
+def test_the_bar_fits_every_width_through_validation_metrics_and_resizes(tmp_path):
+    """Issue 43, items 1-4 and 10, on one launch: docs/own-task.md's task (an MLP whose forward returns an
+    accuracy; 48 steps, validated at steps 16, 32 and 48) under a 100-column terminal, resized to 60 columns once
+    the bar shows a loss and to 80 after that; rank 0 sleeps 50 ms after every step, so that training lasts a
+    few seconds. Its records are then drawn again in process at 60, 80, 100 and 120 columns."""
+    from tests.support.doc_commands import shown_files
+
+    work = tmp_path / "work"
+    for name, body in shown_files(Path(__file__).resolve().parents[2] / "docs" / "own-task.md").items():
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / name).write_text(body)
+    resized: list[tuple[int, int]] = []
+    code, chunks = run_in_pty(["--config-dir", "conf", "task=mytask", "device=cpu", "world_size=2",
+                               "fault.kind=slow", "fault.rank=0", "fault.step=1", "fault.slow_s=0.05"],
+                              tmp_path / "outputs", columns=100, cwd=work, resizes=(60, 80), resized=resized)
+    text = b"".join(d for _, d in chunks).decode("utf-8", "replace")
+    assert code == 0, text
+    [run] = run_dirs(tmp_path / "outputs")
+    assert [w for _, w in resized] == [60, 80], "the bar showed a loss for long enough to be resized twice"
+    # Every frame on one line of the terminal as it was, redrawn at the new width when it changed (a frame or
+    # two in flight at the old one); every validation line followed by the bar at its step; the final step last.
+    screen = live_screen.read(text)
+    assert live_screen.problems(screen, 100) == [], text[-4000:]
+    bounds = [0, *(i for i, _ in resized), len(chunks)]
+    for (start, end), width in zip(zip(bounds, bounds[1:], strict=False), (100, 60, 80), strict=True):
+        part = "\x1b[?25l" + b"".join(d for _, d in chunks[start:end]).decode("utf-8", "replace")
+        frames = live_screen.read(part + ("" if end == len(chunks) else "\x1b[?25h")).frames
+        assert frames and all(len(f) <= width for f in frames[2:]), (width, frames)
+    assert "step 48/48" in screen.frames[-1] and "loss " in screen.frames[-1], screen.frames[-1]
+    assert not screen.frames[-1].endswith("…") and len(screen.frames[-1]) <= 80
+    # The task's metric after each validation (item 3), as rank 0's log has it.
+    val = [line for line in screen.lines if "val loss" in line]
+    assert [live_screen.step_of(line) for line in val] == [16, 32, 48], val
+    assert all(re.search(r"val accuracy [01]\.\d{4}$", line) for line in val), val
+    # The closing account fits the 80 columns the terminal had by then (item 4); the run directory, a path, last.
+    closing = ANSI.sub("", text[text.rindex("\x1b[?25h"):]).replace("\r\n", "\n").strip().splitlines()
+    assert closing[0].startswith("ddp-run: completed: 48 steps") and closing[-1] == str(run), closing
+    assert all(len(line) <= 80 for line in closing[:-1]), [line for line in closing if len(line) > 80]
+    # The same records drawn at each width: one line per frame, never behind a printed line, the last step last.
+    records = [json.loads(line) for line in (run / "logs" / "console.jsonl").read_text().splitlines()]
+    for width in WIDTHS:
+        drawn = _replayed(records, width)
+        assert live_screen.problems(drawn, width) == [], (width, drawn.frames)
+        assert "step 48/48" in drawn.frames[-1] and any("val accuracy" in f for f in drawn.frames) == (width >= 100)
+    # A validation pass costs no more than twice a training pass over the same samples (item 10): 256 samples,
+    # 4 steps of 2 × 32; a step's own time per rank (its phases, without the fault's sleep after it).
+    summary = load_json(run / "summary.json")
+    v, per_rank = summary["validation"], summary["time_breakdown"]["per_rank"]
+    training_pass_s = 4 * min(r["step_ms"] for r in per_rank.values()) / 1000
+    assert v["runs"] == 3 and v["seconds"] / v["runs"] <= 2 * training_pass_s + 0.05, (v, per_rank)  # load: +50 ms

@@ -4,6 +4,8 @@ sentence about the rank with the most work, the note on a slow GPU, units on eve
 
 from __future__ import annotations
 
+import pytest
+
 from ddp_runner.diagnostics import breakdown, closing
 
 
@@ -84,3 +86,55 @@ def test_a_long_run_has_one_table_whose_marked_rank_is_the_one_the_sentence_name
                                " +11.1%)")
     assert lines[6].startswith("ddp-run: wall-clock 60.0 s: start-up 8.0 s")
     assert lines[6].endswith("goodput 63,606 tokens/s")
+
+
+# -- issue 43, item 4: the closing account fits the terminal; a sweep's job closes with one line --------------------
+
+def _long_run() -> dict:
+    """A long run on two GPUs with telemetry: the widest closing account (table with GPU columns and notes)."""
+    train = _train(100, 60.0)
+    train["gpus"] = {"0": _gpu(1785.0), "1": _gpu(1680.0, thermal=12.0)}
+    train["goodput"]["startup_parts"] = {"driver": 0.4, "agent": 4.2, "imports": 1.3, "process_group": 0.5,
+                                         "build": 6.1, "loop_setup": 0.0}
+    train["goodput"]["time_to_first_checkpoint_s"] = 50.9
+    return train
+
+
+@pytest.mark.parametrize("width", [60, 80, 100, 120])
+def test_the_closing_account_fits_the_terminal(width):
+    """Lines of 96-206 characters at every width before: on a terminal, every line fits it; sentences wrap (their
+    words all kept), the ranks' table drops its least telling columns (summary.json keeps every figure)."""
+    wide = closing.completed_lines(_long_run(), CHECK2, "summary.json")
+    assert max(map(len, wide)) > 120  # what a pipe still gets: one record per line
+    lines = closing.completed_lines(_long_run(), CHECK2, "summary.json", width=width)
+    assert all(len(line) <= width for line in lines), [line for line in lines if len(line) > width]
+    words = " ".join(line.strip() for line in lines).split()
+    for sentence in (wide[0], wide[5], wide[6], wide[-1]):  # head, the most-work sentence, GPU note, start-up
+        assert " ".join(sentence.split()) in " ".join(words), sentence
+    rows = [line for line in lines if line.startswith("  ") and line.split()[0] in ("0", "1")]
+    assert [r.split()[1] for r in rows] == ["cuda:0", "cuda:1"] and "most work" in rows[0]
+    short = closing.completed_lines(_train(4, 9.0), CHECK2, "summary.json", width=width)
+    assert all(len(line) <= width for line in short) and "details: summary.json" in " ".join(short)
+
+
+def test_a_sweeps_job_closes_with_one_line():
+    """Repeated for every job of a sequential sweep before (the whole account each time): one line per finished
+    job, its detail in its summary.json, the sweep's table at the end (runner/report/sweep_table.py)."""
+    assert closing.job_line(_long_run(), 3) == [
+        "ddp-run: job 3 completed: 100 steps, final loss 0.7276, val loss 0.7012, 60.0 s wall-clock"]
+    assert closing.job_line(_long_run(), 3, width=60) == [
+        "ddp-run: job 3 completed: 100 steps, final loss 0.7276, val", "  loss 0.7012, 60.0 s wall-clock"]
+
+
+def test_the_driver_closes_a_sweeps_job_with_its_one_line(tmp_path, capsys):
+    """finalize.finish on a completed run whose manifest names its sweep: one line, and no table."""
+    from types import SimpleNamespace
+
+    from ddp_runner.launch import finalize
+
+    rd = SimpleNamespace(url=str(tmp_path), local=str(tmp_path))
+    manifest = {"invocation": {"sweep": {"id": "s", "dir": "d", "job": 2}}}
+    assert finalize._closing(rd, manifest, _long_run(), CHECK2) == [
+        "ddp-run: job 2 completed: 100 steps, final loss 0.7276, val loss 0.7012, 60.0 s wall-clock"]
+    manifest["invocation"]["sweep"] = None
+    assert len(finalize._closing(rd, manifest, _long_run(), CHECK2)) > 5  # a run of its own: the whole account
