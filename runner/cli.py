@@ -85,8 +85,7 @@ def _how(hc: Any) -> Any:
 def _app(cfg: DictConfig) -> Any:
     """One job. Returns its objective to Hydra's sweeper (a sweep's job): a number, a failed trial, or a pending
     one for a job still running (concurrent, Slurm); see runner/job/objective.py."""
-    from ddp_runner.config import overrides
-    from ddp_runner.config.interpolation import resolved
+    from ddp_runner.config import interpolation, overrides
     from ddp_runner.job import sweeping
     from ddp_runner.job.execute import execute, refuse
     from ddp_runner.rundir.records import env_interpolations
@@ -94,10 +93,7 @@ def _app(cfg: DictConfig) -> Any:
     sys.stderr.write(_restore_stderr())  # what Hydra said while composing (warnings), now that it succeeded
     _run.jobs += 1
     hc = HydraConfig.get()
-    try:
-        conf = resolved(cfg)  # a failing ${…}: a refusal naming the key, never OmegaConf's traceback
-    except PlanError as err:
-        sys.exit(refuse(err).code)
+    conf = interpolation.resolved(cfg, on_refusal=lambda err: refuse(err).code)  # a failing ${…}: exit 2
     multirun = hc.mode == RunMode.MULTIRUN
     sweep = _run.jobs_of if multirun else None
     num, task_overrides, t0 = hc.job.num if multirun else 0, list(hc.overrides.task), time.time()

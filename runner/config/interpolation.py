@@ -5,6 +5,8 @@ never OmegaConf's traceback."""
 from __future__ import annotations
 
 import re
+import sys
+from collections.abc import Callable
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -19,14 +21,18 @@ _PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
 FIX = "give the value itself, or an interpolation that resolves (docs/refusals.md)"
 
 
-def resolved(cfg: DictConfig) -> dict[str, Any]:
+def resolved(cfg: DictConfig, on_refusal: Callable[[PlanError], int] | None = None) -> dict[str, Any]:
     """``cfg`` as a plain container with every interpolation resolved; PlanError naming the first key whose
-    interpolation cannot be resolved."""
+    interpolation cannot be resolved. ``on_refusal``: given that PlanError instead (it prints the refusal and
+    returns the exit code), and this process exits with its code (``ddp-run``'s job)."""
     try:
         return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
     except (InterpolationResolutionError, GrammarParseError, ConfigCycleDetectedException) as exc:
         key = str(getattr(exc, "full_key", None) or "config")
-        raise refusal(key, raw_value(OmegaConf.to_container(cfg, resolve=False), key), exc) from None
+        err = refusal(key, raw_value(OmegaConf.to_container(cfg, resolve=False), key), exc)
+    if on_refusal is None:
+        raise err
+    sys.exit(on_refusal(err))
 
 
 def refusal(key: str, value: Any, exc: BaseException) -> PlanError:

@@ -42,3 +42,11 @@ def test_raw_value_walks_dotted_keys_and_indices():
     tree = {"a": {"b": [1, {"c": "${x}"}]}}
     assert raw_value(tree, "a.b[1].c") == "${x}" and raw_value(tree, "a.b[0]") == 1
     assert raw_value(tree, "a.nope") == "a.nope"
+
+
+def test_with_a_refusal_handler_the_process_exits_with_its_code(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("NOPE_X", raising=False)
+    seen: list[PlanError] = []
+    with pytest.raises(SystemExit) as exc:
+        resolved(OmegaConf.create({"seed": "${oc.env:NOPE_X}"}), on_refusal=lambda err: seen.append(err) or 2)
+    assert exc.value.code == 2 and [e.key for e in seen] == ["seed"]
