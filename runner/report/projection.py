@@ -4,19 +4,22 @@ report: projection_report.py); the model and its limits are stated in docs/scali
 
 One optimizer step on the slowest rank:
 
-    T(N) = κ(N) · (s · n(N) + o(N)) + ρ · C(N)
+    T(N) = κ(N) · (s(N) · n(N) + o(N) + ρ · C(N))
 
-- ``s``: seconds of data and compute per sample on one rank that has its device to itself, ``n(N)`` samples per
-  rank and step (global batch / N at a fixed global batch; the measured micro-batch × accumulation at a fixed
-  per-rank batch), ``o(N)`` the optimizer's seconds per step (divided by N where the strategy shards it);
-- ``κ(N)``: how many ranks share one device, ≥ 1 (CPU ranks sharing a host's cores; 1 on GPUs);
+- ``s(N)``: seconds of data and compute per sample on one rank that has its device to itself: ``s₁`` measured on
+  one rank, which runs its model without a DDP wrapper, and ``s_d`` measured on the runs of 2 or more ranks for every
+  N ≥ 2 (DDP's hooks, ranks sharing the host's memory and caches); ``n(N)`` samples per rank and step (global batch / N
+  at a fixed global batch; the measured micro-batch × accumulation at a fixed per-rank batch), ``o(N)`` the
+  optimizer's seconds per step (divided by N where the strategy shards it);
+- ``κ(N)``: how many ranks share one device, ≥ 1 (CPU ranks sharing a host's cores, for their communication too:
+  gloo reduces on the CPU; 1 on GPUs);
 - ``C(N)``: the step's collectives, each ``α·⌈log₂N⌉ + β·bytes·f(N)`` per bucket (all-reduce f = 2(N−1)/N,
   reduce-scatter and all-gather (N−1)/N), only on the micro-steps that synchronise (accumulation's ``no_sync``
   steps send nothing under DDP);
 - ``ρ``: the measured exposure, the exposed gradient sync the runs timed over the ``C`` the model gives for them
   (below 1: the backward hid part of it; above 1: the collective cost more in training than on the measured link).
 
-``s``, ``o`` and ``ρ`` come from the measured runs (the per-rank time breakdown splits each step into work and
+``s₁``, ``s_d``, ``o`` and ``ρ`` come from the measured runs (the per-rank time breakdown splits each step into work and
 exposed communication); ``α`` and ``β`` from a link measurement (ddp-doctor) or, without one, from the runs' own
 exposed sync.
 """
@@ -101,20 +104,25 @@ def ddp_buckets(grad_bytes: float, bucket_mb: float | None) -> int:
 
 
 def fit_link(rows: Sequence[Mapping[str, float]], nranks: int, source: str = "") -> Link | None:
-    """α and busbw from an all-reduce measurement (ddp-doctor's rows: ``bytes``, ``time_us``) over ``nranks``:
-    the least-squares line time = a + b·bytes gives α = a / ⌈log₂ n⌉ and busbw = 2(n−1)/n / b. None when the rows
-    cannot give a positive bandwidth."""
+    """α and busbw from an all-reduce measurement (ddp-doctor's rows: ``bytes``, ``time_us``) over ``nranks``: the
+    line time = a + b·bytes fitted to relative error (so that the small sizes, where latency shows, count as much as
+    the large ones) gives α = a / ⌈log₂ n⌉ and busbw = 2(n−1)/n / b. None when the rows cannot give a positive
+    bandwidth."""
     pts = [(float(r["bytes"]), float(r["time_us"]) * 1e-6) for r in rows if r.get("bytes") and r.get("time_us")]
     if nranks < 2 or not pts:
         return None
     if len({b for b, _ in pts}) < 2:  # one size: all of it bandwidth
         b, t = pts[0]
         return Link(0.0, b * bus_factor("all_reduce", nranks) / t / 1e9, source) if t > 0 else None
-    mean_b, mean_t = statistics.fmean(b for b, _ in pts), statistics.fmean(t for _, t in pts)
-    slope = sum((b - mean_b) * (t - mean_t) for b, t in pts) / sum((b - mean_b) ** 2 for b, _ in pts)
+    # Weighted least squares, weights 1/t²: minimise Σ((a + b·x − t) / t)².
+    wpts = [(1.0 / (t * t), x, t) for x, t in pts]
+    sw, sx, st = sum(w for w, _, _ in wpts), sum(w * x for w, x, _ in wpts), sum(w * t for w, _, t in wpts)
+    sxx, sxt = sum(w * x * x for w, x, _ in wpts), sum(w * x * t for w, x, t in wpts)
+    det = sw * sxx - sx * sx
+    slope = (sw * sxt - sx * st) / det if det > 0 else 0.0
     if slope <= 0:
         return None
-    intercept = max(0.0, mean_t - slope * mean_b)
+    intercept = max(0.0, (st - slope * sx) / sw)
     return Link(intercept / hops(nranks), bus_factor("all_reduce", nranks) / slope / 1e9, source)
 
 
@@ -200,13 +208,14 @@ class Model:
     ``exposure``: ρ; ``base``: the run with the fewest ranks, whose global batch, micro-batch and facts the
     projection keeps; ``notes``: what the calibration had to assume."""
 
-    sample_s: float
+    sample_s: float          # s_d: at 2 or more ranks
     optimizer_s: float
     exposure: float
     links: Links
     base: Measured
     calibrated_on: tuple[int, ...]
     notes: tuple[str, ...] = ()
+    single_sample_s: float | None = None  # s₁: one rank, no DDP wrapper (None: as s_d)
 
 
 def _kappa(m: Measured, n: int, ranks_per_node: int | None = None) -> float:
@@ -220,6 +229,11 @@ def _plan(m: Measured, n: int, samples_per_rank: float) -> list[tuple[str, float
                        m.reshard_after_forward, m.accumulate_unsharded)
 
 
+def _exposed(m: Measured) -> float:
+    """A run's exposed gradient sync in seconds, as if its ranks had their devices to themselves."""
+    return m.sync_share * m.step_s / _kappa(m, m.world)
+
+
 def self_measured_link(runs: Sequence[Measured]) -> Link | None:
     """The link as the runs themselves saw it, without a link measurement: their exposed sync taken as all
     communication, α and β fitted to it (least squares, α ≥ 0) where two or more world sizes synchronised, else
@@ -231,7 +245,7 @@ def self_measured_link(runs: Sequence[Measured]) -> Link | None:
         plan = _plan(m, m.world, m.samples_per_rank)
         latency = sum(t * b * hops(m.world) for _, _, b, t in plan)  # seconds per second of α
         volume = sum(t * nb * bus_factor(k, m.world) for k, nb, _, t in plan)
-        pts.append((latency, volume, m.sync_share * m.step_s))
+        pts.append((latency, volume, _exposed(m)))
     if not pts:
         return None
     if len({(a, v) for a, v, _ in pts}) >= 2:
@@ -260,10 +274,15 @@ def calibrate(runs: Sequence[Measured], intra: Link | None = None, inter: Link |
         raise ValueError("no measured run to calibrate on")
     base = min(runs, key=lambda m: (m.world, m.name))
     notes: list[str] = []
-    sample_s = statistics.fmean(m.work_share * m.step_s / (_kappa(m, m.world) * m.samples_per_rank) for m in runs)
+    single, synced = [m for m in runs if m.world == 1], [m for m in runs if m.world > 1]
+    per_sample = {m.name: m.work_share * m.step_s / (_kappa(m, m.world) * m.samples_per_rank) for m in runs}
+    sample_s = statistics.fmean(per_sample[m.name] for m in synced or runs)
+    single_s = statistics.fmean(per_sample[m.name] for m in single) if single else None
+    if not synced:
+        notes.append("no run of 2 or more ranks: their compute per sample is the 1-rank run's, which has no DDP "
+                     "wrapper (optimistic)")
     optimizer_s = statistics.fmean(m.optimizer_share * m.step_s / _kappa(m, m.world)
                                    * (m.world if m.strategy in SHARDED_OPTIMIZER else 1) for m in runs)
-    synced = [m for m in runs if m.world > 1]
     if intra is not None and not all(m.grad_bytes for m in runs):
         notes.append("the runs do not record their gradient bytes (summary.json scaling_facts): the measured link "
                      "is not used")
@@ -276,15 +295,14 @@ def calibrate(runs: Sequence[Measured], intra: Link | None = None, inter: Link |
         exposure = 1.0
     elif synced:
         links = Links(intra, inter, ranks_per_node)
-        exposure = statistics.fmean(m.sync_share * m.step_s / comm_s(_plan(m, m.world, m.samples_per_rank),
-                                                                       m.world, links.for_world(m.world))
-                                    for m in synced)
+        exposure = statistics.fmean(_exposed(m) / comm_s(_plan(m, m.world, m.samples_per_rank), m.world,
+                                                         links.for_world(m.world)) for m in synced)
     else:
         exposure = 1.0
         notes.append("no measured run synchronised gradients: none of the communication is assumed hidden "
                      "behind the backward (ρ = 1)")
     return Model(sample_s, optimizer_s, exposure, Links(intra, inter, ranks_per_node), base,
-                 tuple(sorted({m.world for m in runs})), tuple(notes))
+                 tuple(sorted({m.world for m in runs})), tuple(notes), single_s)
 
 
 # -- projection ----------------------------------------------------------------------------------------------
@@ -313,8 +331,10 @@ def step_parts(model: Model, n: int, samples_per_rank: float) -> tuple[float, fl
     """(work, exposed communication) seconds of one step at ``n`` ranks with ``samples_per_rank`` samples each."""
     m = model.base
     opt = model.optimizer_s / (n if m.strategy in SHARDED_OPTIMIZER else 1)
-    work = _kappa(m, n, model.links.ranks_per_node) * (model.sample_s * samples_per_rank + opt)
-    comm = model.exposure * comm_s(_plan(m, n, samples_per_rank), n, model.links.for_world(n)) if n > 1 else 0.0
+    kappa = _kappa(m, n, model.links.ranks_per_node)
+    per_sample = model.single_sample_s if n == 1 and model.single_sample_s is not None else model.sample_s
+    work = kappa * (per_sample * samples_per_rank + opt)
+    comm = kappa * model.exposure * comm_s(_plan(m, n, samples_per_rank), n, model.links.for_world(n)) if n > 1 else 0.0
     return work, comm
 
 

@@ -151,10 +151,16 @@ def _calibration_line(p: Projection) -> str:
              f"{m.links.ranks_per_node} ranks" if base.device == "cpu" and base.cores else "")
     ranks = " and ".join(map(str, m.calibrated_on))
     return (f"Fitted to the runs with {ranks} rank{'s' if m.calibrated_on != (1,) else ''} ({names}): "
-            f"{_ms(m.sample_s)} of data and compute per sample, optimizer {_ms(m.optimizer_s)} a step, exposure "
+            f"{_per_sample(m)} of data and compute per sample, optimizer {_ms(m.optimizer_s)} a step, exposure "
             f"ρ = {m.exposure:.2f} of the modelled communication; link: α {1e6 * link.latency_s:.0f} µs a hop, busbw "
             f"{link.bus_gbps:.3g} GB/s ({link.source}){kappa}; the {base.strategy} strategy, global batch "
             f"{base.global_batch}, micro-batch {base.micro_batch}. Model and assumptions: docs/scaling.md.")
+
+
+def _per_sample(m: P.Model) -> str:
+    if m.single_sample_s is None or m.calibrated_on == (1,) or abs(m.single_sample_s / m.sample_s - 1) < 0.01:
+        return _ms(m.sample_s)
+    return f"{_ms(m.single_sample_s)} (one rank, no DDP wrapper) and {_ms(m.sample_s)} (2 or more ranks)"
 
 
 def _check_lines(p: Projection) -> list[str]:

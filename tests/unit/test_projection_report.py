@@ -23,8 +23,8 @@ def _write(root: Path, world: int, *, cores: int = 16, sample_s: float = 0.01, e
     run.mkdir(parents=True)
     spr = 24 / world
     plan_ = P.collectives("ddp", GRAD, GRAD, spr / 2, 25)
-    comm = exposure * P.comm_s(plan_, world, LINK) if world > 1 else 0.0
     kappa = P.contention(world, "cpu", cores)
+    comm = kappa * exposure * P.comm_s(plan_, world, LINK) if world > 1 else 0.0
     work, opt = kappa * sample_s * spr, kappa * 0.002
     step = work + opt + comm
     plan = {"world_size": world, "per_rank_batch": 2, "accumulation": int(spr / 2), "global_batch": 24,
@@ -74,7 +74,7 @@ def test_a_miss_is_explained_by_the_shared_cores_and_the_runs_spread(tmp_path: P
     out = tmp_path / "report"
     assert compare.main([str(runs), "--out", str(out), "--project", "8"]) == 0
     section = (out / "report.md").read_text().split("# Scaling projection")[1]
-    assert "Goal missed: -30.0% at 4 ranks" in section
+    assert "Goal missed: -29.9% at 4 ranks" in section  # 0.7 of the step, less the tokens per sample's rounding
     assert "the runs with 3, 4 ranks had more ranks than the host's 2 cores" in section
 
 
