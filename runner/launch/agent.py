@@ -13,7 +13,7 @@ import os
 import sys
 
 from ddp_runner.contract import layout, netbind, osutil
-from ddp_runner.launch import forkserver
+from ddp_runner.launch import exit_barrier, forkserver
 
 
 def temp_dir(agent_pid: int) -> str:
@@ -96,6 +96,7 @@ def main() -> None:
             from torch.distributed.run import main as torchrun_main
 
             _cheap_caller_names()
+            exit_barrier.install()  # a node stopped by a signal does not keep the others waiting 300 s
         torchrun_main()
     finally:
         forkserver.stop_server()
