@@ -60,7 +60,8 @@ def plan_job(cfg: dict[str, Any], task_dirs: list[str]) -> tuple[Plan, str | Non
         plan = make_plan(cfg, gpus, train_samples=train_samples, data_file=data_file,
                          inductor_settings=_inductor_defaults(probe))
         launcher_check(cfg["launcher"], str(cfg["output"]["root"]))
-        if cfg["launcher"].get("name") != "slurm":  # a Slurm job's ranks run on other hosts
+        # A Slurm job's ranks run on other hosts, as do those of the Kubernetes job whose manifests are written here.
+        if cfg["launcher"].get("name") != "slurm" and cfg["launcher"].get("role") != "manifest":
             _warn(cpu_oversubscribed(plan, usable_cores()))
         resolve_diagnostics(cfg)
         check_diagnostics(cfg, plan.world_size)

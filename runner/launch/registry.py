@@ -1,5 +1,6 @@
-"""The one registry of launchers (``conf/launcher/<name>.yaml``): ``local``, ``multinode``, ``slurm``. Each
-implements :class:`~ddp_runner.launch.base.Launcher`; ``agent`` is the torchrun entry they all start."""
+"""The one registry of launchers (``conf/launcher/<name>.yaml``): ``local``, ``multinode``, ``slurm``,
+``kubernetes``. Each implements :class:`~ddp_runner.launch.base.Launcher`; ``agent`` is the torchrun entry they all
+start."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from typing import Any
 
 from ddp_runner.config.plan import Plan
 from ddp_runner.contract.errors import PlanError
-from ddp_runner.launch import local, multinode, slurm
+from ddp_runner.launch import kubernetes, local, multinode, slurm
 from ddp_runner.launch.base import Launcher
 
-LAUNCHERS: dict[str, Launcher] = {"local": local.LAUNCHER, "multinode": multinode.LAUNCHER, "slurm": slurm.LAUNCHER}
+LAUNCHERS: dict[str, Launcher] = {"local": local.LAUNCHER, "multinode": multinode.LAUNCHER, "slurm": slurm.LAUNCHER,
+                                   "kubernetes": kubernetes.LAUNCHER}
 
 
 def get(launcher: Mapping[str, Any]) -> Launcher:
