@@ -102,9 +102,7 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
     stopped = None if (watch or {}).get("hang") else agreed_stop(facts, plan.world_size)
     if stopped is not None and interrupted is None:  # the stop reached a worker, not this driver
         interrupted = stopped["signal"]
-    late = stopped is None and interrupted is not None and stop_outcome.came_after_the_end(facts, check,
-                                                                                           plan.world_size)
-    if late:  # every rank had done its work: the stop cut nothing (torchrun's own exit code is its SIGTERM's)
+    if late := stop_outcome.cut_nothing(stopped, interrupted, facts, check, plan.world_size):  # rc: its SIGTERM's
         manifest["stop_after_the_end"], interrupted = stops.signal_name(interrupted), None
     ok = (rc == 0 or late) and interrupted is None and check["all_completed"]
     exit_codes = _exit_codes(facts, errors, agent_log, plan.world_size)

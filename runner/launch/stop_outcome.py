@@ -21,6 +21,13 @@ def came_after_the_end(facts: Mapping[int, Mapping[str, Any]], check: Mapping[st
     return bool(check.get("all_completed")) and all(f.get("completed") and not f.get("stopped") for f in ranks)
 
 
+def cut_nothing(stopped: Mapping[str, Any] | None, interrupted: int | None, facts: Mapping[int, Mapping[str, Any]],
+                check: Mapping[str, Any], world_size: int) -> bool:
+    """Was the driver stopped (``interrupted``: its signal) although no rank stopped, every one having finished
+    its work (:func:`came_after_the_end`)? Then the run is completed."""
+    return stopped is None and interrupted is not None and came_after_the_end(facts, check, world_size)
+
+
 def stopped_line(status: str, signal_name: str, stopped: Mapping[str, Any]) -> str:
     """The console's line for a stop the ranks agreed on: the signal, the step, and what it cut short."""
     where = ", the last" if stopped.get("last_step") else ""

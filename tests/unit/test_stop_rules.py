@@ -71,3 +71,6 @@ def test_a_stop_that_reached_the_ranks_after_their_work_cut_nothing():
     assert not stop_outcome.came_after_the_end({0: {"completed": True, "stopped": stopped}, 1: {"completed": True}},
                                                done, 2)
     assert not stop_outcome.came_after_the_end({0: {"completed": True}}, {"all_completed": False}, 1)
+    assert stop_outcome.cut_nothing(None, 2, {0: {"completed": True}}, done, 1)
+    assert not stop_outcome.cut_nothing(None, None, {0: {"completed": True}}, done, 1)  # no stop was sent
+    assert not stop_outcome.cut_nothing(stopped, 2, {0: {"completed": True, "stopped": stopped}}, done, 1)
