@@ -58,7 +58,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # `xdist_group` marker, kept on that module too, does not group under pytest 9: its loadgroup scheduler reads a
 # suffix that xdist 3.8 can no longer add to the node ids. The scheduler below groups by file path instead, and
 # honours such a suffix where one is there.)
-SERIAL_FILES = {"tests/e2e/test_slurm.py": "slurm", "tests/e2e/test_multinode.py": "multinode"}
+SERIAL_FILES = {"tests/e2e/test_slurm.py": "slurm", "tests/e2e/test_multinode.py": "multinode",
+                "tests/e2e/test_kubernetes.py": "kubernetes"}
 
 if importlib.util.find_spec("xdist") is not None:
     def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN201 - xdist's hook
