@@ -11,7 +11,7 @@ import copy
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -30,7 +30,7 @@ from ddp_runner.job import dry_run
 from ddp_runner.job.planning import memory, plan_job
 from ddp_runner.launch import registry
 from ddp_runner.launch.base import Job
-from ddp_runner.rundir import records, resume_keys
+from ddp_runner.rundir import records, resume_keys, resume_last
 from ddp_runner.rundir import resume as resume_checks
 from ddp_runner.rundir import run_dir as rundir
 from ddp_runner.rundir.lease import take_or_refuse
@@ -154,7 +154,7 @@ def new_run_dir(conf: dict[str, Any], plan: Plan, started: datetime) -> rundir.R
 
 
 # What a continued run takes from the command line; everything else is its own config.yaml.
-CONTINUE_KEYS = ("resume", "output.root", "dry_run", "train.max_steps")
+CONTINUE_KEYS = resume_last.CONTINUE_KEYS
 # ... and a key whose recorded value has its credentials masked, given again with them (see _restore_redacted).
 
 
@@ -194,10 +194,12 @@ def _settings_changed(conf: dict[str, Any], composed: dict[str, Any], overrides:
 
 
 def _continued_run(resume: str, dry_run: bool, overrides: list[str], composed: dict[str, Any],
+                   chose: Sequence[str] = (),
                    ) -> tuple[dict[str, Any], rundir.RunDir, dict[str, str], dict[str, Any]]:
     """``resume=<run dir>``: that run's own config, the directory, its lease taken (held until this driver
     exits), and the config's keys set from the environment (:func:`records.env_interpolations`). Workers take
-    the run's own newest checkpoint first and fall back to where the run started from."""
+    the run's own newest checkpoint first and fall back to where the run started from. ``chose``: the overrides
+    that chose this run (resume=last): they match it, and are no setting to change or ignore."""
     rd = rundir.open_run_dir(resume)
     try:  # a damaged record is a refusal that names the file, never a traceback
         conf = records.read_config(rd.fs, rd.path)
@@ -210,7 +212,7 @@ def _continued_run(resume: str, dry_run: bool, overrides: list[str], composed: d
     if without_fault(conf):  # a rehearsal fault strikes once, not again in the continued run
         print("ddp-run: note: the run's fault.* is not repeated when it is continued", file=sys.stderr)
     keys = {o.split("=", 1)[0].lstrip("+~"): o.split("=", 1)[-1] for o in overrides}
-    changes = _settings_changed(conf, composed, overrides, rd.url)
+    changes = _settings_changed(conf, composed, [o for o in overrides if o not in chose], rd.url)
     resume_checks.check_no_live_driver(rd.url, previous)
     max_steps = _int_or_refuse("train.max_steps", keys["train.max_steps"]) if "train.max_steps" in keys else None
     resume_checks.check_continuable(rd.url, previous, conf, max_steps)  # before the lease: a refusal changes nothing
@@ -286,15 +288,18 @@ def execute(composed: dict[str, Any], how: Invocation,
     rd = None
     try:
         conf = composed
+        chose: list[str] = []  # the overrides that chose the run resume=last continues
         if resume == resume_checks.LAST:
-            resume = resume_checks.latest_unfinished(str(composed["output"]["root"]))
-            print(f"ddp-run: resume=last: continuing {resume}", flush=True)
+            resume, want = resume_last.choose(str(composed["output"]["root"]), composed, how.overrides)
+            chose = want.given
+            print(f"ddp-run: resume=last: continuing {resume}"
+                  + (f" (the newest unfinished run with {want})" if chose else ""), flush=True)
         if resume not in resume_checks.NEW_RUN:  # what the workers will pass over, said before launch
             for note in resume_checks.skipped_notes(resume):
                 print(f"ddp-run: note: {note}", file=sys.stderr, flush=True)
         if resume not in resume_checks.NEW_RUN and resume_checks.is_run_dir(resume):
             conf, rd, how.env_raw, how.resume_changes = _continued_run(resume, bool(composed.get("dry_run")),
-                                                                       how.overrides, composed)
+                                                                       how.overrides, composed, chose)
         else:
             how.paths_given = absolute_paths(conf)
             if check is not None:

@@ -4,7 +4,9 @@ the same global batch)."""
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import fsspec
@@ -143,16 +145,18 @@ def skipped_notes(source: str) -> list[str]:
 def unfinished_runs(root: str, limit: int | None = None) -> list[tuple[str, str, str]]:
     """Runs under output root ``root`` that ended before their last step and hold a checkpoint, newest first (by
     directory name: ``<date>/<time>_…``), as (run url, status, newest checkpoint); at most ``limit`` of them."""
+    return list(itertools.islice(iter_unfinished(root), limit))
+
+
+def iter_unfinished(root: str) -> Iterator[tuple[str, str, str]]:
+    """:func:`unfinished_runs`, one at a time: a caller looking for one reads no more run directories than it needs."""
     try:
         fs, path = fsspec.core.url_to_fs(root)
         found = fs.glob(layout.join(path.rstrip("/"), "*", "*", layout.MANIFEST))
         found += fs.glob(layout.join(path.rstrip("/"), "*", layout.MANIFEST))  # multi-node runs sit at the top
     except (OSError, ValueError, ImportError):
-        return []
-    runs: list[tuple[str, str, str]] = []
+        return
     for m in sorted(found, key=lambda m: m.rsplit("/", 3)[-3:-1], reverse=True):
-        if limit is not None and len(runs) >= limit:
-            break
         try:
             manifest = json.loads(fs.cat_file(m))
         except (OSError, ValueError):
@@ -163,17 +167,7 @@ def unfinished_runs(root: str, limit: int | None = None) -> list[tuple[str, str,
         run = m.rsplit("/", 1)[0]
         run = run if isinstance(fs, LocalFileSystem) else fs.unstrip_protocol(run)
         if state in UNFINISHED and (ckpt := newest_checkpoint(run)) is not None:
-            runs.append((run, state, ckpt))
-    return runs
-
-
-def latest_unfinished(root: str) -> str:
-    """``resume=last``: the latest unfinished run under ``root`` with a checkpoint (PlanError when none)."""
-    runs = unfinished_runs(root, limit=1)
-    if not runs:
-        raise PlanError("resume", LAST, f"no unfinished run with a checkpoint under output.root={root}",
-                        "name the run directory (resume=<run dir>), or start a new run (resume=auto)")
-    return runs[0][0]
+            yield run, state, ckpt
 
 
 def check_continuable(run_url: str, manifest: dict[str, Any], conf: dict[str, Any], max_steps: int | None) -> None:
