@@ -147,11 +147,15 @@ def run_study(scope: str, a: argparse.Namespace, work: Path) -> dict[str, Any]:
     return out
 
 
-def run_compare(study: dict[str, Any], out: Path) -> dict[str, Any]:
-    """(c): ddp-compare over a study's sweep directory."""
+def run_compare(study: dict[str, Any], out: Path, project: str | None = None) -> dict[str, Any]:
+    """(c): ddp-compare over a study's sweep directory; with ``project``, its scaling projection at those world sizes
+    (docs/scaling.md), the links from (f)'s doctor.json where it exists."""
     folder = out / f"compare-{study['scope']}"
-    proc = subprocess.run([sys.executable, "-m", "ddp_runner.report.compare", study["sweep_dir"], "--out", str(folder)],
-                          capture_output=True, text=True, env=_env())
+    extra = ["--project", project] if project else []
+    if project and (out / "doctor.json").is_file():
+        extra += ["--links", str(out / "doctor.json")]
+    proc = subprocess.run([sys.executable, "-m", "ddp_runner.report.compare", study["sweep_dir"], "--out", str(folder),
+                           *extra], capture_output=True, text=True, env=_env())
     return {"out": str(folder), "rc": proc.returncode, "report": proc.stdout[-6000:],
             "error": proc.stderr[-2000:] if proc.returncode else None}
 
@@ -266,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default=None,
                     help="folder for the runs (default: a fresh temporary one). A later call with the same --work"
                          " (e.g. outputs/study on a machine still warm) reuses its compile caches")
+    ap.add_argument("--project", default=None,
+                    help="(c) with ddp-compare --project N,N,…: the scaling projection, fitted to the smaller half of"
+                         " --worlds and checked on the rest; (f) then runs first, so that it prices the links")
     ap.add_argument("--timeout", type=float, default=180,
                     help="seconds before a run is killed (a sweep gets twice as long)")
     a = ap.parse_args(argv)
@@ -283,6 +290,10 @@ def main(argv: list[str] | None = None) -> int:
         (out / "results.json").write_text(json.dumps(res, indent=2, default=str))
 
     worlds = [int(w) for w in a.worlds.split(",")]
+    doctor_first = bool(a.project) and "f" in parts
+    if doctor_first:
+        _say(f"(f) ddp-doctor over {max(worlds)} process(es), first: the projection prices its links")
+        res["doctor"] = run_doctor(max(worlds), a.device, out, a.doctor_sizes)
     if "a" in parts and a.reference:
         for w in worlds:
             _say(f"(a) reference on {w} GPU(s)")
@@ -295,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         save()
         if "c" in parts and st.get("sweep_dir"):
             _say(f"(c) ddp-compare {st['sweep_dir']}")
-            res["compare"].append(run_compare(st, out))
+            res["compare"].append(run_compare(st, out, a.project))
             save()
     # The pairs run under the first study's root: its compile cache is warm, so they start quickly.
     warm = work / f"study-{a.scopes.split(',')[0]}"
@@ -312,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         _say(f"(e) the time breakdown's cost on {w} GPU(s): timing off, then on")
         res["pairs"].append(run_pair("e", [f"world_size={w}", *single], ["train.timing_every=0"],
                                      ["train.timing_every=1"], warm, a.timeout))
-    if "f" in parts:
+    if "f" in parts and not doctor_first:
         _say(f"(f) ddp-doctor over {max(worlds)} process(es)")
         res["doctor"] = run_doctor(max(worlds), a.device, out, a.doctor_sizes)
     save()

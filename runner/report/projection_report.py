@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -275,6 +276,18 @@ def write_csv(projections: Sequence[Projection], path: Path) -> None:
     path.write_text(buf.getvalue())
 
 
+def _grid(upto: int) -> list[int]:
+    """World sizes to draw a curve through: every one up to 32, then four a doubling, up to ``upto``."""
+    quarter_doublings = {round(2 ** (k / 4)) for k in range(int(4 * math.log2(max(upto, 1))) + 1)}
+    return sorted({n for n in (*range(1, min(upto, 32) + 1), *quarter_doublings, upto) if n <= upto})
+
+
+def _curves(p: Projection) -> dict[str, list[P.Point]]:
+    assert p.model is not None
+    grid = _grid(max(pt.world for pt in p.points or [P.project(p.model, 1)]))
+    return {mode: [pt for n in grid if (pt := P.project(p.model, n, mode)).feasible] for mode in P.MODES}
+
+
 def plot(projections: Sequence[Projection], path: Path) -> None:
     """projection.png: per group, throughput against ranks (measured points: filled where fitted, hollow where
     checked; the projected curves of both modes; the ideal line) and the projected scaling efficiency."""
@@ -286,31 +299,33 @@ def plot(projections: Sequence[Projection], path: Path) -> None:
     done = [p for p in projections if p.model is not None]
     fig, axes = plt.subplots(len(done), 2, figsize=(11, 4 * len(done)), squeeze=False)
     for (ax, ax_eff), p in zip(axes, done, strict=True):
-        _throughput_panel(ax, p)
-        for mode, style in zip(P.MODES, ("-", "--"), strict=True):
-            pts = [pt for pt in p.points or [] if pt.mode == mode and pt.feasible]
+        curves = _curves(p)
+        _throughput_panel(ax, p, curves)
+        for (mode, pts), style in zip(curves.items(), ("-", "--"), strict=True):
             ax_eff.plot([pt.world for pt in pts], [100 * pt.efficiency for pt in pts], style,
                         label=f"projected, {mode}")
         ax_eff.axhline(100 * P.EFFICIENCY_GOAL, color="grey", linestyle=":", label=f"{100 * P.EFFICIENCY_GOAL:.0f}%")
         ax_eff.set_ylabel("scaling efficiency (%)")
         ax_eff.set_title("Projected scaling efficiency" + (f": {p.group}" if len(done) > 1 else ""))
+        wide = max(pt.world for pt in p.points or [P.project(p.model, 1)]) > 16
         for a in (ax, ax_eff):
             a.set_xlabel("ranks (world size)")
-            if max(pt.world for pt in p.points or [1]) > 16:
+            if wide:  # powers of two apart: a log axis, throughput on one too
                 a.set_xscale("log", base=2)
             a.legend(fontsize="small")
+        if wide:
+            ax.set_yscale("log")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
-def _throughput_panel(ax: Any, p: Projection) -> None:
+def _throughput_panel(ax: Any, p: Projection, curves: Mapping[str, Sequence[P.Point]]) -> None:
     assert p.model is not None
-    for mode, style in zip(P.MODES, ("-", "--"), strict=True):
-        pts = [pt for pt in p.points or [] if pt.mode == mode and pt.feasible]
+    for (mode, pts), style in zip(curves.items(), ("-", "--"), strict=True):
         ax.plot([pt.world for pt in pts], [pt.rate for pt in pts], style, label=f"projected, {mode}")
     one = P.project(p.model, 1, P.FIXED_GLOBAL).rate
-    worlds = sorted({pt.world for pt in p.points or []})
+    worlds = [pt.world for pt in curves[P.FIXED_PER_RANK]]
     ax.plot(worlds, [one * n for n in worlds], ":", color="grey", label="ideal (one rank × N)")
     fitted = [m for m in p.measured if m.world in p.model.calibrated_on]
     checked = [m for m in p.measured if m.world not in p.model.calibrated_on]
