@@ -101,6 +101,8 @@ def check(launcher: Mapping[str, Any], output_root: str) -> None:
     check_root(launcher, output_root)
     if role(launcher) == POD:
         multinode.check(pod_launcher(launcher))
+    else:
+        pod_args(_hydra_overrides()[0])  # refuses what the manifests must not hold, before a dry run prints them
 
 
 def check_root(launcher: Mapping[str, Any], output_root: str) -> None:

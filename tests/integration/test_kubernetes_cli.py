@@ -85,8 +85,9 @@ def test_a_job_the_pods_could_not_run_is_refused_before_anything_is_written(cli,
     assert not (tmp_path / "k8s").exists()
 
 
-def test_credentials_in_the_command_line_never_reach_the_manifests(cli, tmp_path):
-    r = write(cli, tmp_path, "launcher.volume=null", root="s3://AKIAEXAMPLE:topsecret@bucket/runs")
+@pytest.mark.parametrize("dry_run", ["false", "true"])
+def test_credentials_in_the_command_line_never_reach_the_manifests(cli, tmp_path, dry_run):
+    r = write(cli, tmp_path, "launcher.volume=null", f"dry_run={dry_run}", root="s3://AKIAEXAMPLE:topsecret@bucket/runs")
     assert r.returncode == 2 and "launcher.secret" in r.stderr and "topsecret" not in r.stderr + r.stdout
     assert not (tmp_path / "k8s").exists()
 

@@ -31,6 +31,12 @@ POD_ENV = {"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_NPROC_PER_NODE": "8",
            "PET_MASTER_ADDR": "exp42-node-0-0.exp42", "PET_MASTER_PORT": "29500", "POD_IP": "10.0.3.7"}
 
 
+@pytest.fixture(autouse=True)
+def _no_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No ddp-run command line here (an earlier test's Hydra run in this process is not this one's)."""
+    monkeypatch.setattr(kubernetes, "_hydra_overrides", lambda: ([], False))
+
+
 def spec(**over: Any) -> km.PodSpec:
     fields = {"name": "exp42", "image": "registry.example/ddp:1", "args": ARGS, "nodes": 2, "nproc_per_node": 8,
               "gpus_per_node": 8, "cpu_per_node": "32", "memory_per_node": "256Gi", "namespace": "ml",
