@@ -15,13 +15,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
-
 from ddp_runner.contract import layout, secrets
 from ddp_runner.contract.errors import PlanError
+from ddp_runner.launch import driver_stop
 
 if TYPE_CHECKING:
     from ddp_runner.job.sweeping import Sweep
@@ -65,7 +61,7 @@ def _how(hc: Any) -> Any:
     from ddp_runner.job.execute import Invocation
     from ddp_runner.report.sweep import job_values
 
-    multirun = hc.mode == RunMode.MULTIRUN
+    multirun = hc.mode.name == "MULTIRUN"
     how = Invocation(argv=_run.argv, overrides=list(hc.overrides.task), task_preset=hc.runtime.choices.get("task"),
                      config_name=hc.job.config_name,
                      config_sources=[s.path for s in hc.runtime.config_sources
@@ -81,10 +77,12 @@ def _how(hc: Any) -> Any:
     return how
 
 
-@hydra.main(version_base=None, config_path=CONFIG_PATH, config_name="config")
-def _app(cfg: DictConfig) -> Any:
+def _app(cfg: Any) -> Any:
     """One job. Returns its objective to Hydra's sweeper (a sweep's job): a number, a failed trial, or a pending
     one for a job still running (concurrent, Slurm); see runner/job/objective.py."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
     from ddp_runner.config import interpolation, overrides
     from ddp_runner.job import sweeping
     from ddp_runner.job.execute import execute, refuse
@@ -94,7 +92,7 @@ def _app(cfg: DictConfig) -> Any:
     _run.jobs += 1
     hc = HydraConfig.get()
     conf = interpolation.resolved(cfg, on_refusal=lambda err: refuse(err).code)  # a failing ${…}: exit 2
-    multirun = hc.mode == RunMode.MULTIRUN
+    multirun = hc.mode.name == "MULTIRUN"
     sweep = _run.jobs_of if multirun else None
     num, task_overrides, t0 = hc.job.num if multirun else 0, list(hc.overrides.task), time.time()
     if sweep is not None:
@@ -173,6 +171,7 @@ def _hydra_args(args: list[str]) -> tuple[Any, list[str], str]:
     return cli, [*args, *quiet], config_path
 
 
+@driver_stop.guarded(lambda: _run.jobs)  # first thing: a stop before Hydra's imports is one line too
 def main() -> None:
     """Console entry point of ``ddp-run``."""
     from ddp_runner.config import overrides, task_module
@@ -212,7 +211,8 @@ def _main(args: list[str]) -> None:
     # into a refusal (exit 2) that names the key and the fix. _app restores stderr as soon as a job starts.
     _run.stderr, sys.stderr = sys.stderr, io.StringIO()
     try:
-        _app()
+        import hydra  # only now: the driver's stop handler comes first (runner/launch/driver_stop.py)
+        hydra.main(version_base=None, config_path=CONFIG_PATH, config_name="config")(_app)()
     except SystemExit as exc:
         held = _restore_stderr()
         if _run.jobs or exc.code != 1 or cli.info:  # only a failed composition is turned into a refusal

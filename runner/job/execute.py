@@ -21,14 +21,14 @@ from omegaconf import OmegaConf
 from ddp_runner.config import memory_plan
 from ddp_runner.config.diagnostic_keys import without_fault
 from ddp_runner.config.plan import Plan
-from ddp_runner.contract import checkpoints, layout, secrets, tracking
+from ddp_runner.contract import checkpoints, layout, secrets, stops, tracking
 from ddp_runner.contract.errors import PlanError
 from ddp_runner.contract.rules import flatten
 from ddp_runner.data import prep as data_prep
 from ddp_runner.diagnostics.doctor import cheap_report
 from ddp_runner.job import dry_run
 from ddp_runner.job.planning import memory, plan_job
-from ddp_runner.launch import registry
+from ddp_runner.launch import driver_stop, registry
 from ddp_runner.launch.base import Job
 from ddp_runner.rundir import records, resume_keys, resume_last
 from ddp_runner.rundir import resume as resume_checks
@@ -369,7 +369,8 @@ def _launch(job: Job, launcher: Any, how: Invocation, started: datetime, mem: di
     if how.real:
         os.environ[secrets.ENV_SECRETS] = secrets.encode(how.real)
     try:
-        return _open_and_launch(job, launcher, how, started, mem, probe)
+        with driver_stop.deferred():  # a stop from here on is taken whole, never half a run directory
+            return _open_and_launch(job, launcher, how, started, mem, probe)
     finally:
         os.environ.pop(secrets.ENV_SECRETS, None)
 
@@ -391,6 +392,8 @@ def _open_and_launch(job: Job, launcher: Any, how: Invocation, started: datetime
         else:
             rd.remove()  # no half-made run directory
         return refuse(err)
+    if (signum := driver_stop.take()) is not None:  # came while the directory was opened: nothing ran
+        return _stopped_before_launch(job, rd, trackers, signum)
     if rd.continued:
         job.staged = rundir.prepare_continue(rd)
     if probe is not None:
@@ -408,6 +411,21 @@ def _open_and_launch(job: Job, launcher: Any, how: Invocation, started: datetime
                        run_dir=rd.url)
     finally:
         _close_trackers(job.conf, rd, trackers)
+
+
+def _stopped_before_launch(job: Job, rd: rundir.RunDir, trackers: dict[str, Any], signum: int) -> Outcome:
+    """A stop before the launch was recorded: a new run directory is removed (nothing ran in it), a continued one is
+    left as it was; one line, exit 128 + the signal."""
+    if rd.continued:
+        if rd.lease is not None:
+            rd.lease.release()
+        left = f"{rd.url} is as it was"
+    else:
+        rd.remove()
+        left = "no run directory was left"
+    _close_trackers(job.conf, rd, trackers)
+    driver_stop.say(f"ddp-run: stopped by {stops.signal_name(signum)} before launching: nothing was started; {left}")
+    return Outcome(128 + signum)
 
 
 def _open_trackers(job: Job, rd: rundir.RunDir, how: Invocation) -> dict[str, Any]:

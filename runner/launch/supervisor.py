@@ -25,6 +25,7 @@ import psutil
 from ddp_runner.config import bytecode
 from ddp_runner.contract import layout, stops
 from ddp_runner.contract.osutil import die_with_parent
+from ddp_runner.launch import driver_stop
 from ddp_runner.launch.agent import temp_dir as agent_temp_dir
 
 GRACE_S = stops.DEFAULT_GRACE_S + stops.DRIVER_MARGIN_S  # after SIGTERM, before SIGKILL (inside torchrun's 30 s)
@@ -120,6 +121,12 @@ class Supervisor:
             os.remove(self.request_file)
         old = {s: signal.signal(s, self._on_signal) for s in handled}
         try:
+            if (early := driver_stop.take()) is not None:  # came as the launch was recorded: torchrun never starts
+                if early == signal.SIGHUP:
+                    _detach_terminal()
+                driver_stop.say(f"ddp-run: stopped by {stops.signal_name(early)} before torchrun started")
+                self.interrupted = early  # the run is recorded interrupted, as if its ranks had stopped at once
+                return -early
             with open(self.agent_log, "ab") as log:
                 # torchrun's own chatter goes to logs/torchrun.log; rank 0's console output keeps stdout.
                 self.env[layout.ENV_LAUNCH_T] = repr(time.time())

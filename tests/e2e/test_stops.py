@@ -208,3 +208,36 @@ def test_a_stop_during_the_final_validation_keeps_every_step_and_the_resume_vali
     assert not re.search(r"^\s*step [1-4]/4 .*loss [\d.]+ ", again.stdout, re.M), "no step trained again"
     assert tb_points(run, "val/loss") == [4] and tb_points(run, "train/loss") == [1, 2, 3, 4]
     assert (Path(latest) / "meta.json").stat().st_mtime_ns == committed, "the final checkpoint stands as it was"
+
+
+def _handles(pid: int, signum: int) -> bool:
+    """Has process ``pid`` a handler of its own for ``signum`` (Linux: SigCgt in /proc/<pid>/status)?"""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            caught = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(caught >> (signum - 1) & 1)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads a process's handlers in /proc (Linux)")
+def test_a_driver_started_in_the_background_takes_a_stop_from_its_first_moments(tmp_path):
+    """A background job of a non-interactive shell starts with SIGINT ignored (POSIX), as here: the driver installs
+    its own handler first thing, before Hydra is imported, and a SIGINT as soon as it is there (the process's own
+    record of its handlers says so) ends the driver with one line and exit 130, before any run directory exists."""
+    root = tmp_path / "out"
+    ignored = signal.signal(signal.SIGINT, signal.SIG_IGN)  # what the shell does before it starts the job
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "ddp_runner", "task=smoke", "device=cpu", "world_size=1",
+                                 f"output.root={root}"], cwd=tempfile.gettempdir(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, ignored)
+    wait_for("the driver's SIGINT handler", lambda: _handles(proc.pid, signal.SIGINT), interval=0.002, driver=proc)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGINT, out + err
+    said = [line for line in err.splitlines() if "SIGINT" in line]
+    assert "Traceback" not in err and len(said) == 1, err
+    assert said[0].startswith("ddp-run: stopped by SIGINT before launching: nothing was started"), err
+    assert not run_dirs(root) and not [p for p in root.rglob("*") if p.is_file()], "no run directory"

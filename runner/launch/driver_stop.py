@@ -1,0 +1,115 @@
+"""The driver's stop outside torchrun's supervision: from its first line to its last, a stop signal (SIGINT, SIGTERM,
+SIGHUP, the default pre-emption signal) ends in one console line, never a traceback, and never leaves a run
+directory without its records.
+
+``ddp-run``'s main is :func:`guarded`: the handlers come first thing, before Hydra is imported. A driver started in
+the background of a non-interactive shell inherits SIGINT ignored (POSIX), and would otherwise ignore it until the
+supervisor's own handler, most of a second later.
+
+- Before a job opens its run directory, the handler raises :class:`Stopped`, which ends the driver with one line and
+  exit 128 + the signal, its ``finally`` blocks run (a planning probe cancelled, Hydra's held-back stderr restored).
+- From the run directory's opening to the job's end (:func:`deferred`), the signal is only noted: the job takes it
+  (:func:`take`) before it records the launch (a new run directory is removed, a continued one left as it was), the
+  supervisor takes one that comes after (torchrun is not started; the run is recorded ``interrupted``), and one that
+  comes while the run is finalised changes nothing (its records are written whole).
+- While torchrun runs, the supervisor's handlers take over (runner/launch/supervisor.py): the ranks save.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ddp_runner.contract import stops
+
+_pending: list[int] = []  # the first signal noted while deferred
+_deferring = [0]          # depth of nested deferred() blocks
+
+
+class Stopped(BaseException):  # noqa: N818 - a stop, not an error; BaseException: no ``except Exception`` takes it
+    """A stop signal came before anything was launched."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {stops.signal_name(signum)}")
+        self.signum = signum
+
+
+def stop_signals() -> tuple[int, ...]:
+    """The signals a driver stops on: Ctrl-C, a scheduler's SIGTERM, a closed terminal, the pre-emption signal."""
+    return signal.SIGINT, signal.SIGTERM, signal.SIGHUP, stops.of({})[0]
+
+
+def install() -> dict[int, Any]:
+    """Handle :func:`stop_signals` as the module docstring says; returns the handlers they had (for
+    :func:`restore`). Nothing changes off the main thread (Python sets handlers there only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    _pending.clear()
+    return {s: signal.signal(s, _handler) for s in stop_signals()}
+
+
+def restore(old: dict[int, Any]) -> None:
+    """Put back the handlers :func:`install` replaced."""
+    for s, h in old.items():
+        signal.signal(s, h)
+
+
+def guarded(jobs: Callable[[], int]) -> Callable[[Callable[[], None]], Callable[[], None]]:
+    """Decorate a console entry point: the stop handlers installed as it starts and put back as it ends; a
+    :class:`Stopped` said in one line and turned into exit 128 + the signal. ``jobs``: how many jobs it had begun
+    (a sweep's earlier jobs ended before the stop)."""
+    def decorate(entry: Callable[[], None]) -> Callable[[], None]:
+        @functools.wraps(entry)
+        def run() -> None:
+            old = install()
+            try:
+                entry()
+            except Stopped as stop:
+                begun = jobs()
+                more = "nothing was started" if begun <= 1 else f"nothing more was started ({begun - 1} jobs ended)"
+                say(f"ddp-run: stopped by {stops.signal_name(stop.signum)} before launching: {more}")
+                sys.exit(128 + stop.signum)
+            finally:
+                restore(old)
+
+        return run
+
+    return decorate
+
+
+def _handler(signum: int, _frame: object) -> None:
+    if _deferring[0]:
+        if not _pending:
+            _pending.append(signum)
+        return
+    raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """A block (a run directory being made, recorded, launched, finalised) that a stop must not cut in two: a
+    signal inside it is noted for :func:`take`; one that nobody took is forgotten when the outermost block ends
+    (the job's own outcome stands)."""
+    _deferring[0] += 1
+    try:
+        yield
+    finally:
+        _deferring[0] -= 1
+        if not _deferring[0]:
+            _pending.clear()
+
+
+def take() -> int | None:
+    """The stop signal noted in a :func:`deferred` block, once (None: none came)."""
+    return _pending.pop() if _pending else None
+
+
+def say(line: str) -> None:
+    """One console line on stderr; a terminal closed by SIGHUP is no reason for a traceback."""
+    with contextlib.suppress(OSError, ValueError):
+        print(line, file=sys.stderr, flush=True)
