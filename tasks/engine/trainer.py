@@ -377,10 +377,10 @@ class Trainer:
             self.state.micro_in_epoch = 0
 
     def train(self) -> dict[str, Any]:
-        """Run optimizer steps to ``total_steps`` (or to an agreed stop), then validate and checkpoint once more;
+        """Run optimizer steps to ``total_steps`` (or to an agreed stop), then checkpoint and validate once more;
         return the summary."""
         batches = self._micro_batches()
-        if self.resumed_from is not None:
+        if self.resumed_from is not None and self.state.step < self.total_steps:  # no step left: it only validates
             batches = self._settle_buckets(batches)
         loop = self._start_loop()
         stop = self.stop_vote = StopAgreement(self.ctx.device, enabled=bool(self.cfg.checkpoint.get("on_stop", True)),
