@@ -1,5 +1,5 @@
 """Nothing assumes two ranks: a 1-2-3-4 fixed-global-batch sweep of the tiny GPT (every rank of every job ran,
-logged and exited 0) read back by the compare report, and its 3- and 4-rank jobs killed on the last rank, resumed
+logged and exited 0) read back by the compare report, and its 1-, 3- and 4-rank jobs killed on the last rank, resumed
 to the same losses and final parameters bit for bit. The sweep is the session's `gpt_world_sweep`
 (tests/conftest.py), which test_compare_e2e.py reads too."""
 
@@ -27,7 +27,7 @@ def _final_model(run: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.timeout(600)  # two CLI runs (and the sweep, where no other test made it yet)
-@pytest.mark.parametrize("world", [3, 4])
+@pytest.mark.parametrize("world", [1, 3, 4])
 def test_gpt_killed_on_the_last_rank_resumes_bit_for_bit(tmp_path: Path, gpt_world_sweep: Path, world: int) -> None:
     crash_root = tmp_path / "crash"
     r = ddp_run([*GPT_WORLD_SWEEP, f"world_size={world}", "fault.kind=sigkill", f"fault.rank={world - 1}",
