@@ -37,7 +37,7 @@ def test_gpt_killed_on_the_last_rank_resumes_bit_for_bit(tmp_path: Path, gpt_wor
     assert load_json(crashed / "summary.json")["root_cause"]["rank"] == world - 1
     r = ddp_run([f"resume={crashed}"], tmp_path / "unused")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "bit for bit" in r.stdout  # the resume's console line states its promise
+    assert "(checkpoint step_4); the uninterrupted run's losses, bit for bit" in r.stdout  # the line's promise
     clean_run = _job(gpt_world_sweep, world)
     resumed, clean = load_json(crashed / "summary.json"), load_json(clean_run / "summary.json")
     assert resumed["resumed_from"].endswith("checkpoints/step_4")

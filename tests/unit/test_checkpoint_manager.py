@@ -226,6 +226,10 @@ def test_the_resume_line_promises_bit_for_bit_only_for_the_checkpoints_own_split
     saved = same.as_dict()
     assert compat.exactness(saved, same) == "the uninterrupted run's losses, bit for bit"
     assert compat.exactness({}, same) == "the uninterrupted run's losses, bit for bit"  # a checkpoint without a plan
+    # On CUDA the same steps in the same order, but never a promise of the same bits (its kernels are not
+    # deterministic: BENCHMARKS.md, two uninterrupted GPT-2 small runs on one H200).
+    on_gpu = compat.exactness(saved, same, "cuda")
+    assert on_gpu.startswith("the uninterrupted run's steps in the same order, but not bit for bit")
     for other in (BatchPlan(world_size=4, per_rank=2, accumulation=3), BatchPlan(world_size=3, per_rank=4,
                                                                                 accumulation=2)):
         said = compat.exactness(saved, other)

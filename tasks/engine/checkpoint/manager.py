@@ -152,9 +152,13 @@ class CheckpointManager:
         if self.is_main and self.console is not None:  # the user's console says it, not only the rank log
             run = src.rstrip("/").rsplit("/", 2)[0]
             print(f"ddp-run: resumed from step {progress.step} of {run} (checkpoint {_name(src)});"
-                  f" {compat.exactness(state.get('plan', {}), self.plan)}",
+                  f" {compat.exactness(state.get('plan', {}), self.plan, self._device_type())}",
                   file=self.console, flush=True)
         return progress
+
+    def _device_type(self) -> str:
+        """Where the model's parameters live (``cpu``, ``cuda``)."""
+        return next(iter(self.strategy.model.parameters()), torch.empty(0)).device.type
 
     def _load(self, sources: Sources) -> tuple[dict[str, Any], str]:
         """The first candidate that loads, and its URL; rank 0 says which were passed over, and why."""
