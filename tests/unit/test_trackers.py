@@ -65,6 +65,24 @@ def test_csv_row_per_step_new_columns_widen_the_file_and_a_resume_keeps_the_rows
     assert [(r["step"], r["train/loss"]) for r in _rows(path)] == [("1", "2.0"), ("2", "1.5"), ("3", "1.3")]
 
 
+def test_csv_a_steps_validation_after_a_flush_goes_into_that_steps_row(tmp_path):
+    # The final checkpoint flushes the trackers before the final validation logs its loss at the same step.
+    path = tmp_path / "metrics.csv"
+    log = CsvLog(str(path))
+    log.log({"train/loss": 2.0}, 1)
+    log.log({"train/loss": 1.5}, 2)
+    log.flush()
+    log.log({"val/loss": 1.7}, 2)
+    log.log({"val/accuracy": 0.5}, 2)
+    log.close()
+    assert _rows(path) == [{"step": "1", "train/loss": "2.0", "val/loss": "", "val/accuracy": ""},
+                           {"step": "2", "train/loss": "1.5", "val/loss": "1.7", "val/accuracy": "0.5"}]
+    again = CsvLog(str(path))  # a continued run that only validates its last step (docs/resume.md)
+    again.log({"val/loss": 1.6}, 2)
+    again.close()
+    assert [(r["step"], r["val/loss"]) for r in _rows(path)] == [("1", ""), ("2", "1.6")]
+
+
 class _Memory:
     def __init__(self, name: str, fail_at: int | None = None) -> None:
         self.name, self.fail_at, self.points, self.closed = name, fail_at, [], False
