@@ -349,11 +349,17 @@ def execute(composed: dict[str, Any], how: Invocation,
     return _launch(job, launcher, how, started, mem, probe)
 
 
+# Launchers whose nodes open the run directory the job names (<rdzv_id>_<task>_w<N>): a restarted node continues it.
+JOINED_LAUNCHERS = ("multinode", "kubernetes")
+
+
 def _say_where_it_starts(conf: dict[str, Any], rd: rundir.RunDir | None, how: Invocation) -> None:
     """A new run from step 0 says so where that may surprise: asked to restart, or an unfinished run exists."""
     resume = str(conf.get("resume", "auto"))
     if rd is not None or how.new_run_dir is not None:  # continued in place (the workers say from where), a sweep job
         return
+    if (conf.get("launcher") or {}).get("name") in JOINED_LAUNCHERS:
+        return  # a node opens the job's own run directory, and continues it when it has a checkpoint
     if resume == "restart":
         print("ddp-run: resume=restart: a new run from step 0", flush=True)
     elif resume == "auto" and (note := resume_checks.note_unfinished(str(conf["output"]["root"]))):

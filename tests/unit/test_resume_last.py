@@ -99,3 +99,16 @@ def test_wanted_keeps_only_the_keys_that_choose():
                            "task.model.width": 64}
     assert resume_last.same(3e-4, 0.0003) and resume_last.same(2, 2.0) and not resume_last.same("gpt", "smoke")
     assert resume_last.same("s3://u:secret@host/b", "s3://u:other@host/b")  # as config.yaml records it: masked
+
+
+def test_a_node_of_a_multinode_or_kubernetes_job_is_not_told_it_starts_a_new_run(root: Path, capsys):
+    # Its run directory is the job's own (<rdzv_id>_<task>_w<N>), continued from its checkpoint after a restart: the
+    # note about another unfinished run under the root, "a new run from step 0", would be wrong there.
+    from ddp_runner.job import execute
+
+    how = execute.Invocation(argv=["ddp-run"])
+    for name in ("local", "multinode", "kubernetes"):
+        conf = {**_composed(), "resume": "auto", "output": {"root": str(root)}, "launcher": {"name": name}}
+        execute._say_where_it_starts(conf, None, how)
+        said = capsys.readouterr().err
+        assert ("this is a new run from step 0" in said) == (name == "local"), (name, said)
