@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ddp_runner.contract import layout, scaling
+from ddp_runner.contract.rules import get
 from ddp_runner.report.projection import Link, Measured, fit_link
 
 
@@ -40,15 +41,6 @@ def _json(path: Path) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _get(cfg: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
-    cur: Any = cfg
-    for part in dotted.split("."):
-        if not isinstance(cur, Mapping) or part not in cur:
-            return default
-        cur = cur[part]
-    return cur
-
-
 def why_not(run: RunLike) -> str | None:
     """Why ``run`` cannot calibrate a projection (None: it can)."""
     if run.status != layout.STATUS_COMPLETED:
@@ -74,20 +66,20 @@ def measured(run: RunLike) -> Measured:
     if cores is None:
         affinity = _json(run.path / layout.LOGS / "rank0.json").get("cpu_affinity")
         cores = len(affinity) if isinstance(affinity, list) and affinity else None
-    micro = plan.get("per_rank_batch") or _get(cfg, "batch.per_rank") or 1
+    micro = plan.get("per_rank_batch") or get(cfg, "batch.per_rank") or 1
     return Measured(
         world=run.world, global_batch=int(run.global_batch or 0), micro_batch=int(micro),
         step_s=float(run.step_time_s or 0.0),
         work_share=float(shares.get("data") or 0.0) + float(shares.get("compute") or 0.0),
         optimizer_share=float(shares.get("optimizer") or 0.0),
         sync_share=float(shares.get("exposed_sync") or 0.0) if run.world > 1 else 0.0,
-        strategy=str(_get(cfg, "strategy.name", "ddp")),
+        strategy=str(get(cfg, "strategy.name", "ddp")),
         grad_bytes=facts.get(scaling.GRAD_BYTES), param_bytes=facts.get(scaling.PARAM_BYTES),
-        bucket_mb=_get(cfg, "train.ddp_bucket_mb"), tokens_per_sample=run.tokens_per_sample, steps=run.steps,
+        bucket_mb=get(cfg, "train.ddp_bucket_mb"), tokens_per_sample=run.tokens_per_sample, steps=run.steps,
         device=run.device, cores=cores, threads_per_rank=int(facts.get(scaling.THREADS) or 1),
         ranks_per_node=facts.get(scaling.LOCAL_WORLD) or plan.get("nproc_per_node"),
-        reshard_after_forward=bool(_get(cfg, "strategy.reshard_after_forward", True)),
-        accumulate_unsharded=bool(_get(cfg, "strategy.accumulate_unsharded", True)),
+        reshard_after_forward=bool(get(cfg, "strategy.reshard_after_forward", True)),
+        accumulate_unsharded=bool(get(cfg, "strategy.accumulate_unsharded", True)),
         spread=window_spread(summary), name=run.name)
 
 
