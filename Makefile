@@ -65,10 +65,10 @@ run: setup
 
 # Every tier (tests/unit, tests/integration, tests/e2e) at once on TEST_WORKERS xdist workers: the end-to-end
 # tests mostly wait on their subprocesses (torchrun, watchdogs, Slurm), so more workers than cores pays off (on 2
-# cores, 4: 5 ran slower).
+# cores, 6: BENCHMARKS.md, "The test suite").
 # --dist loadgroup keeps each xdist_group (the one local Slurm) on one worker. `make test TEST_WORKERS=0` runs
 # serially; `make test ARGS='-m "not e2e"'` skips the end-to-end tier.
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 6
 
 # Bytecode is cached for the suite's hundreds of interpreters (the package, the tests' rewritten modules), even
 # where the environment sets PYTHONDONTWRITEBYTECODE.
