@@ -185,7 +185,6 @@ def _every_rank_context(base: type) -> type:
     import logging
 
     from torch.distributed.elastic.multiprocessing import api
-    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
     logging.getLogger(api.__name__).addFilter(_without_join_traceback)
 
@@ -197,12 +196,24 @@ def _every_rank_context(base: type) -> type:
             for local_rank, proc in enumerate(self._pc.processes):
                 code = proc.exitcode
                 if local_rank not in result.failures and code not in (0, None):
-                    result.failures[local_rank] = ProcessFailure(local_rank=local_rank, pid=proc.pid, exitcode=code,
-                                                                 error_file=self.error_files[local_rank])
+                    result.failures[local_rank] = stopped_rank_failure(local_rank, proc.pid, code,
+                                                                       self.error_files[local_rank])
             return result
 
     EveryRankContext.__name__ = EveryRankContext.__qualname__ = base.__name__
     return EveryRankContext
+
+
+def stopped_rank_failure(local_rank: int, pid: int, code: int, error_file: str) -> Any:
+    """torchrun's ProcessFailure of a rank that the stop ended. Its error file may be half written (the stop came
+    while the rank recorded its own error), and torch's parser raises on that, which would end the agent, and with
+    it any elastic restart: such a rank is reported as one without an error file."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    try:
+        return ProcessFailure(local_rank=local_rank, pid=pid, exitcode=code, error_file=error_file)
+    except ValueError:  # json.JSONDecodeError
+        return ProcessFailure(local_rank=local_rank, pid=pid, exitcode=code, error_file="")
 
 
 def _without_join_traceback(record: Any) -> bool:

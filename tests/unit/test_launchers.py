@@ -3,6 +3,7 @@ and where a store listens. No process is started."""
 
 from __future__ import annotations
 
+import json
 import signal
 
 import pytest
@@ -152,3 +153,24 @@ def test_the_agents_event_names_are_the_ones_torch_would_give(monkeypatch):
 
     assert next_rendezvous() == ("next_rendezvous", "next_rendezvous", "recorded_event", "recorded_event")
     assert torchs(depth=10_000) == cheap(depth=10_000) == "no_method_name"
+
+
+def test_a_rank_stopped_while_writing_its_error_file_does_not_end_the_agent(tmp_path):
+    # CI: rank 0, stopped by the agent after its peer was killed, left an empty error file; torch's parser raised
+    # in the agent's poll, the agent died, and the elastic restart never came.
+    from ddp_runner.launch.forkserver import stopped_rank_failure
+
+    half = tmp_path / "error.json"
+    half.write_text('{"message": {"message": "Runt')
+    for content in ("", half.read_text()):
+        half.write_text(content)
+        failure = stopped_rank_failure(0, 1234, -15, str(half))
+        assert failure.exitcode == -15 and failure.local_rank == 0 and "Signal 15" in failure.message
+    whole = tmp_path / "whole.json"
+    whole.write_text(json.dumps({"message": {"message": "RuntimeError: peer lost", "extraInfo": {"timestamp": "7"}}}))
+    failure = stopped_rank_failure(0, 1234, 1, str(whole))
+    assert failure.message["message"] == "RuntimeError: peer lost" and failure.timestamp == 7
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    with pytest.raises(ValueError):  # what the agent met: torch's own parser on a half-written file
+        ProcessFailure(local_rank=0, pid=1234, exitcode=-15, error_file=str(half))
