@@ -499,3 +499,18 @@ def gpt_zero1_crashed(tmp_path_factory: pytest.TempPathFactory) -> Path:
         return run
 
     return shared_run(tmp_path_factory, "gpt-zero1-kill0", make)
+
+
+@pytest.fixture(scope="module")
+def gloo_group() -> Iterator[None]:
+    """A one-process gloo group: the real DDP wrapper and collectives, as a rank sees them."""
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()

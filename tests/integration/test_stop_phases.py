@@ -9,29 +9,17 @@ progress phase (``heartbeat.phase("validate")``), so that it lands in the valida
 from __future__ import annotations
 
 import signal
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from ddp_runner.tasks.engine import checkpoint as ck
 from ddp_runner.tasks.engine.diagnostics import heartbeat, termination
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def gloo_group() -> Iterator[None]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -160,19 +159,6 @@ def _named_key_is_one_given(err: PlanError, changed: dict[str, Any]) -> bool:
 
 
 # -- in process: refusals name a key given wrong; acceptances train ------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def gloo_group():
-    """A one-process gloo group: the real DDP wrapper and collectives, as a rank sees them."""
-    import torch.distributed as dist
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _train_briefly(cfg: dict[str, Any], run_dir: Path) -> None:
