@@ -154,3 +154,5 @@ class Session:
             self.rd.lease.release()
         if self.mirror is not None:
             self.mirror.flush()
+            if (line := self.mirror.left_behind()) is not None:
+                print(line, file=sys.stderr, flush=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -67,10 +66,10 @@ def _rank_pid(procs: list[psutil.Process], rank: int) -> int | None:
     return None
 
 
-def _steps_done(pid: int) -> int:
+def _steps_done(pid: int, temp: Path) -> int:
     """The optimizer steps the rank ``pid`` has done, from its progress record in a remote run's local staging
-    folder (``ddp-run-<run>-*`` in the temp dir; other tests' runs have other pids); 0 before it has one."""
-    for path in Path(tempfile.gettempdir()).glob(f"ddp-run-*/{layout.rank_progress(0)}"):
+    folder (``ddp-run-<run>-*`` in the driver's temporary folder ``temp``); 0 before it has one."""
+    for path in temp.glob(f"ddp-run-*/{layout.rank_progress(0)}"):
         try:
             record = load_json(path)
         except (OSError, ValueError):  # being replaced, or another run's folder going away
@@ -220,6 +219,10 @@ def test_every_run_directory_resumes_bit_identically_or_says_why_not(reference, 
 
 @pytest.mark.timeout(600)
 def test_a_lost_object_store_ends_the_run_truthfully_with_no_process_left(tmp_path):
+    # The driver's own temporary folder: its staging folder is found (and removed) there, never another test's
+    # (runs started in the same second by other tests share the run's name).
+    temp = tmp_path / "tmp"
+    temp.mkdir()
     pytest.importorskip("moto")
     pytest.importorskip("s3fs")
     port = _free_port()
@@ -228,7 +231,7 @@ def test_a_lost_object_store_ends_the_run_truthfully_with_no_process_left(tmp_pa
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
            "AWS_ENDPOINT_URL": endpoint, "AWS_ENDPOINT_URL_S3": endpoint, "FSSPEC_S3_ENDPOINT_URL": endpoint,
-           "AWS_MAX_ATTEMPTS": "2", layout.ENV_HEARTBEAT_S: "0.5"}
+           "AWS_MAX_ATTEMPTS": "2", layout.ENV_HEARTBEAT_S: "0.5", "TMPDIR": str(temp)}
     try:
         _wait_until_up(server, endpoint)
         # The bucket, by S3's own CreateBucket (a PUT; moto asks no signature): not a python importing s3fs for it.
@@ -242,7 +245,7 @@ def test_a_lost_object_store_ends_the_run_truthfully_with_no_process_left(tmp_pa
         seen += _tree(driver.pid)
         # Training is under way (rank 0's own progress record in the driver's staging folder says a step is
         # done) before the store goes: a mid-run loss, however slowly this machine starts the ranks.
-        wait_for("rank 0's first step", lambda: _steps_done(rank0) >= 1, driver=driver)
+        wait_for("rank 0's first step", lambda: _steps_done(rank0, temp) >= 1, driver=driver)
         server.kill()  # the store is gone: checkpoints, the heartbeat, run.json all fail from here
         server.wait()
         seen += [p for p in _tree(driver.pid) if p.pid not in {q.pid for q in seen}]
@@ -256,8 +259,7 @@ def test_a_lost_object_store_ends_the_run_truthfully_with_no_process_left(tmp_pa
     assert "Traceback" not in err, err[-3000:]
     assert "ddp-run: FAILED" in err, err[-3000:]
     name = out.split("ddp-run: run directory ", 1)[1].split()[0].rsplit("/", 1)[-1]
-    kept = list(Path(tempfile.gettempdir()).glob(f"ddp-run-{name}-*"))
-    # What could not be mirrored stays on local disk (the console said where the logs are).
-    assert kept and all((k / layout.LOGS).is_dir() for k in kept), kept
-    for k in kept:
-        shutil.rmtree(k, ignore_errors=True)
+    # What could not be mirrored stays on local disk, and the console says where.
+    kept = list(temp.glob(f"ddp-run-{name}-*"))
+    assert len(kept) == 1 and (kept[0] / layout.LOGS).is_dir(), kept
+    assert "could not be copied into s3://chaos/out/" in err and f"they stay in {kept[0]}" in err, err[-3000:]

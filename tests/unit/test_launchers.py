@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import tempfile
 
 import pytest
 from test_plan import cfg
@@ -174,3 +175,17 @@ def test_a_rank_stopped_while_writing_its_error_file_does_not_end_the_agent(tmp_
 
     with pytest.raises(ValueError):  # what the agent met: torch's own parser on a half-written file
         ProcessFailure(local_rank=0, pid=1234, exitcode=-15, error_file=str(half))
+
+
+def test_the_agents_folder_leaves_room_for_the_forkserver_socket(monkeypatch, tmp_path):
+    # A deep TMPDIR (pytest's tmp_path under it) made the forkserver's bind fail: "AF_UNIX path too long".
+    from ddp_runner.launch import agent
+
+    deep = tmp_path / ("d" * 60)
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    moved = agent.temp_dir(4194304)
+    assert moved == "/tmp/ddp-run-agent-4194304"
+    assert len(f"{moved}/pymp-abcdefgh/listener-abcdefgh") <= 107
+    monkeypatch.setattr(tempfile, "tempdir", "/var/tmp")
+    assert agent.temp_dir(4194304) == "/var/tmp/ddp-run-agent-4194304"
