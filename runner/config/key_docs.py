@@ -28,6 +28,7 @@ KEY_DOCS: dict[str, str] = {
     "train.compile_mode": "torch.compile mode (null: torch's default)",
     "train.compile_scope": "model: one graph; blocks: each repeated block compiled once (shorter first compile)",
     "train.compile_cache": "share inductor/triton caches under <output.root>/.compile_cache",
+    "train.deterministic": "deterministic kernels: the same losses bit for bit on CUDA too (slower)",
     "train.own_gpu": "CUDA: each rank sees only its own GPU (as cuda:0), so compiled graphs are reused",
     "train.timing_every": "time data, compute, gradient sync and optimizer every Nth step (0: off)",
     "train.inductor": "torch._inductor.config settings, e.g. +train.inductor.coordinate_descent_tuning=true",

@@ -68,6 +68,7 @@ ENGINE_RULES: tuple[Rule, ...] = (
     choice("train.compile_scope", COMPILE_SCOPES, null=True),
     flag("train.compile_cache", null=True),
     flag("train.own_gpu", null=True),
+    flag("train.deterministic", null=True),
     integer("train.timing_every", lo=0, null=True, example="1"),
     Rule("train.inductor", "mapping", null=True),
     number("train.ddp_bucket_mb", lo=0, lo_open=True, null=True, example="25"),

@@ -69,6 +69,8 @@ def setup(run_dir: str, local_dir: str, console: IO[str] | None, cfg: Config) ->
     """Pick this rank's device (local rank indexes the visible devices) and join the process group."""
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
+    if cfg.train.get("deterministic"):
+        deterministic_kernels()
     if cfg.device == "cuda":
         index = local_rank
         own = own_gpu(os.environ.get("CUDA_VISIBLE_DEVICES"), local_rank)
@@ -90,6 +92,20 @@ def setup(run_dir: str, local_dir: str, console: IO[str] | None, cfg: Config) ->
         device_id=device if device.type == "cuda" else None,
     )
     return Context(rank, local_rank, world_size, device, run_dir, local_dir, console, name)
+
+
+def deterministic_kernels() -> None:
+    """train.deterministic: every kernel deterministic (an op without a deterministic kernel raises, naming
+    itself), so that the same plan gives the same bits on CUDA as on the CPU. Before CUDA is used: cuBLAS reads its
+    workspace setting when it creates its handle."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    import torch._inductor.config as inductor_config
+
+    if hasattr(inductor_config, "deterministic"):  # no on-device benchmarking that picks kernels of other numerics
+        inductor_config.deterministic = True
 
 
 def memory_fraction(cap_gb: float | None, total_bytes: int) -> float | None:

@@ -230,6 +230,12 @@ def test_the_resume_line_promises_bit_for_bit_only_for_the_checkpoints_own_split
     # deterministic: BENCHMARKS.md, two uninterrupted GPT-2 small runs on one H200).
     on_gpu = compat.exactness(saved, same, "cuda")
     assert on_gpu.startswith("the uninterrupted run's steps in the same order, but not bit for bit")
+    assert "train.deterministic=true" in on_gpu  # the way to the same bits
+    # ... which train.deterministic promises (torch's deterministic algorithms on), at the checkpoint's own split only
+    assert compat.exactness(saved, same, "cuda", deterministic=True) == (
+        "the uninterrupted run's losses, bit for bit (train.deterministic)")
+    assert compat.exactness(saved, BatchPlan(world_size=4, per_rank=2, accumulation=3), "cuda",
+                            deterministic=True).startswith("not bit for bit")
     for other in (BatchPlan(world_size=4, per_rank=2, accumulation=3), BatchPlan(world_size=3, per_rank=4,
                                                                                 accumulation=2)):
         said = compat.exactness(saved, other)

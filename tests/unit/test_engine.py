@@ -5,8 +5,10 @@ real 2-process gloo group, and (through the CLI) accumulation/world-size equival
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
+import torch
 
 from ddp_runner.tasks.engine.optim import apply_inductor_settings, lr_factor
 from ddp_runner.tasks.engine.sampler import ResumableDistributedSampler
@@ -118,3 +120,25 @@ def test_a_memory_cap_becomes_the_processes_share_of_its_gpu(monkeypatch: pytest
     assert memory_fraction(None, total) is None
     assert memory_fraction(35, total) == pytest.approx(0.25)
     assert memory_fraction(140, total) is None and memory_fraction(500, total) is None
+
+
+def test_deterministic_kernels_turn_on_torchs_deterministic_algorithms(monkeypatch):
+    # train.deterministic: an op without a deterministic kernel then raises (on CUDA: index_add_, scatter_add_…)
+    # instead of adding in whatever order its threads finish; cuBLAS gets its fixed workspace before CUDA starts.
+    import torch._inductor.config as inductor_config
+
+    from ddp_runner.tasks.engine.trainer import deterministic_kernels
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+              torch.backends.cudnn.benchmark, inductor_config.deterministic)
+    try:
+        deterministic_kernels()
+        assert torch.are_deterministic_algorithms_enabled()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        assert inductor_config.deterministic
+    finally:
+        torch.use_deterministic_algorithms(before[0])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[1], before[2]
+        inductor_config.deterministic = before[3]

@@ -54,20 +54,24 @@ def data_position_problem(state: Mapping[str, Any], plan: BatchPlan) -> str | No
     return None
 
 
-def exactness(their_plan: Mapping[str, Any], plan: BatchPlan, device_type: str = "cpu") -> str:
+def exactness(their_plan: Mapping[str, Any], plan: BatchPlan, device_type: str = "cpu",
+              deterministic: bool = False) -> str:
     """What the resumed losses promise, for the resume's console line (docs/resume.md, "Bit for bit").
 
     At the checkpoint's world size, per-rank batch and accumulation every step computes and sums what the
     uninterrupted run's would, in the same order (ddp and zero1 settle DDP's gradient buckets first): bit for bit
     where the kernels are deterministic, as on the CPU. CUDA's are not (two uninterrupted runs differ in the last
-    bits too). Another split of the same global batch sums in another order: the same optimisation problem, not
-    the same bits."""
+    bits too) unless ``deterministic`` (train.deterministic: torch's deterministic algorithms). Another split of
+    the same global batch sums in another order: the same optimisation problem, not the same bits."""
     theirs = (their_plan.get("world_size"), their_plan.get("per_rank_batch"), their_plan.get("accumulation"))
     mine = (plan.world_size, plan.per_rank, plan.accumulation)
     if None in theirs or theirs == mine:
+        if device_type == "cuda" and deterministic:
+            return "the uninterrupted run's losses, bit for bit (train.deterministic)"
         if device_type == "cuda":
             return ("the uninterrupted run's steps in the same order, but not bit for bit: CUDA kernels are not"
-                    " deterministic (two uninterrupted runs differ in the last bits too)")
+                    " deterministic (two uninterrupted runs differ in the last bits too; train.deterministic=true"
+                    " makes them so)")
         return "the uninterrupted run's losses, bit for bit"
     was = f"{theirs[0]} ranks × {theirs[1]} × {theirs[2]}"
     return (f"not bit for bit: the global batch is now {plan.world_size} ranks × {plan.per_rank} ×"

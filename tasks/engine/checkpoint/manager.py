@@ -151,8 +151,9 @@ class CheckpointManager:
         print(f"resumed from {src} at step {progress.step}", flush=True)
         if self.is_main and self.console is not None:  # the user's console says it, not only the rank log
             run = src.rstrip("/").rsplit("/", 2)[0]
-            print(f"ddp-run: resumed from step {progress.step} of {run} (checkpoint {_name(src)});"
-                  f" {compat.exactness(state.get('plan', {}), self.plan, self._device_type())}",
+            promise = compat.exactness(state.get("plan", {}), self.plan, self._device_type(),
+                                       torch.are_deterministic_algorithms_enabled())
+            print(f"ddp-run: resumed from step {progress.step} of {run} (checkpoint {_name(src)}); {promise}",
                   file=self.console, flush=True)
         return progress
 
