@@ -20,6 +20,8 @@ import signal
 from collections.abc import Mapping
 from typing import Any
 
+from ddp_runner.contract import layout
+
 PRIMARY = ("hang", "oom", "exception", "signal")
 _OOM = re.compile(r"out of memory|OutOfMemory", re.I)
 _PEER_LOST = re.compile(r"connection (closed|reset) by peer|broken pipe|remote process exited|communicator was"
@@ -143,8 +145,9 @@ def root_cause(evidence: Mapping[str, Any]) -> dict[str, Any] | None:
     elif evidence.get("rc", 0) != 0:
         tail = list(evidence.get("agent_tail") or [])
         said = next((line for line in reversed(tail) if "Error" in line or "error" in line), tail[-1] if tail else "")
+        said = said.strip() or f"its own log ({layout.AGENT_LOG}) is empty or missing"
         first = {"rank": None, "class": "launcher_error", "time": 0, "type": "LauncherError",
-                 "message": f"torchrun exited with {evidence.get('rc')} and no rank left a record: {said.strip()}",
+                 "message": f"torchrun exited with {evidence.get('rc')} and no rank left a record: {said}",
                  "where": "torchrun", "traceback": tail[-12:]}
     else:
         return None

@@ -139,6 +139,9 @@ def test_hang_terminated_ranks_launcher_error_and_interruption():
     assert "earliest error on rank 1 [hang]" in rootcause.headline(cause)
     launcher = rootcause.root_cause({"world_size": 2, "rc": 1, "agent_tail": ["x", "RendezvousError: no peers"]})
     assert launcher["class"] == "launcher_error" and "RendezvousError" in launcher["message"]
+    silent = rootcause.root_cause({"world_size": 2, "rc": 1, "agent_tail": []})  # not a message ending in ": "
+    assert silent["message"] == ("torchrun exited with 1 and no rank left a record: its own log (logs/torchrun.log)"
+                                 " is empty or missing")
     stopped = rootcause.root_cause({"world_size": 1, "rc": -15, "interrupted": 2,
                                     "progress": {0: {"phase": "terminated", "since": 1.0}}})
     assert stopped["class"] == "interrupted"
