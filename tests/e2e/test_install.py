@@ -30,49 +30,90 @@ def _run(cmd: list[str], cwd: Path, timeout: float = 600, check: bool = True,
 
 @pytest.fixture(scope="session")
 def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh venv with the project's wheel installed, over the torch this suite runs on: built once per session,
-    by the first xdist worker that needs it (the others wait for it and use the same)."""
+    """A fresh venv with the project's wheel installed, over the torch (and the rest of what the wheel requires)
+    this suite runs on: built once per session, by the first xdist worker that needs it (the others wait for it
+    and use the same)."""
     return shared_run(tmp_path_factory, "install-venv", _make_venv)
 
 
-def _torch_closure() -> list:
-    """torch's distribution and those it requires (on this platform, recursively), from this suite's environment."""
+def _requirements(wheel: Path) -> list[str]:
+    """The wheel's own ``Requires-Dist`` lines, as pip reads them from its METADATA."""
+    import email
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as z:
+        [meta] = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
+        return email.message_from_bytes(z.read(meta)).get_all("Requires-Dist") or []
+
+
+def _closure(requirements: list[str]) -> list:
+    """The distributions of this suite's environment that ``requirements`` resolve to on this platform, and those
+    they require (recursively, with the extras asked for): what pip would install for them. Each must meet the
+    version its requirer asks for (as pip's resolver would insist)."""
     import importlib.metadata as md
 
     from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
 
-    found, todo = {}, ["torch"]
+    found, seen, todo = {}, set(), [Requirement(r) for r in requirements]
+    todo = [r for r in todo if r.marker is None or r.marker.evaluate({"extra": ""})]  # not the wheel's extras
     while todo:
-        dist = md.distribution(todo.pop())
-        name = dist.metadata["Name"].lower().replace("_", "-")
-        if name in found:
+        req = todo.pop()
+        try:
+            dist = md.distribution(req.name)
+        except md.PackageNotFoundError as exc:
+            raise AssertionError(f"{req} (required by the wheel's closure) is not in this suite's environment") from exc
+        assert req.specifier.contains(dist.version, prereleases=True), f"{req}: this suite has {dist.version}"
+        name = canonicalize_name(dist.metadata["Name"])
+        if (name, frozenset(req.extras)) in seen:
             continue
+        seen.add((name, frozenset(req.extras)))
         found[name] = dist
         for line in dist.requires or []:
-            req = Requirement(line)
-            if req.marker is None or req.marker.evaluate({"extra": ""}):
-                todo.append(req.name)
+            sub = Requirement(line)
+            if sub.marker is None or any(sub.marker.evaluate({"extra": e}) for e in ("", *req.extras)):
+                todo.append(sub)
     return list(found.values())
 
 
-def _share_torch(env: Path, base: Path) -> None:
-    """Make this suite's torch (and what torch requires) importable in ``env`` as it is, as `make setup` does on a
-    GPU host whose python3 has torch (a path line in a .pth file): a folder of links to those distributions'
-    files only, so that everything else the wheel needs is still resolved and installed from its own
-    requirements. (Unpacking torch's ~750 MB again cost more than the runs of this file.)"""
+def _share_requirements(env: Path, base: Path, wheel: Path) -> None:
+    """Make what the wheel requires importable in ``env`` from this suite's environment, as `make setup` does for
+    torch on a GPU host whose python3 has it (a path line in a .pth file): a folder of links to the files of exactly
+    the distributions the wheel's own requirements resolve to (:func:`_closure`), so that a module the package
+    imports but does not declare is still missing there. (pip resolving them against the index and unpacking
+    tensorboard, matplotlib, tokenizers, … into the venv cost ~11 CPU-seconds; torch's ~750 MB far more.)"""
+    import importlib.metadata as md
+
+    from packaging.utils import canonicalize_name
+
     purelib = Path(_run([str(env / "bin/python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                         cwd=base).stdout.strip())
-    own = {p.name.split("-")[0].lower().replace("_", "-") for p in purelib.glob("*.dist-info")}
-    shared = base / "torch-site"
+    own = {canonicalize_name(p.name.split("-")[0]) for p in purelib.glob("*.dist-info")}
+    closure = [d for d in _closure(_requirements(wheel)) if canonicalize_name(d.metadata["Name"]) not in own]
+    names = {canonicalize_name(d.metadata["Name"]) for d in closure}
+
+    def entries(dist, depth: int) -> set[str]:
+        assert dist.files is not None, f"{dist.metadata['Name']} records no files"
+        return {"/".join(Path(str(f)).parts[:depth]) for f in dist.files
+                if not str(f).startswith("..") and len(Path(str(f)).parts) > depth - 1}
+
+    # A top-level folder that distributions outside the closure also install into (a namespace package: google/)
+    # is made here, holding links to the closure's own entries only.
+    outside = set().union(*(entries(d, 1) for d in md.distributions()
+                            if d.files is not None and canonicalize_name(d.metadata["Name"]) not in names))
+    shared = base / "suite-site"
     shared.mkdir()
-    for dist in _torch_closure():
-        if dist.metadata["Name"].lower().replace("_", "-") in own:  # the venv has its own (setuptools)
-            continue
-        tops = {Path(str(f)).parts[0] for f in dist.files or [] if not str(f).startswith("..")}
-        for top in tops - {"__pycache__"}:
-            if not top.endswith(".pth"):
+    for dist in closure:
+        for top in entries(dist, 1) - {"__pycache__"}:
+            if top.endswith(".pth"):
+                continue
+            if top in outside and Path(dist.locate_file(top)).is_dir():
+                (shared / top).mkdir(exist_ok=True)
+                for rel in {e for e in entries(dist, 2) if e.startswith(top + "/")} - {top + "/__pycache__"}:
+                    (shared / rel).symlink_to(Path(dist.locate_file(rel)))
+            else:
                 (shared / top).symlink_to(Path(dist.locate_file(top)))
-    (purelib / "_suite_torch.pth").write_text(f"{shared}\n")
+    (purelib / "_suite_site.pth").write_text(f"{shared}\n")
 
 
 def _make_venv(base: Path) -> Path:
@@ -92,15 +133,15 @@ def _make_venv(base: Path) -> Path:
     # Without a pip of its own: ensurepip would install (and byte-compile) one for ~5 CPU-seconds; this suite's pip
     # installs into it instead (--python), as the venv's own would.
     _run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip", str(env)], cwd=base)
-    # The torch of this suite first (the CPU wheel here), so that the wheel's `torch>=…` is already met and nothing
-    # pulls a CUDA build: the venv's interpreter must find torch's package and its metadata (importing it is
-    # proven by every run below). --no-compile: pip would byte-compile every module it installs, most of which no
-    # test imports (Python compiles the imported ones on first use).
-    _share_torch(env, base)
+    # What the wheel requires, from this suite's environment (the CPU torch here, so nothing pulls a CUDA build):
+    # the venv's interpreter must find torch's package and its metadata (importing it is proven by every run
+    # below), and every version the wheel's requirements ask for must be met (_closure, as pip's resolver would
+    # insist). --no-deps: they are there; --no-compile: pip would byte-compile every module it installs.
+    _share_requirements(env, base, wheels[0])
     _run([str(env / "bin/python"), "-c", "import importlib.metadata as m, importlib.util as u; "
           "assert u.find_spec('torch'), 'torch not found'; print(m.version('torch'))"], cwd=base)
     _run([sys.executable, "-m", "pip", "--python", str(env / "bin/python"), "install", "-q", "--no-compile",
-          str(wheels[0])], cwd=base)
+          "--no-deps", str(wheels[0])], cwd=base)
     return env
 
 
