@@ -30,13 +30,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# Rank 0 sleeps 0.2 s after every step from step 1 on (rank 1 waits for it in the next all-reduce): a job that a
+# test looks at while it runs (train.max_steps=1000000) stays up without both ranks training flat out meanwhile.
+IDLE = ["fault.kind=slow", "fault.rank=0", "fault.step=1", "fault.slow_s=0.2"]
+
+
+def node_args(rank: int | None, port: int, rdzv_id: str, *args: str) -> list[str]:
+    """One node's ``ddp-run`` arguments but output.root, as the README has them (only the node rank differs
+    between the nodes)."""
+    return ["device=cpu", "world_size=2", "launcher=multinode", "launcher.nnodes=2",
+            f"launcher.node_rank={'null' if rank is None else rank}", f"launcher.rdzv_endpoint=127.0.0.1:{port}",
+            f"launcher.rdzv_id={rdzv_id}", "timeout_s=60", *args]
+
+
 def start_node(rank: int | None, root: Path | str, port: int, rdzv_id: str, *args: str,
                env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     """One node's ``ddp-run``, as the README has it (only the node rank differs between the nodes)."""
-    cmd = [sys.executable, "-m", "ddp_runner", "device=cpu", "world_size=2", "launcher=multinode",
-           "launcher.nnodes=2", f"launcher.node_rank={'null' if rank is None else rank}",
-           f"launcher.rdzv_endpoint=127.0.0.1:{port}", f"launcher.rdzv_id={rdzv_id}", "timeout_s=60", *args,
-           f"output.root={root}"]
+    cmd = [sys.executable, "-m", "ddp_runner", *node_args(rank, port, rdzv_id, *args), f"output.root={root}"]
     return subprocess.Popen(cmd, cwd=tempfile.gettempdir(), env={**os.environ, **(env or {})},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -142,16 +152,15 @@ def test_a_rank_killed_on_node_1_is_named_with_its_exit_code(out_root):
 
 
 def test_multinode_refuses_missing_endpoint_and_a_node_that_cannot_join(out_root, cli):
-    # The config refusals in process (main() refuses before anything starts); the lonely node as a real process.
+    # In process: main() refuses before anything starts (the lonely node after waiting for node 0 in vain).
     r = cli(["device=cpu", "world_size=2", "launcher=multinode", "launcher.rdzv_id=x"], out_root)
     assert r.returncode == 2 and "launcher.rdzv_endpoint" in r.stderr, r.stderr
     r = cli(["device=cpu", "world_size=3", "launcher=multinode", "launcher.rdzv_id=x",
              "launcher.rdzv_endpoint=127.0.0.1:1234"], out_root)
     assert r.returncode == 2 and "world_size=3" in r.stderr and "launcher.nnodes=2" in r.stderr, r.stderr
     # Node 1 alone: node 0 never opens the run directory, so it refuses with the reason, leaving nothing.
-    node1 = start_node(1, out_root, free_port(), "lonely", "launcher.join_timeout_s=2")
-    rc, out, err = finish(node1)[0]
-    assert rc == 2 and "node 0 did not open" in err and "output.root" in err, err
+    r = cli(node_args(1, free_port(), "lonely", "launcher.join_timeout_s=2"), out_root)
+    assert r.returncode == 2 and "node 0 did not open" in r.stderr and "output.root" in r.stderr, r.stderr
     assert not out_root.exists() or run_dirs(out_root) == []
 
 
@@ -171,8 +180,8 @@ def _listening(pids: list[int]) -> set[str]:
 def test_a_local_job_listens_on_loopback_only(out_root, restarts):
     # restarts=0: the workers use the agent's store; 1: rank 0 hosts its own (TORCH_DISABLE_SHARE_RDZV_TCP_STORE).
     driver = subprocess.Popen([sys.executable, "-m", "ddp_runner", "device=cpu", "world_size=2",
-                               "train.max_steps=1000000",
-                               "train.log_every=1000", f"launcher.max_restarts={restarts}", f"output.root={out_root}"],
+                               "train.max_steps=1000000", "train.log_every=1000", *IDLE,
+                               f"launcher.max_restarts={restarts}", f"output.root={out_root}"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tempfile.gettempdir())
     try:
         # A rank writes its facts once its process group is up: by then the agent's store, rank 0's own and the
@@ -279,9 +288,9 @@ def test_a_hang_on_node_1_under_an_s3_root_is_named_there_with_its_stack(s3_url)
     assert summary["root_cause"]["rank"] == 1 and summary["root_cause"]["class"] == "hang", summary["root_cause"]
 
 
-def test_node_0_holds_the_lease_and_a_second_node_0_is_refused(out_root):
+def test_node_0_holds_the_lease_and_a_second_node_0_is_refused(out_root, cli):
     port = free_port()
-    args = ["task=smoke", "train.max_steps=1000000", "train.log_every=1000"]
+    args = ["task=smoke", "train.max_steps=1000000", "train.log_every=1000", *IDLE]
     nodes = [start_node(r, out_root, port, "held", *args) for r in (0, 1)]
     try:
         run = out_root / "held_smoke_w2"
@@ -293,9 +302,10 @@ def test_node_0_holds_the_lease_and_a_second_node_0_is_refused(out_root):
         with pytest.raises(Taken) as held:
             take(fsspec.filesystem("file"), str(run)).release()
         assert held.value.holder["pid"] == nodes[0].pid
-        # The same node-0 command a second time: refused (exit 2), the running job left alone.
-        rc, out, err = finish(start_node(0, out_root, port, "held", *args), timeout=120)[0]
-        assert rc == 2 and "refused" in err and str(nodes[0].pid) in err, err
+        # The same node-0 command a second time (main() in this process: refused before it launches anything):
+        # refused (exit 2), the running job left alone.
+        r = cli(node_args(0, port, "held", *args), out_root)
+        assert r.returncode == 2 and "refused" in r.stderr and str(nodes[0].pid) in r.stderr, r.stderr
         assert all(p.poll() is None for p in nodes), "the first job still runs"
     finally:
         for p in nodes:
