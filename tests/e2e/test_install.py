@@ -92,15 +92,18 @@ def _share_requirements(env: Path, base: Path, wheel: Path) -> None:
     closure = [d for d in _closure(_requirements(wheel)) if canonicalize_name(d.metadata["Name"]) not in own]
     names = {canonicalize_name(d.metadata["Name"]) for d in closure}
 
-    def entries(dist, depth: int) -> set[str]:
-        assert dist.files is not None, f"{dist.metadata['Name']} records no files"
+    def entries(dist, depth: int, strict: bool = True) -> set[str]:
+        if dist.files is None:  # no RECORD (a distribution's package, .egg-info): its top_level.txt and metadata
+            meta = getattr(dist, "_path", None)
+            assert meta is not None or not strict, f"{dist.metadata['Name']}: neither its files nor its metadata"
+            return {*(dist.read_text("top_level.txt") or "").split(), *([meta.name] if meta else [])}
         return {"/".join(Path(str(f)).parts[:depth]) for f in dist.files
                 if not str(f).startswith("..") and len(Path(str(f)).parts) > depth - 1}
 
     # A top-level folder that distributions outside the closure also install into (a namespace package: google/)
     # is made here, holding links to the closure's own entries only.
-    outside = set().union(*(entries(d, 1) for d in md.distributions()
-                            if d.files is not None and canonicalize_name(d.metadata["Name"]) not in names))
+    outside = set().union(*(entries(d, 1, strict=False) for d in md.distributions()
+                            if canonicalize_name(d.metadata["Name"]) not in names))
     shared = base / "suite-site"
     shared.mkdir()
     for dist in closure:
@@ -109,10 +112,12 @@ def _share_requirements(env: Path, base: Path, wheel: Path) -> None:
                 continue
             if top in outside and Path(dist.locate_file(top)).is_dir():
                 (shared / top).mkdir(exist_ok=True)
-                for rel in {e for e in entries(dist, 2) if e.startswith(top + "/")} - {top + "/__pycache__"}:
-                    (shared / rel).symlink_to(Path(dist.locate_file(rel)))
+                links = {e for e in entries(dist, 2) if e.startswith(top + "/")} - {top + "/__pycache__"}
             else:
-                (shared / top).symlink_to(Path(dist.locate_file(top)))
+                links = {top}
+            for rel in links:  # a folder two distributions of the closure install into: linked once
+                if not (shared / rel).is_symlink():
+                    (shared / rel).symlink_to(Path(dist.locate_file(rel)))
     (purelib / "_suite_site.pth").write_text(f"{shared}\n")
 
 
