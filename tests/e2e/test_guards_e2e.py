@@ -177,6 +177,12 @@ def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
     return out
 
 
+# While a test looks at the run (processes, fact files) before it acts, both ranks go on stepping: rank 0 sleeps
+# 0.2 s after each step from the first on (the rehearsal ``slow`` fault), and rank 1 waits for it in the next
+# collective, instead of both training flat out. A stop reaches a rank in that sleep or that wait as in a step.
+IDLE = ["fault.kind=slow", "fault.rank=0", "fault.step=1", "fault.slow_s=0.2"]
+
+
 @dataclass
 class Launch:
     """A driver on a long smoke run, its torchrun child and the two ranks (once both train)."""
@@ -202,7 +208,7 @@ def launch(out_root: Path, tmp_path: Path) -> Iterator[tuple[Callable[..., Launc
     def start(*args: str, env: dict[str, str] | None = None) -> Launch:
         with open(tmp_path / "driver.out", "wb") as out, open(tmp_path / "driver.err", "wb") as err:
             driver = subprocess.Popen([sys.executable, "-m", "ddp_runner", "task=smoke", "world_size=2", "device=cpu",
-                                       "train.max_steps=1000000", "train.log_every=1000", *args,
+                                       "train.max_steps=1000000", "train.log_every=1000", *IDLE, *args,
                                        f"output.root={out_root}"], stdout=out, stderr=err,
                                       env={**os.environ, **(env or {})})
         drivers.append(driver)
