@@ -3,11 +3,11 @@ a run that failed), and a sweep's record of every job, a refused one too."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 from conftest import load_json, run_dirs, shared_console
@@ -20,9 +20,14 @@ def test_report_over_a_fixed_global_batch_sweep_and_a_failed_run(tmp_path, gpt_w
     failed = gpt_failed_run
     assert shared_console(failed)["rc"] != 0
     out = tmp_path / "report"
-    res = subprocess.run([sys.executable, "-m", "ddp_runner.report.compare", str(sweep), str(failed), "--out", str(out),
-                          "--price", "3"], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr
+    # ddp-compare's main() in this process (its `python -m` entry point runs in test_projection_e2e.py and in
+    # bench/scaling_study.py's dry run): the same report, without a fresh interpreter importing it all again.
+    from ddp_runner.report import compare
+
+    printed, errors = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(errors):
+        rc = compare.main([str(sweep), str(failed), "--out", str(out), "--price", "3"])
+    assert rc == 0, errors.getvalue()
     for name in ("report.md", "report.csv", "throughput.png", "loss_vs_step.png", "loss_vs_time.png"):
         assert (out / name).stat().st_size > 0, name
     assert (out / "throughput.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

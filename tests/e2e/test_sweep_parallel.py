@@ -123,12 +123,19 @@ def test_optuna_names_the_best_trial_that_sweep_json_names(optuna_sweep: Path) -
     assert f"Best: job {top['job']}" in (optuna_sweep / "sweep.md").read_text()
 
 
+# The Ctrl-C sweep's jobs train until the signal, each on a core of its own: a rehearsal `slow` fault (a sleep after
+# every step from step 1 on) keeps the job that reaches its first step first from spinning through hundreds of
+# steps while the other one starts up. The signal still finds both jobs training (steps keep coming).
+IDLE_BETWEEN_STEPS = ["fault.kind=slow", "fault.rank=0", "fault.step=1", "fault.slow_s=0.1"]
+
+
 def test_ctrl_c_stops_every_running_job_and_each_saves_its_checkpoint(tmp_path: Path) -> None:
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("two jobs side by side need two cores")
     root = tmp_path / "outputs"
     driver = subprocess.Popen([sys.executable, "-m", "ddp_runner", "-m", "task=smoke", "device=cpu", "world_size=1",
                                "train.max_steps=100000", "train.log_every=1000", "seed=1,2", "sweep.parallel=2",
+                               *IDLE_BETWEEN_STEPS,
                                f"output.root={root}"], cwd=tempfile.gettempdir(), env=dict(os.environ),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
