@@ -11,6 +11,7 @@ time to send it mid-run.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -23,7 +24,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import GPT_DROPOUT_STEPS, ddp_run, gpt_dropout_args, gpt_fsdp_args, load_json, run_dirs, wait_for
+from conftest import (
+    GPT_DROPOUT_STEPS,
+    copy_run,
+    ddp_run,
+    gpt_dropout_args,
+    gpt_fsdp_args,
+    load_json,
+    run_dirs,
+    shared_run,
+    wait_for,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -88,21 +99,25 @@ def tb_points(run: Path, tag: str) -> list[int]:
     return [e.step for e in acc.Scalars(tag)]
 
 
-def check_stopped(code: int, out: str, err: str, root: Path, at_step: int, signum: int) -> Path:
-    """The stopped run: its status, the checkpoint at ``at_step`` or the next, and the command that continues."""
+def check_stopped(code: int, out: str, err: str, root: Path, at_step: int, signum: int,
+                  copy: Path | None = None) -> Path:
+    """The stopped run: its status, the checkpoint at ``at_step`` or the next, and the command that continues.
+    ``copy``: a copy of the run directory made as the stopped launch ended, read instead of the run (which a later
+    launch has continued since)."""
     [run] = run_dirs(root)
+    files = copy or run
     assert code == 128 + signum, out + err
-    manifest, summary = load_json(run / "run.json"), load_json(run / "summary.json")
+    manifest, summary = load_json(files / "run.json"), load_json(files / "summary.json")
     assert manifest["status"] == "interrupted" and summary["status"] == "interrupted", err
-    stopped = load_json(run / "logs/rank0.json")["stopped"]
+    stopped = load_json(files / "logs/rank0.json")["stopped"]
     # The signal was sent once step ``at_step`` was printed; on a loaded machine it can arrive steps later. Each
     # rank it reached (rank 1 for a worker's SIGTERM; every rank through torchrun for the driver's SIGINT) says
     # after which step it came; the ranks stop at the boundary of the earliest of those steps, or the next.
-    other = load_json(run / "logs/rank1.json")["stopped"]
+    other = load_json(files / "logs/rank1.json")["stopped"]
     assert other["step"] == stopped["step"], (stopped, other)  # every rank stopped at the same step
     arrived = min(s["signal_after_step"] for s in (stopped, other) if s["signal_after_step"] is not None)
     assert arrived >= at_step and stopped["step"] in (arrived, arrived + 1), (at_step, stopped, other)
-    latest = ck.latest(f"{run}/checkpoints")
+    latest = ck.latest(f"{files}/checkpoints")
     assert latest is not None and latest.endswith(f"step_{stopped['step']}"), (latest, stopped)
     assert summary["root_cause"] is None and len(summary["losses"]) == stopped["step"]
     assert f"ddp-run resume={run}" in err, err
@@ -130,24 +145,68 @@ def test_sigint_to_the_driver_saves_and_the_resume_is_exact(tmp_path, text_file,
     check_resumed_exactly(run, gpt_dropout_reference, r.stdout + r.stderr)
 
 
-def test_sigterm_to_a_worker_saves_and_resume_last_continues_it(tmp_path, text_file, gpt_dropout_reference):
+@pytest.fixture(scope="session")
+def sigterm_then_final_validation(tmp_path_factory: pytest.TempPathFactory, text_file: Path) -> dict:
+    """One run of :func:`gpt_dropout_args` with the default checkpoint settings, three launches (made once per
+    session, shared by xdist workers; test_sigterm_to_a_worker_… and test_a_stop_during_the_final_validation_… read
+    it, one launch is both tests'):
+
+    - ``a``: data.path given relative (to the launch's directory), rank 0 slowed (SLOW); SIGTERM to rank 1 once
+      step ``at`` (random) is printed. ``stage_a``: a copy of the run directory as it ended.
+    - ``b``: ``resume=last`` from another directory continues it; rank 0 sends SIGINT to the driver as the final
+      validation begins and waits until the stop reaches it (faults.in_phase). ``stage_b``: a copy as it ended;
+      ``latest``, ``committed``: the run's newest checkpoint then and its commit marker's mtime.
+    - ``c``: ``resume=<run dir>``.
+
+    Each launch's ``rc``, ``stdout`` and ``stderr`` are in the record (``stop_mid_run``'s time bound holds for
+    ``a``)."""
+    from ddp_runner.tasks.engine.diagnostics import faults
+
+    def make(root: Path) -> Path:
+        base = root.parent
+        at = random.randint(3, 11)
+        relative = os.path.relpath(text_file, tempfile.gettempdir())
+        args = [a if not a.startswith("data.path=") else f"data.path={relative}"
+                for a in with_default_checkpoints(gpt_dropout_args(text_file))]
+        code, out, err = stop_mid_run([*args, *SLOW], root, at, "worker")
+        [run] = run_dirs(root)
+        record = {"run": str(run), "at": at, "relative": relative, "a": {"rc": code, "stdout": out, "stderr": err},
+                  "stage_a": str(copy_run(run, base / "stage-a"))}
+        elsewhere = base / "elsewhere"
+        elsewhere.mkdir()
+        b = subprocess.run([sys.executable, "-m", "ddp_runner", "resume=last", f"output.root={root}"], cwd=elsewhere,
+                           env={**os.environ, faults.ENV_STOP_AT: f"validation@{GPT_DROPOUT_STEPS}"},
+                           capture_output=True, text=True, timeout=240)
+        record["b"] = {"rc": b.returncode, "stdout": b.stdout, "stderr": b.stderr}
+        record["stage_b"] = str(copy_run(run, base / "stage-b"))
+        latest = ck.latest(f"{run}/checkpoints")
+        record["latest"] = latest
+        record["committed"] = (Path(latest) / "meta.json").stat().st_mtime_ns if latest else None
+        c = ddp_run([f"resume={run}"], base / "unused")
+        record["c"] = {"rc": c.returncode, "stdout": c.stdout, "stderr": c.stderr}
+        (base / "record.json").write_text(json.dumps(record))
+        return run
+
+    run = shared_run(tmp_path_factory, "stops-sigterm-then-final-validation", make)
+    return load_json(run.parents[2] / "record.json")
+
+
+def test_sigterm_to_a_worker_saves_and_resume_last_continues_it(text_file, gpt_dropout_reference,
+                                                                sigterm_then_final_validation):
     """Also: data.path given relative (to the launch's directory) is recorded absolute, its spelling kept, and
-    resume=last continues the run from another directory."""
-    at = random.randint(3, 11)
-    relative = os.path.relpath(text_file, tempfile.gettempdir())
-    args = [a if not a.startswith("data.path=") else f"data.path={relative}"
-            for a in with_default_checkpoints(gpt_dropout_args(text_file))]
-    code, out, err = stop_mid_run([*args, *SLOW], tmp_path / "out", at, "worker")
-    run = check_stopped(code, out, err, tmp_path / "out", at, signal.SIGTERM)
-    assert f"path: {text_file}" in (run / "config.yaml").read_text()
-    assert load_json(run / "run.json")["invocation"]["paths_given"] == {"data.path": relative}
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    r = subprocess.run([sys.executable, "-m", "ddp_runner", "resume=last", f"output.root={tmp_path / 'out'}"],
-                       cwd=elsewhere, capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert f"resume=last: continuing {run}" in r.stdout
-    check_resumed_exactly(run, gpt_dropout_reference, r.stdout + r.stderr)
+    resume=last continues the run from another directory. (That continuation is stopped again as its final
+    validation begins, every step trained: test_a_stop_during_the_final_validation_…; the launch after it runs
+    only that validation.)"""
+    chain = sigterm_then_final_validation
+    run, a, b, c = Path(chain["run"]), chain["a"], chain["b"], chain["c"]
+    stage_a = Path(chain["stage_a"])
+    assert check_stopped(a["rc"], a["stdout"], a["stderr"], run.parents[1], chain["at"], signal.SIGTERM,
+                         copy=stage_a) == run
+    assert f"path: {text_file}" in (stage_a / "config.yaml").read_text()
+    assert load_json(stage_a / "run.json")["invocation"]["paths_given"] == {"data.path": chain["relative"]}
+    assert b["rc"] == 128 + signal.SIGINT and c["rc"] == 0, b["stdout"] + b["stderr"] + c["stdout"] + c["stderr"]
+    assert f"resume=last: continuing {run}" in b["stdout"]
+    check_resumed_exactly(run, gpt_dropout_reference, b["stdout"] + b["stderr"])
 
 
 def test_a_completed_run_trains_longer_when_max_steps_is_raised(tmp_path, smoke_reference):
@@ -178,35 +237,33 @@ def test_sigint_under_fsdp_saves_every_shard_and_the_resume_is_exact(tmp_path, t
     check_resumed_exactly(run, gpt_fsdp_reference, r.stdout + r.stderr)
 
 
-def test_a_stop_during_the_final_validation_keeps_every_step_and_the_resume_validates(tmp_path, text_file):
+def test_a_stop_during_the_final_validation_keeps_every_step_and_the_resume_validates(sigterm_then_final_validation):
     """SIGINT to the driver during the end validation (rank 0 sends it as that validation begins and waits until the
-    stop reaches it: faults.in_phase): the final checkpoint holds every step, the run ends interrupted after its last
-    step, and ``resume=<run dir>`` runs only the final validation (docs/resume.md)."""
-    from ddp_runner.tasks.engine.diagnostics import faults
+    stop reaches it: faults.in_phase), here in the launch that continues the run test_sigterm_to_a_worker_… stopped:
+    the final checkpoint holds every step, the run ends interrupted after its last step, and ``resume=<run dir>``
+    runs only the final validation (docs/resume.md)."""
+    chain = sigterm_then_final_validation
+    last = GPT_DROPOUT_STEPS
+    run, r, again, stage_b = Path(chain["run"]), chain["b"], chain["c"], Path(chain["stage_b"])
+    assert r["rc"] == 128 + signal.SIGINT, r["stdout"] + r["stderr"]
+    manifest, summary = load_json(stage_b / "run.json"), load_json(stage_b / "summary.json")
+    assert manifest["status"] == summary["status"] == "interrupted", r["stderr"]
+    latest = chain["latest"]
+    assert latest is not None and latest.endswith(f"step_{last}"), f"the final checkpoint: no step lost\n{r['stderr']}"
+    assert ck.latest(f"{stage_b}/checkpoints").endswith(f"step_{last}")
+    stopped = load_json(stage_b / "logs/rank0.json").get("stopped") or {}
+    assert stopped.get("step") == last and stopped["last_step"] and stopped["during"] == "the final validation", stopped
+    assert summary["steps"] == last and len(summary["losses"]) == last and summary["val_loss"] is None
+    assert f"every rank stopped after step {last}, the last, during the final validation" in r["stderr"], r["stderr"]
+    assert f"ddp-run resume={run}" in r["stderr"] and "no checkpoint was committed" not in r["stderr"]
 
-    args = [a for a in with_default_checkpoints(gpt_dropout_args(text_file))
-            if not a.startswith(("train.max_steps=", "train.epochs="))] + ["train.max_steps=4", "train.warmup_steps=1"]
-    r = ddp_run(args, tmp_path / "out", env={faults.ENV_STOP_AT: "validation@4"})
-    [run] = run_dirs(tmp_path / "out")
-    assert r.returncode == 128 + signal.SIGINT, r.stdout + r.stderr
-    manifest, summary = load_json(run / "run.json"), load_json(run / "summary.json")
-    assert manifest["status"] == summary["status"] == "interrupted", r.stderr
-    latest = ck.latest(f"{run}/checkpoints")
-    assert latest is not None and latest.endswith("step_4"), f"the final checkpoint: no step lost\n{r.stderr}"
-    stopped = load_json(run / "logs/rank0.json").get("stopped") or {}
-    assert stopped.get("step") == 4 and stopped["last_step"] and stopped["during"] == "the final validation", stopped
-    assert summary["steps"] == 4 and len(summary["losses"]) == 4 and summary["val_loss"] is None
-    assert "every rank stopped after step 4, the last, during the final validation" in r.stderr, r.stderr
-    assert f"ddp-run resume={run}" in r.stderr and "no checkpoint was committed" not in r.stderr
-
-    committed = (Path(latest) / "meta.json").stat().st_mtime_ns
-    again = ddp_run([f"resume={run}"], tmp_path / "unused")
-    assert again.returncode == 0, again.stdout + again.stderr
+    committed = chain["committed"]
+    assert again["rc"] == 0, again["stdout"] + again["stderr"]
     resumed = load_json(run / "summary.json")
-    assert resumed["status"] == "completed" and resumed["steps"] == 4 and resumed["val_loss"] is not None
-    assert resumed["losses"] == summary["losses"] and resumed["resumed_from"].endswith("step_4")
-    assert not re.search(r"^\s*step [1-4]/4 .*loss [\d.]+ ", again.stdout, re.M), "no step trained again"
-    assert tb_points(run, "val/loss") == [4] and tb_points(run, "train/loss") == [1, 2, 3, 4]
+    assert resumed["status"] == "completed" and resumed["steps"] == last and resumed["val_loss"] is not None
+    assert resumed["losses"] == summary["losses"] and resumed["resumed_from"].endswith(f"step_{last}")
+    assert not re.search(rf"^\s*step \d+/{last} .*loss [\d.]+ ", again["stdout"], re.M), "no step trained again"
+    assert tb_points(run, "val/loss") == [last] and tb_points(run, "train/loss") == list(range(1, last + 1))
     assert (Path(latest) / "meta.json").stat().st_mtime_ns == committed, "the final checkpoint stands as it was"
 
 
