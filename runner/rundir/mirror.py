@@ -23,10 +23,14 @@ class Mirror:
         # (rundir.stage_logs) or copied since. Only what changed is copied: on a multi-node run another node's
         # rank may be writing a log of which this staging folder holds an older copy.
         self.sent: dict[str, tuple[int, int]] = dict(staged or {})
-        self.clean = False  # did the last flush copy everything?
-        self.failed = 0  # how many files the last flush could not copy
+        self.failed: int | None = None  # how many files the last full flush could not copy (None: none ran yet)
         # The staging dir goes when the driver exits, unless its last copy failed (then it is all there is).
         atexit.register(self._remove_staging)
+
+    @property
+    def clean(self) -> bool:
+        """Did the last full flush copy everything?"""
+        return self.failed == 0
 
     def _remove_staging(self) -> None:
         if self.clean and self.rd.is_remote:
@@ -42,7 +46,7 @@ class Mirror:
         local = Path(self.rd.local)
         if files is None:
             self.last = time.monotonic()
-        clean, self.failed = True, 0
+        failed = 0
         for p in local.rglob("*") if files is None else files:
             if p.is_file() and ".tmp" not in p.name:
                 rel = p.relative_to(local).as_posix()
@@ -56,15 +60,14 @@ class Mirror:
                     self.sent[rel] = (st.st_mtime_ns, st.st_size)
                 except Exception as exc:  # noqa: BLE001 - a failed mirror must not kill the run (botocore's
                     # connection errors are no OSError); the next tick retries
-                    clean = False
-                    self.failed += 1
+                    failed += 1
                     print(f"ddp-run: warning: could not mirror {rel}: {exc}", file=sys.stderr)
         if files is None:
-            self.clean = clean
+            self.failed = failed
 
     def left_behind(self) -> str | None:
         """After the last flush: where the files it could not copy stay (one console line), or None."""
-        if self.clean or not self.rd.is_remote:
+        if not self.failed or not self.rd.is_remote:
             return None
-        return (f"ddp-run: {self.failed or 'some'} file(s) could not be copied into {self.rd.url}; they stay in"
+        return (f"ddp-run: {self.failed} file(s) could not be copied into {self.rd.url}; they stay in"
                 f" {self.rd.local}")

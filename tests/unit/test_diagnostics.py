@@ -275,6 +275,27 @@ def test_the_mirror_copies_no_empty_stack_placeholder_only_written_stacks(tmp_pa
     assert rd.fs.cat_file(f"{rd.path}/{layout.rank_stack(0)}").startswith(b"Thread")
 
 
+def test_a_mirror_that_could_not_copy_says_where_the_files_stay(tmp_path, monkeypatch):
+    from ddp_runner.rundir.mirror import Mirror
+
+    rd = _memory_run(tmp_path)
+    (tmp_path / layout.rank_log(0)).write_text("step 1\n")
+    (tmp_path / layout.rank_log(1)).write_text("step 1\n")
+    mirror = Mirror(rd, every_s=0)
+    mirror.flush()
+    assert mirror.clean and mirror.left_behind() is None
+    (tmp_path / layout.rank_log(0)).write_text("step 2\n")
+    (tmp_path / layout.rank_log(1)).write_text("step 2\n")
+
+    def store_gone(*_args, **_kwargs):
+        raise ConnectionError("the store is gone")
+
+    monkeypatch.setattr(rd.fs, "put_file", store_gone)
+    mirror.flush()
+    assert not mirror.clean
+    assert mirror.left_behind() == f"ddp-run: 2 file(s) could not be copied into {rd.url}; they stay in {rd.local}"
+
+
 def test_another_node_relays_the_dump_request_only_once_this_launch_has_trained(tmp_path):
     from ddp_runner.diagnostics.peers import Relay
     from ddp_runner.rundir.mirror import Mirror
