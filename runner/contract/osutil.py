@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import gc
 import os
 import signal
@@ -85,6 +86,39 @@ def die_with_parent(sig: int = signal.SIGKILL) -> bool:
     if os.getppid() == 1:
         os._exit(1)
     return True
+
+
+def descendant_pids(pid: int) -> list[int] | None:
+    """Every live descendant of ``pid`` (children, their children...), read from Linux's per-thread ``children``
+    lists along the tree only: a handful of reads, where psutil's ``children(recursive=True)`` reads the status of
+    every process on the host (thousands on a busy node; the driver asks twice a second). None where the kernel
+    has no such lists (then ask psutil); [] once ``pid`` is gone. A process that forks or ends during the walk may
+    be missed, as with psutil."""
+    if not _children_lists():
+        return None
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            threads = os.listdir(f"/proc/{parent}/task")
+        except OSError:  # ended meanwhile
+            continue
+        for tid in threads:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            found.extend(kids)
+            todo.extend(kids)
+    return found
+
+
+@functools.cache
+def _children_lists() -> bool:
+    """Whether this kernel keeps ``/proc/<pid>/task/<tid>/children`` (CONFIG_PROC_CHILDREN)."""
+    return os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
 
 
 def set_process_name(name: str) -> None:

@@ -10,6 +10,7 @@ killed. A second signal stops everything at once, without waiting for the checkp
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -24,7 +25,7 @@ import psutil
 
 from ddp_runner.config import bytecode
 from ddp_runner.contract import layout, stops
-from ddp_runner.contract.osutil import die_with_parent
+from ddp_runner.contract.osutil import descendant_pids, die_with_parent
 from ddp_runner.launch import driver_stop
 from ddp_runner.launch.agent import temp_dir as agent_temp_dir
 
@@ -160,12 +161,20 @@ class Supervisor:
 
     def _snapshot(self, tree: list[psutil.Process]) -> list[psutil.Process]:
         """Remember torchrun's descendants (workers live in their own sessions, so killpg misses them)."""
-        try:
-            found = psutil.Process(self.proc.pid).children(recursive=True)
-        except psutil.Error:
-            return tree
         known = {p.pid for p in tree}
-        return tree + [p for p in found if p.pid not in known]
+        pids = descendant_pids(self.proc.pid)
+        if pids is None:  # no per-thread children lists: psutil reads every process's status instead
+            try:
+                return tree + [p for p in psutil.Process(self.proc.pid).children(recursive=True)
+                               if p.pid not in known]
+            except psutil.Error:
+                return tree
+        found = []
+        for pid in pids:
+            if pid not in known:
+                with contextlib.suppress(psutil.Error):  # ended since the walk
+                    found.append(psutil.Process(pid))
+        return tree + found
 
     def _stop(self, tree: list[psutil.Process]) -> int:
         assert self.proc is not None

@@ -1,0 +1,73 @@
+"""The driver's record of torchrun's descendants (runner/launch/supervisor.py: ``_snapshot``), read from Linux's
+per-thread children lists (runner/contract/osutil.py: ``descendant_pids``), and psutil's scan where the kernel has
+none: the same processes either way, on a real tree of three generations."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from ddp_runner.contract import osutil
+from ddp_runner.launch import supervisor
+
+# A child that starts a grandchild from a thread that stays alive (the list is that thread's, not the main
+# thread's: every thread's list must be read), then waits.
+TREE = """
+import subprocess, sys, threading, time
+def start():
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    print("up", flush=True)
+    time.sleep(60)
+threading.Thread(target=start, daemon=True).start()
+time.sleep(60)
+"""
+
+
+@pytest.fixture
+def tree() -> Iterator[subprocess.Popen[str]]:
+    root = subprocess.Popen([sys.executable, "-c", TREE], stdout=subprocess.PIPE, text=True)
+    try:
+        assert root.stdout is not None and root.stdout.readline().strip() == "up"
+        yield root
+    finally:
+        for p in psutil.Process(root.pid).children(recursive=True):
+            p.kill()
+        root.kill()
+        root.wait()
+
+
+@pytest.mark.skipif(not osutil._children_lists(), reason="this kernel keeps no per-thread children lists")
+def test_the_walk_finds_what_psutils_scan_finds(tree: subprocess.Popen[str]) -> None:
+    expected = {p.pid for p in psutil.Process(tree.pid).children(recursive=True)}
+    assert len(expected) == 1
+    assert set(osutil.descendant_pids(tree.pid) or []) == expected
+    me = set(osutil.descendant_pids(psutil.Process().pid) or [])
+    assert {tree.pid} | expected <= me, "a grandchild is found through its parent"
+
+
+def test_a_gone_process_has_no_descendants_and_no_lists_means_psutil(monkeypatch: pytest.MonkeyPatch) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert osutil.descendant_pids(gone.pid) in ([], None)
+    monkeypatch.setattr(osutil, "_children_lists", lambda: False)
+    assert osutil.descendant_pids(psutil.Process().pid) is None
+
+
+@pytest.mark.parametrize("lists", [True, False])
+def test_the_supervisor_remembers_every_descendant_once(tree: subprocess.Popen[str], lists: bool,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    if not lists:
+        monkeypatch.setattr(supervisor, "descendant_pids", lambda pid: None)
+    elif not osutil._children_lists():
+        pytest.skip("this kernel keeps no per-thread children lists")
+    sup = supervisor.Supervisor(["true"], {}, "/dev/null")
+    sup.proc = tree  # type: ignore[assignment]
+    expected = {p.pid for p in psutil.Process(tree.pid).children(recursive=True)}
+    first = sup._snapshot([])
+    assert {p.pid for p in first} == expected
+    again = sup._snapshot(first)
+    assert [p.pid for p in again] == [p.pid for p in first], "nothing twice"
