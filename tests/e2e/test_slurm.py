@@ -48,6 +48,17 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
 wait_for = functools.partial(conftest.wait_for, timeout=240, interval=0.5)  # Slurm's commands are slow to ask
 
 
+def rdzv_base() -> int:
+    """A ``launcher.rdzv_port`` for a test's jobs (each listens on it + its job id % 1000). Random: job ids start at 1
+    on every test cluster, and one machine may run several. Below the default's 29500 and the kernel's ephemeral
+    ports (from 32768): there, a port may be any connection's local end (or another test's free port) when the job
+    binds it, and the agent, finding it taken, waits 60 s as a client of a store that is not there (seen once in
+    a fresh-clone run)."""
+    ranges = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    low = int(ranges.read_text().split()[0]) if ranges.exists() else 32768
+    return random.randint(10000, max(10000, min(28000, low - 1001)))
+
+
 def _json(path: Path) -> dict[str, Any]:
     try:
         return load_json(path)
@@ -101,7 +112,7 @@ def test_a_sweep_submits_separate_jobs(slurm, out_root):
 
 def test_a_six_job_sweep_is_submitted_at_once_then_followed_together(slurm, out_root):
     # Six jobs submitted before any is followed (the cluster runs four at once), one more refused by the plan.
-    port = random.randint(30000, 60000)  # job ids start at 1 on every test cluster: one machine, several clusters
+    port = rdzv_base()
     r = ddp_run(["-m", "task=smoke", "device=cpu", "world_size=1", "launcher=slurm", "launcher.nodes=1",
                  f"launcher.rdzv_port={port}", "timeout_s=60", "train.max_steps=1", "checkpoint.final=false",
                  "seed=1,2,3,4,5,6,-1"], out_root, env=slurm, timeout=600)
@@ -213,7 +224,7 @@ def test_a_requeued_job_resumes_from_its_checkpoint(slurm, out_root):
 def test_the_warning_signal_saves_and_the_job_requeues_itself(slurm, out_root):
     # What Slurm sends before a time limit or a preemption (sbatch --signal=B:USR2@<s>), sent now: the ranks agree at
     # the next step, save, the run ends preempted, the job requeues itself and continues the same run directory.
-    port = random.randint(30000, 60000)  # job ids start at 1 on every test cluster: one machine, several clusters
+    port = rdzv_base()
     args = [*SMOKE, "launcher.nodes=1", "launcher.wait=false", "train.max_steps=30", "fault.kind=slow",
             "fault.rank=0", "fault.step=1", "fault.slow_s=0.3", f"launcher.rdzv_port={port}"]
     r = ddp_run(args, out_root, env=slurm)
