@@ -112,6 +112,13 @@ def cli_in_process(args: list[str], root: Path | str, monkeypatch: pytest.Monkey
 
 
 
+def rank0_sleeps(seconds: float) -> list[str]:
+    """Overrides that keep a run up without its ranks training flat out while a test watches it: rank 0 sleeps
+    ``seconds`` after every step from step 1 on (the rehearsal ``slow`` fault) and the others wait for it in the
+    next collective. A stop reaches a rank in that sleep or that wait as it would in a step."""
+    return ["fault.kind=slow", "fault.rank=0", "fault.step=1", f"fault.slow_s={seconds}"]
+
+
 def run_dirs(root: Path) -> list[Path]:
     """Every run directory (one holding config.yaml) under an output root."""
     return sorted(p.parent for p in root.rglob("config.yaml"))

@@ -161,18 +161,17 @@ class Supervisor:
 
     def _snapshot(self, tree: list[psutil.Process]) -> list[psutil.Process]:
         """Remember torchrun's descendants (workers live in their own sessions, so killpg misses them)."""
-        known = {p.pid for p in tree}
         pids = descendant_pids(self.proc.pid)
         if pids is None:  # no per-thread children lists: psutil reads every process's status instead
             try:
-                return tree + [p for p in psutil.Process(self.proc.pid).children(recursive=True)
-                               if p.pid not in known]
+                pids = [p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)]
             except psutil.Error:
                 return tree
+        known = {p.pid for p in tree}
         found = []
         for pid in pids:
             if pid not in known:
-                with contextlib.suppress(psutil.Error):  # ended since the walk
+                with contextlib.suppress(psutil.Error):  # ended since
                     found.append(psutil.Process(pid))
         return tree + found
 

@@ -18,7 +18,7 @@ from typing import TypeVar
 import psutil
 import pytest
 import torch
-from conftest import GPT_DROPOUT_STEPS, ddp_run, load_json, run_dirs, wait_for
+from conftest import GPT_DROPOUT_STEPS, ddp_run, load_json, rank0_sleeps, run_dirs, wait_for
 from torch.utils.data import DistributedSampler
 
 from ddp_runner.contract import layout
@@ -177,10 +177,8 @@ def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
     return out
 
 
-# While a test looks at the run (processes, fact files) before it acts, both ranks go on stepping: rank 0 sleeps
-# 0.2 s after each step from the first on (the rehearsal ``slow`` fault), and rank 1 waits for it in the next
-# collective, instead of both training flat out. A stop reaches a rank in that sleep or that wait as in a step.
-IDLE = ["fault.kind=slow", "fault.rank=0", "fault.step=1", "fault.slow_s=0.2"]
+# While a test looks at the run (processes, fact files) before it acts, both ranks go on stepping, slowly.
+IDLE = rank0_sleeps(0.2)
 
 
 @dataclass

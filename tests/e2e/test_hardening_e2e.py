@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import load_json, run_dirs
+from tests.conftest import load_json, rank0_sleeps, run_dirs
 
 ARGS = ["task=smoke", "device=cpu", "world_size=2", "debug=true", "checkpoint.every_steps=0",
-        "fault.kind=slow", "fault.rank=0", "fault.step=1", "fault.slow_s=0.4"]
+        *rank0_sleeps(0.4)]
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import tempfile
 from typing import Any
 
 import yaml
-from conftest import load_json, run_dirs, wait_for
+from conftest import load_json, rank0_sleeps, run_dirs, wait_for
 from test_multinode import finish, free_port
 
 from ddp_runner.contract import layout
@@ -24,7 +24,7 @@ STEPS = 16
 POD_ARGS = ["task=smoke", "device=cpu", "world_size=2", "launcher=kubernetes", "launcher.nodes=2",
             "launcher.job_name=kube1", "launcher.image=registry.example/ddp-runner:test", "launcher.volume=runs",
             f"train.max_steps={STEPS}", "checkpoint.every_steps=2", "checkpoint.async_save=false", "timeout_s=60",
-            "fault.kind=slow", "fault.rank=0", "fault.step=1", "fault.slow_s=0.25"]
+            *rank0_sleeps(0.25)]
 
 
 def pod_env(doc: dict[str, Any], rank: int, port: int) -> dict[str, str]:

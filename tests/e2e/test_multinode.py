@@ -16,7 +16,7 @@ from pathlib import Path
 import fsspec
 import psutil
 import pytest
-from conftest import load_json, run_dirs, wait_for
+from conftest import load_json, rank0_sleeps, run_dirs, wait_for
 
 from ddp_runner.contract import layout
 from ddp_runner.rundir.lease import Taken, take
@@ -32,7 +32,7 @@ def free_port() -> int:
 
 # Rank 0 sleeps 0.2 s after every step from step 1 on (rank 1 waits for it in the next all-reduce): a job that a
 # test looks at while it runs (train.max_steps=1000000) stays up without both ranks training flat out meanwhile.
-IDLE = ["fault.kind=slow", "fault.rank=0", "fault.step=1", "fault.slow_s=0.2"]
+IDLE = rank0_sleeps(0.2)
 
 
 def node_args(rank: int | None, port: int, rdzv_id: str, *args: str) -> list[str]:

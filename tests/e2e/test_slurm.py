@@ -20,7 +20,7 @@ from typing import Any
 import conftest
 import psutil
 import pytest
-from conftest import ddp_run, load_json, run_dirs
+from conftest import ddp_run, load_json, rank0_sleeps, run_dirs
 
 from ddp_runner.contract import layout
 from tests.support import slurm_cluster
@@ -225,8 +225,8 @@ def test_the_warning_signal_saves_and_the_job_requeues_itself(slurm, out_root):
     # What Slurm sends before a time limit or a preemption (sbatch --signal=B:USR2@<s>), sent now: the ranks agree at
     # the next step, save, the run ends preempted, the job requeues itself and continues the same run directory.
     port = rdzv_base()
-    args = [*SMOKE, "launcher.nodes=1", "launcher.wait=false", "train.max_steps=30", "fault.kind=slow",
-            "fault.rank=0", "fault.step=1", "fault.slow_s=0.3", f"launcher.rdzv_port={port}"]
+    args = [*SMOKE, "launcher.nodes=1", "launcher.wait=false", "train.max_steps=30", *rank0_sleeps(0.3),
+            f"launcher.rdzv_port={port}"]
     r = ddp_run(args, out_root, env=slurm)
     assert r.returncode == 0, r.stdout + r.stderr
     [run] = run_dirs(out_root)

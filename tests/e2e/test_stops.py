@@ -31,6 +31,7 @@ from conftest import (
     gpt_dropout_args,
     gpt_fsdp_args,
     load_json,
+    rank0_sleeps,
     run_dirs,
     shared_run,
     wait_for,
@@ -43,7 +44,7 @@ if str(ROOT) not in sys.path:
 from ddp_runner.tasks.engine import checkpoint as ck  # noqa: E402
 
 DEFAULT_CKPT = {"checkpoint.every_steps": "0", "checkpoint.keep_last": "2", "checkpoint.async_save": "true"}
-SLOW = ["fault.kind=slow", "fault.rank=0", "fault.step=1", "fault.slow_s=0.4"]
+SLOW = rank0_sleeps(0.4)
 STOP_BOUND_S = 10.0  # half the driver's grace (checkpoint.stop_grace_s: 20 s)
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from conftest import SMOKE_LR_SWEEP, SMOKE_LR_SWEEP_LRS, ddp_run, load_json, shared_run, wait_for
+from conftest import SMOKE_LR_SWEEP, SMOKE_LR_SWEEP_LRS, ddp_run, load_json, rank0_sleeps, shared_run, wait_for
 
 from ddp_runner.contract import layout
 from ddp_runner.report.compare import sweep_trials
@@ -126,7 +126,7 @@ def test_optuna_names_the_best_trial_that_sweep_json_names(optuna_sweep: Path) -
 # The Ctrl-C sweep's jobs train until the signal, each on a core of its own: a rehearsal `slow` fault (a sleep after
 # every step from step 1 on) keeps the job that reaches its first step first from spinning through hundreds of
 # steps while the other one starts up. The signal still finds both jobs training (steps keep coming).
-IDLE_BETWEEN_STEPS = ["fault.kind=slow", "fault.rank=0", "fault.step=1", "fault.slow_s=0.1"]
+IDLE_BETWEEN_STEPS = rank0_sleeps(0.1)
 
 
 def test_ctrl_c_stops_every_running_job_and_each_saves_its_checkpoint(tmp_path: Path) -> None:

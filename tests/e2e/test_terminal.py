@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from conftest import load_json, run_dirs
+from conftest import load_json, rank0_sleeps, run_dirs
 
 from ddp_runner.contract import layout
 from tests.support import live_screen
@@ -161,7 +161,7 @@ def test_the_bar_fits_every_width_through_validation_metrics_and_resizes(tmp_pat
         (work / name).write_text(body)
     resized: list[tuple[int, int]] = []
     code, chunks = run_in_pty(["--config-dir", "conf", "task=mytask", "device=cpu", "world_size=2",
-                               "fault.kind=slow", "fault.rank=0", "fault.step=1", "fault.slow_s=0.05"],
+                               *rank0_sleeps(0.05)],
                               tmp_path / "outputs", columns=100, cwd=work, resizes=(60, 80), resized=resized)
     text = b"".join(d for _, d in chunks).decode("utf-8", "replace")
     assert code == 0, text
