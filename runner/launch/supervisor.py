@@ -192,15 +192,32 @@ class Supervisor:
     @staticmethod
     def _reap(tree: list[psutil.Process]) -> None:
         """SIGTERM, then SIGKILL, any worker still alive after torchrun has gone."""
-        alive = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-        for p in alive:
-            try:
-                p.terminate()
-            except psutil.Error:
-                pass
-        _, still = psutil.wait_procs(alive, timeout=5)
-        for p in still:
-            try:
+        for p in reap(tree, timeout=5):
+            with contextlib.suppress(psutil.Error):
                 p.kill()
-            except psutil.Error:
-                pass
+
+
+def _running(p: psutil.Process) -> bool:
+    """Alive and not a zombie: a zombie has ended and waits only for its parent to read its status."""
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:  # ended between the two reads
+        return False
+
+
+def reap(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """SIGTERM every process of ``procs`` still running and wait up to ``timeout`` s for them to end; return those
+    still running. A process that ends counts as gone at once, even while its zombie waits for its parent:
+    ``psutil.wait_procs`` would wait for the zombie of a process re-parented to init (torchrun's agent's
+    resource tracker), which some inits reap only seconds later."""
+    alive = [p for p in procs if _running(p)]
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    deadline = time.monotonic() + timeout
+    delay = 0.01
+    while alive and time.monotonic() < deadline:
+        time.sleep(delay)
+        delay = min(delay * 2, 0.2)
+        alive = [p for p in alive if _running(p)]
+    return alive

@@ -71,3 +71,28 @@ def test_the_supervisor_remembers_every_descendant_once(tree: subprocess.Popen[s
     assert {p.pid for p in first} == expected
     again = sup._snapshot(first)
     assert [p.pid for p in again] == [p.pid for p in first], "nothing twice"
+
+
+# A parent that starts a child and never reads its status: the child, once ended, stays a zombie.
+NEGLECTFUL_PARENT = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_the_reaper_counts_an_ended_process_as_gone_while_its_zombie_waits_for_its_parent() -> None:
+    """The driver's reaper must not wait for a parent it does not control (init reaps a re-parented process's
+    zombie when it will): a worker it ended is gone, zombie or not."""
+    parent = subprocess.Popen([sys.executable, "-c", NEGLECTFUL_PARENT], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        child = psutil.Process(int(parent.stdout.readline()))
+        still = supervisor.reap([child], timeout=30)
+        assert still == []
+        assert child.status() == psutil.STATUS_ZOMBIE, "its parent has not read its status: only it can"
+        assert supervisor.reap([child], timeout=30) == [], "a zombie is not signalled or waited for again"
+    finally:
+        parent.kill()
+        parent.wait()
