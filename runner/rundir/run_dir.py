@@ -17,6 +17,7 @@ from fsspec.implementations.local import LocalFileSystem
 from ddp_runner.contract import layout
 from ddp_runner.contract.errors import PlanError
 from ddp_runner.contract.osutil import atomic_write
+from ddp_runner.rundir import lost_store
 from ddp_runner.rundir.lease import Lease, Taken, take
 
 
@@ -94,7 +95,10 @@ def _check_bucket(fs: Any, root_path: str, root: str) -> None:
 
 
 def staging_dir(path: str) -> str:
-    """A fresh local staging directory for a remote run (logs and TensorBoard are written here, then mirrored)."""
+    """A fresh local staging directory for a remote run (logs and TensorBoard are written here, then mirrored).
+    From here on this process copies to the store, and a lost store is reported by its own lines only
+    (:mod:`lost_store`)."""
+    lost_store.quiet_unretrieved_connection_errors()
     local = tempfile.mkdtemp(prefix=f"ddp-run-{path.rsplit('/', 1)[-1]}-")
     for sub in (layout.LOGS, layout.TB):
         os.makedirs(os.path.join(local, sub), exist_ok=True)
