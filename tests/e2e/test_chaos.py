@@ -26,7 +26,8 @@ from conftest import ddp_run, load_json, run_dirs, wait_for
 
 from ddp_runner.contract import layout
 from ddp_runner.rundir.status import status_of
-from tests.support.s3_server import _free_port, _wait_until_up
+from tests.support.ports import free_port
+from tests.support.s3_server import _wait_until_up
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = int(os.environ.get("CHAOS_SEED", "16"))
@@ -225,7 +226,7 @@ def test_a_lost_object_store_ends_the_run_truthfully_with_no_process_left(tmp_pa
     temp.mkdir()
     pytest.importorskip("moto")
     pytest.importorskip("s3fs")
-    port = _free_port()
+    port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

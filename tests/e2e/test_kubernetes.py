@@ -15,9 +15,10 @@ from typing import Any
 
 import yaml
 from conftest import load_json, rank0_sleeps, run_dirs, wait_for
-from test_multinode import finish, free_port
+from test_multinode import finish
 
 from ddp_runner.contract import layout
+from tests.support.ports import free_port
 
 STEPS = 16
 # Rank 0 sleeps 0.25 s after every step: the preemption lands mid-run, whatever the machine's load.

@@ -20,14 +20,9 @@ from conftest import load_json, rank0_sleeps, run_dirs, wait_for
 
 from ddp_runner.contract import layout
 from ddp_runner.rundir.lease import Taken, take
+from tests.support.ports import free_port
 
 GPT = ["task=gpt", "train.max_steps=4", "data.val_fraction=0.01", "checkpoint.async_save=false"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # Rank 0 sleeps 0.2 s after every step from step 1 on (rank 1 waits for it in the next all-reduce): a job that a

@@ -23,7 +23,7 @@ import pytest
 from conftest import ddp_run, load_json, rank0_sleeps, run_dirs
 
 from ddp_runner.contract import layout
-from tests.support import slurm_cluster
+from tests.support import ports, slurm_cluster
 
 # One local Slurm per session: every test of this file on the same xdist worker (--dist loadgroup).
 pytestmark = pytest.mark.xdist_group("slurm")
@@ -54,9 +54,8 @@ def rdzv_base() -> int:
     ports (from 32768): there, a port may be any connection's local end (or another test's free port) when the job
     binds it, and the agent, finding it taken, waits 60 s as a client of a store that is not there (seen once in
     a fresh-clone run)."""
-    ranges = Path("/proc/sys/net/ipv4/ip_local_port_range")
-    low = int(ranges.read_text().split()[0]) if ranges.exists() else 32768
-    return random.randint(10000, max(10000, min(28000, low - 1001)))
+    low, high = ports.quiet_range()
+    return random.SystemRandom().randint(low, high)
 
 
 def _json(path: Path) -> dict[str, Any]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -29,11 +28,7 @@ from typing import Any
 
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.support.ports import free_port
 
 
 class MlflowRest:
@@ -110,7 +105,7 @@ def _answers(url: str) -> bool:
 
 def _start(base: Path) -> dict[str, Any]:
     """Start a server owned by this session's controller (this process without xdist); wait until it answers."""
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = base / "server.log"
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -26,13 +25,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support.ports import free_port
+
 BUCKET = "ddp-runner-test"
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_until_up(proc: subprocess.Popen, endpoint: str, timeout: float = 30.0) -> None:
@@ -62,7 +57,7 @@ def s3_server() -> Iterator[str]:
     for mod in ("moto", "s3fs", "flask"):
         if importlib.util.find_spec(mod) is None:
             pytest.skip(f"{mod} is not installed (install moto[server] and s3fs for the S3 tests)")
-    port = _free_port()
+    port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],

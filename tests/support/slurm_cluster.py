@@ -12,6 +12,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from tests.support.ports import free_ports
+
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "scancel")
 NODES = ("n1", "n2")
 
@@ -25,16 +27,6 @@ def why_not() -> str | None:
     if os.geteuid() != 0:
         return "starting slurmd needs root (slurmd runs jobs as their users); .ci/run runs the tests as root"
     return None
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def _conf(d: Path, ports: list[int], cpus: int) -> str:
@@ -91,7 +83,7 @@ def start(d: Path, cpus: int = 2, timeout: float = 60) -> dict[str, str]:
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
     conf = d / "slurm.conf"
-    conf.write_text(_conf(d, _free_ports(1 + len(NODES)), cpus))
+    conf.write_text(_conf(d, free_ports(1 + len(NODES)), cpus))
     env = {**os.environ, "SLURM_CONF": str(conf)}
     subprocess.run(["munged", "--force", f"--key-file={key}", f"--socket={d}/munge.sock",
                     f"--pid-file={d}/munged.pid", f"--log-file={d}/munged.log", f"--seed-file={d}/munge.seed"],
