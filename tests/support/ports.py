@@ -1,11 +1,11 @@
 """Free ports for the tests' servers and rendezvous, drawn below the kernel's ephemeral ports.
 
-``bind(("127.0.0.1", 0))`` hands out a port of the ephemeral range (32768–60999 here), which the test then closes
-and gives to a server or a torchrun agent to bind. Until that bind, the kernel may give the same port to any
-outgoing connection's local end (the suite opens thousands: gloo, stores, S3), and the server fails to start, or a
-rendezvous agent that finds its port taken waits 60 s as the client of a store that is not there (seen once in a
-fresh-clone run). Below the ephemeral range only an explicit bind can take a port: one drawn at random, from
-system entropy (every xdist worker draws its own, whatever a test seeded ``random`` with), and free when drawn.
+``bind(("127.0.0.1", 0))`` hands out a port of the ephemeral range, which the test then closes and gives to a server
+or a torchrun agent to bind. Until that bind, the kernel may give the same port to any outgoing connection's local
+end (the suite opens thousands: gloo, stores, S3), and the server fails to start, or a rendezvous agent that finds
+its port taken waits 60 s as the client of a store that is not there. Below the ephemeral range only an explicit
+bind can take a port: one drawn at random, from system entropy (every xdist worker draws its own, whatever a test
+seeded ``random`` with), and free when drawn.
 """
 
 from __future__ import annotations
