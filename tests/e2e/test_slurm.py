@@ -50,10 +50,8 @@ wait_for = functools.partial(conftest.wait_for, timeout=240, interval=0.5)  # Sl
 
 def rdzv_base() -> int:
     """A ``launcher.rdzv_port`` for a test's jobs (each listens on it + its job id % 1000). Random: job ids start at 1
-    on every test cluster, and one machine may run several. Below the default's 29500 and the kernel's ephemeral
-    ports (from 32768): there, a port may be any connection's local end (or another test's free port) when the job
-    binds it, and the agent, finding it taken, waits 60 s as a client of a store that is not there (seen once in
-    a fresh-clone run)."""
+    on every test cluster, and one machine may run several. From :func:`tests.support.ports.quiet_range`, whose
+    ``high`` leaves room for the 999 above it (the module says why)."""
     low, high = ports.quiet_range()
     return random.SystemRandom().randint(low, high)
 
