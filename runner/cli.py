@@ -56,17 +56,17 @@ def refuse(err: PlanError) -> int:
     return refusal(err).code
 
 
-def _how(hc: Any) -> Any:
-    """How this job was asked for, from Hydra's record of it."""
+def _how(hc: Any, task_overrides: list[str]) -> Any:
+    """How this job was asked for, from Hydra's record of it (``task_overrides``: its overrides as typed)."""
     from ddp_runner.job.execute import Invocation
     from ddp_runner.report.sweep import job_values
 
     multirun = hc.mode.name == "MULTIRUN"
-    how = Invocation(argv=_run.argv, overrides=list(hc.overrides.task), task_preset=hc.runtime.choices.get("task"),
+    how = Invocation(argv=_run.argv, overrides=list(task_overrides), task_preset=hc.runtime.choices.get("task"),
                      config_name=hc.job.config_name,
                      config_sources=[s.path for s in hc.runtime.config_sources
                                      if s.provider not in ("hydra", "schema")],
-                     swept=job_values(hc.overrides.task, _run.swept) if multirun else {})
+                     swept=job_values(task_overrides, _run.swept) if multirun else {})
     if multirun and _run.jobs_of is not None:  # the maker also tells ``how`` its sweep, once the directory exists
         how.new_run_dir = _run.jobs_of.run_dir_maker(hc.job.num, how)
     elif _run.job is not None:
@@ -94,7 +94,9 @@ def _app(cfg: Any) -> Any:
     conf = interpolation.resolved(cfg, on_refusal=lambda err: refuse(err).code)  # a failing ${…}: exit 2
     multirun = hc.mode.name == "MULTIRUN"
     sweep = _run.jobs_of if multirun else None
-    num, task_overrides, t0 = hc.job.num if multirun else 0, list(hc.overrides.task), time.time()
+    # As typed: an override replaced by a later one may hold an interpolation that fails (``train.lr=${now:}``).
+    task_overrides = interpolation.as_typed(hc.overrides.task)
+    num, t0 = hc.job.num if multirun else 0, time.time()
     if sweep is not None:
         sweep.configure(conf)
         try:
@@ -105,13 +107,13 @@ def _app(cfg: Any) -> Any:
             return None if conf.get("dry_run") else sweep.ended(num, task_overrides, outcome, t0)
         if sweeping.concurrent(conf):
             return sweep.start(num, task_overrides, conf)
-    how = _how(hc)
+    how = _how(hc, task_overrides)
     how.env_raw = env_interpolations(OmegaConf.to_container(cfg, resolve=False))  # secrets: never on disk
     if sweep is not None and sweeping.queued(conf):
         how.submitted = []
     elif sweep is not None:
         sweep.unfollowed(conf)
-    outcome = execute(conf, how, check=lambda c: overrides.check_composed(hc.overrides.task, c))
+    outcome = execute(conf, how, check=lambda c: overrides.check_composed(task_overrides, c))
     if _run.job is not None:
         sweeping.write_outcome(_run.job["result"], outcome)
     if sweep is not None and conf.get("dry_run"):  # a dry run leaves nothing behind; a search only plans its trials

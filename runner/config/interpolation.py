@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -35,6 +35,13 @@ def resolved(cfg: DictConfig, on_refusal: Callable[[PlanError], int] | None = No
     sys.exit(on_refusal(err))
 
 
+def as_typed(node: Any) -> list[str]:
+    """Hydra's record of a job's overrides (``hc.overrides.task``) as the strings typed. Read through OmegaConf,
+    each string's ``${…}`` would be resolved: ``'train.lr=${oc.env:NOPE}' train.lr=0.1`` must run (the later
+    override wins), not fail on the value it replaced."""
+    return [str(o) for o in OmegaConf.to_container(node, resolve=False)]  # type: ignore[union-attr]
+
+
 def refusal(key: str, value: Any, exc: BaseException) -> PlanError:
     """The refusal of ``key`` whose interpolation ``value`` failed with ``exc``: what failed, in words, and the fix."""
     text = (str(getattr(exc, "msg", None) or exc).strip().splitlines() or [type(exc).__name__])[0]
@@ -49,6 +56,52 @@ def refusal(key: str, value: Any, exc: BaseException) -> PlanError:
         return PlanError(key, value, f"uses a resolver named {m.group(1)!r}, which does not exist",
                          "use one that exists (oc.env, oc.select, oc.decode, now), or give the value itself")
     return PlanError(key, value, f"its interpolation cannot be resolved ({text})", FIX)
+
+
+def in_composition(exc: BaseException, given: Mapping[str, str]) -> PlanError | None:
+    """The refusal of an interpolation that cannot even be parsed (``lr: ${oc.env:"A}`` in a config file, or on
+    the command line, whose overrides ``given`` maps key to value), from the exception Hydra's composition raised:
+    the key, and the file where the traceback shows which was being read. None when no OmegaConf error naming a
+    key is in ``exc``'s chain."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        key = getattr(cause, "full_key", None)
+        if key and isinstance(cause, (GrammarParseError, InterpolationResolutionError)):
+            text = (str(getattr(cause, "msg", None) or cause).strip().splitlines() or [type(cause).__name__])[0]
+            where = _file_read(cause)
+            value = _raw_in(where, str(key)) if where else given.get(str(key))
+            return PlanError(str(key), value, f"its interpolation cannot be parsed ({text})"
+                             + (f" in {where}" if where else ""),
+                             "close every quote and brace of ${…}, or give the value itself (docs/refusals.md)")
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+def _file_read(exc: BaseException) -> str | None:
+    """The config file being read when ``exc`` was raised: Hydra's file source holds it as ``full_path``."""
+    tb = exc.__traceback__
+    found = None
+    while tb is not None:
+        path = tb.tb_frame.f_locals.get("full_path")
+        if tb.tb_frame.f_code.co_name == "load_config" and isinstance(path, str):
+            found = path
+        tb = tb.tb_next
+    return found
+
+
+def _raw_in(path: str, key: str) -> Any:
+    """The text of ``key`` in the YAML file ``path``, as the user wrote it; None when it cannot be read."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError):
+        return None
+    value = raw_value(tree, key)
+    return None if value == key else value
 
 
 def raw_value(tree: Any, key: str) -> Any:

@@ -124,6 +124,8 @@ def diagnose(cli: Cli, config_path: str, primary: str = "config") -> PlanError:
     from hydra.errors import HydraException, MissingConfigException
     from hydra.types import RunMode
 
+    from ddp_runner.config import interpolation
+
     if word := next((o for o in cli.overrides if o in RUNS_WORDS), None):
         return PlanError("overrides", word, "is a command, not an override (ddp-run takes key=value overrides)",
                          "to list your runs: ddp-runs [ROOT]; to see one run: ddp-runs show DIR")
@@ -139,13 +141,17 @@ def diagnose(cli: Cli, config_path: str, primary: str = "config") -> PlanError:
     except MissingConfigException as exc:
         return _missing(exc, parsed, name)
     except HydraException as exc:
+        given = {o.key_or_group: o.input_line.partition("=")[2] for o in parsed}
+        if (unparsable := interpolation.in_composition(exc, given)) is not None:
+            return unparsable
         base = _base_keys(loader, name, parsed)
         for o in parsed:
             try:
                 _check_key(o, base)
             except PlanError as err:
                 return err
-        return PlanError("overrides", " ".join(cli.overrides), str(exc).strip().splitlines()[0], _GRAMMAR)
+        said = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return PlanError("overrides", " ".join(cli.overrides), said, _GRAMMAR)
     for o in parsed:
         try:
             _check_sweep_groups(o, loader)
