@@ -94,8 +94,7 @@ def _app(cfg: Any) -> Any:
     conf = interpolation.resolved(cfg, on_refusal=lambda err: refuse(err).code)  # a failing ${…}: exit 2
     multirun = hc.mode.name == "MULTIRUN"
     sweep = _run.jobs_of if multirun else None
-    # As typed: an override replaced by a later one may hold an interpolation that fails (``train.lr=${now:}``).
-    task_overrides = interpolation.as_typed(hc.overrides.task)
+    task_overrides = interpolation.as_typed(hc.overrides.task)  # as typed: a replaced one may hold a failing ${…}
     num, t0 = hc.job.num if multirun else 0, time.time()
     if sweep is not None:
         sweep.configure(conf)
