@@ -4,7 +4,11 @@ A task is an importable module named by ``task.module`` in its YAML (``ddp-run -
 on the shell alone (``ddp-run task.module=<module>``: the run is named after the module and carries no other
 task's keys). It exposes ``build(cfg, device) -> TaskParts``: a model, datasets and a FLOP count; it never owns a
 loop. A task may also name, with ``task.checks``, a light module (no torch import) whose ``check(cfg)`` the driver
-calls before launch; it raises :class:`ConfigError` naming the key, the value and the fix.
+calls before launch; it raises :class:`ConfigError` naming the key, the value and the fix. The same module may
+define ``train_samples(cfg) -> int``: the size of the training set ``build`` will return, for a task that loads
+its own data (the driver plans the epochs with it and records it in run.json's ``plan.train_samples``; without it,
+``data.num_samples``, which every rank then holds its built set to before the first step), and
+``memory_facts(cfg)`` (the model's parameter counts, for the memory plan).
 
 The model's ``forward(x, y)`` returns the micro-batch's mean loss, or ``(loss, {name: value})`` to report extra
 metrics beside it (``{"accuracy": (logits.argmax(1) == y).float().mean()}``): each value the micro-batch's mean, a

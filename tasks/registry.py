@@ -48,8 +48,30 @@ def import_task(module: str) -> ModuleType:
 
 
 def build(cfg: Config, device: torch.device) -> TaskParts:
-    """Call the task's ``build(cfg, device)``."""
-    return import_task(cfg.task.module).build(cfg, device)
+    """Call the task's ``build(cfg, device)``; its training set must be the size the driver planned with."""
+    parts = import_task(cfg.task.module).build(cfg, device)
+    check_train_samples(cfg, parts)
+    return parts
+
+
+def check_train_samples(cfg: Config, parts: TaskParts) -> None:
+    """With data=synthetic the driver planned the epochs (and refused what some rank could not fill) with
+    ``data.num_samples``: a task that loaded another number of samples would run another plan than run.json's.
+    Refused before any step, naming both numbers and the two ways to tell the driver the real one."""
+    from ddp_runner.tasks.api import ConfigError
+
+    planned = cfg.data.get("num_samples") if cfg.data.get("name") == "synthetic" else None
+    try:
+        real = len(parts.train_set)  # type: ignore[arg-type]
+    except TypeError:  # an iterable dataset has no length: nothing to hold it to
+        return
+    if planned is None or real == planned:
+        return
+    raise ConfigError("data.num_samples", planned,
+                      f"the driver planned with {planned} training samples, but {cfg.task.module}.build() made"
+                      f" {real}", "tell the driver the training set's size: train_samples(cfg), returning"
+                      f" len(train_set) ({real} here), in the task's task.checks module (docs/own-task.md), or"
+                      f" data.num_samples={real}")
 
 
 def task_home(name: str, origin: str) -> tuple[str, ...]:

@@ -78,7 +78,7 @@ KEY_DOCS: dict[str, str] = {
     "sweep.objective": "what each sweep job returns to Hydra's sweeper: val_loss, final_loss, tokens_per_s, "
                        "step_time_s, a task metric or a summary.json path; NaN (a failed trial) when it has none",
     "sweep.direction": "which way sweep.objective is better (set a search sweeper's own direction to match)",
-    "data.num_samples": "synthetic: samples in the dataset",
+    "data.num_samples": "synthetic: training samples (a task loading its own sets it: train_samples(cfg))",
     "data.seed": "synthetic: seed of the generated samples",
     "data.path": "text: the corpus (raw text or a uint16 .bin), any fsspec URL; null: built from Python's own sources",
     "data.val_path": "text: a separate validation file (null: the tail of data.path)",

@@ -26,6 +26,11 @@ class Gpu:
     uuid: str = ""
 
 
+# How a task that makes or loads its own data tells the driver its size (else data.num_samples is planned with).
+OWN_DATA_FIX = ("; a task that loads its own data tells the driver how much: train_samples(cfg) in its task.checks"
+                " module (docs/own-task.md)")
+
+
 @dataclass(frozen=True)
 class Plan:
     """What will run. ``global_batch = per_rank_batch × world_size × accumulation`` always holds."""
@@ -40,6 +45,8 @@ class Plan:
     nproc_per_node: int
     # local rank -> visible GPU (empty on CPU): local rank indexes the *visible* list.
     gpus: tuple[Gpu, ...] = field(default_factory=tuple)
+    # The training set's size planned with (None: not known before launch); run.json records it.
+    train_samples: int | None = None
 
     @property
     def explanation(self) -> str:
@@ -147,6 +154,7 @@ def make_plan(
         nnodes=nnodes,
         nproc_per_node=nproc,
         gpus=tuple(gpus[:nproc]) if device == "cuda" else (),
+        train_samples=train_samples,
     )
 
 
@@ -257,12 +265,16 @@ def _check_data_fits(cfg: Mapping[str, Any], train_samples: int | None, data_fil
             f" {world_size} × {per_rank} = {world_size * per_rank}, so some rank would get no full micro-batch",
             "use a larger file, or lower batch.per_rank, world_size or the task's sample length",
         )
+    # data=synthetic: the count is data.num_samples, unless the task's train_samples(cfg) gave its own.
+    own = _get(cfg, "data.name") == "synthetic"
     if train_samples < world_size * per_rank:
         raise PlanError(
             "batch.per_rank", per_rank,
-            f"the training set has {train_samples} samples, fewer than world_size × batch.per_rank ="
-            f" {world_size} × {per_rank} = {world_size * per_rank}, so some rank would get no full micro-batch",
-            "lower batch.per_rank or world_size, or give the task more data",
+            f"the training set has {train_samples} samples{' (data.num_samples)' if own else ''}, fewer than"
+            f" world_size × batch.per_rank = {world_size} × {per_rank} = {world_size * per_rank}, so some rank"
+            " would get no full micro-batch",
+            "lower batch.per_rank or world_size, or give the task more data"
+            + (OWN_DATA_FIX if own else ""),
         )
     # The sampler pads to ceil(samples / world_size) per rank; an epoch must hold one optimizer step.
     micro = -(-train_samples // world_size) // per_rank
@@ -272,7 +284,8 @@ def _check_data_fits(cfg: Mapping[str, Any], train_samples: int | None, data_fil
         raise PlanError(key, value,
                         f"an epoch gives each rank {micro} micro-batches of {per_rank} ({train_samples} samples over"
                         f" {world_size} ranks), fewer than the {accumulation} one optimizer step accumulates",
-                        "lower it (or batch.per_rank), or give the task more data")
+                        "lower it (or batch.per_rank), or give the task more data"
+                        + (OWN_DATA_FIX if _get(cfg, "data.name") == "synthetic" else ""))
 
 
 def cpu_oversubscribed(plan: Plan, cores: int) -> str | None:

@@ -213,6 +213,34 @@ def run_checks(cfg: Mapping[str, Any], where: str | None) -> None:
     mod.check(cfg)
 
 
+def own_train_samples(cfg: Mapping[str, Any], where: str | None) -> int | None:
+    """The training set's size from the task's ``task.checks`` module, for a task that makes or loads its own
+    dataset (``train_samples(cfg) -> int``, light: no torch); None where it defines none. The driver plans with
+    it, so the plan and the ranks never disagree on the set's size. PlanError when it answers no count."""
+    checks = cfg["task"].get("checks")
+    if not checks:
+        return None
+    if where and where not in sys.path:
+        sys.path.append(where)
+    try:
+        fn = getattr(importlib.import_module(checks), "train_samples", None)
+    except ImportError:
+        return None  # run_checks reports it, with the fix
+    if not callable(fn):
+        return None
+    try:
+        n = fn(cfg)
+    except PlanError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's code: refused naming it, never a driver traceback
+        raise PlanError("task.checks", checks, f"train_samples(cfg) raised {type(exc).__name__}: {exc}",
+                        f"fix {checks}.train_samples, which tells the driver the training set's size") from exc
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise PlanError("task.checks", checks, f"train_samples(cfg) returned {n!r}, not a count of samples",
+                        "return the training set's length, a whole number of at least 1 (len(train_set))")
+    return n
+
+
 def memory_facts(cfg: Mapping[str, Any], where: str | None) -> dict[str, Any] | None:
     """The model's parameter counts from the task's ``task.checks`` module, when it computes them without torch
     (``memory_facts(cfg)``: the keys of tasks/engine/driver_probe.py's ``model`` answer); None otherwise."""

@@ -56,6 +56,7 @@ def plan_job(cfg: dict[str, Any], task_dirs: list[str]) -> tuple[Plan, str | Non
         gpus = visible_gpus() if cfg["device"] != "cpu" else []
         train_samples = data_prep.prepare(cfg["data"], cfg["task"])
         task_module.run_checks(cfg, task_dir)
+        train_samples = _own_train_samples(cfg, task_dir, train_samples)
         data_file = cfg["data"].get("path") if cfg["data"].get("name") == "text" else None
         plan = make_plan(cfg, gpus, train_samples=train_samples, data_file=data_file,
                          inductor_settings=_inductor_defaults(probe))
@@ -72,6 +73,18 @@ def plan_job(cfg: dict[str, Any], task_dirs: list[str]) -> tuple[Plan, str | Non
     cfg["batch"]["accumulation"] = plan.accumulation
     cfg["device"], cfg["backend"], cfg["world_size"] = plan.device, plan.backend, plan.world_size
     return plan, task_dir, probe
+
+
+def _own_train_samples(cfg: dict[str, Any], task_dir: str | None, planned: int | None) -> int | None:
+    """The training set's size the plan uses: the task's own count when its checks module gives one (a task
+    that loads its own data), else the data group's. With data=synthetic the count is ``data.num_samples``,
+    which the ranks hold the built set to (tasks/registry.py): it takes the task's count."""
+    own = task_module.own_train_samples(cfg, task_dir)
+    if own is None:
+        return planned
+    if cfg["data"].get("name") == "synthetic":
+        cfg["data"]["num_samples"] = own
+    return own
 
 
 def _warn(line: str | None) -> None:
