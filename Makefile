@@ -2,11 +2,12 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
+GPUS   := $(shell nvidia-smi -L 2>/dev/null)
 # On a GPU host: one rank per visible GPU with NCCL; elsewhere 2 CPU ranks with gloo.
-RUN_ARGS ?= $(if $(shell nvidia-smi -L 2>/dev/null),world_size=auto,device=cpu world_size=2)
+RUN_ARGS ?= $(if $(GPUS),world_size=auto,device=cpu world_size=2)
 ARGS   ?=
 
-.PHONY: setup run test test-repeat lint bench clean
+.PHONY: setup run test test-repeat lint bench clean torch-wheel
 
 setup: $(VENV)/.installed
 
@@ -29,6 +30,12 @@ TORCH    := 2.13.0
 # The torch wheel pip downloads is kept in one folder per user and Python: found again at the same path, uv's cache
 # knows it, and a new clone links its files instead of unpacking ~1 GB again (a folder that cannot be made: .venv's).
 WHEELS   := $${XDG_CACHE_HOME:-$$HOME/.cache}/ddp-runner/wheels
+# pip's own index serves the CUDA build of torch (2 GB+ of CUDA libraries): on a host without a GPU, PyTorch's CPU
+# wheel index is asked first, for TORCH_INDEX_TIMEOUT seconds and no retries, then pip's own configuration
+# (tools/torch_wheel.py; `make TORCH_CPU_INDEX= ...`: pip's configuration only). It prints the build it chose.
+TORCH_CPU_INDEX     ?= $(if $(GPUS),,https://download.pytorch.org/whl/cpu)
+TORCH_INDEX_TIMEOUT ?= 5
+TORCH_WHEEL = $(PY) tools/torch_wheel.py $(TORCH) "$$w" --cpu-index "$(TORCH_CPU_INDEX)" --timeout $(TORCH_INDEX_TIMEOUT)
 
 $(VENV)/.installed: pyproject.toml
 ifeq ($(HOST_TORCH),yes)
@@ -42,8 +49,8 @@ else
 	test -x $(PY) || { p="$(PYTHON)"; echo "make: .venv from $$p"; "$$p" -m venv $(VENV); }
 	test -x $(UV) || $(PIP) install -q uv || echo "uv did not install: pip installs everything (slower)"
 	$(PY) -c "import torch" 2>/dev/null || { w="$(WHEELS)/$$($(PY) -c 'import sys; print(sys.implementation.cache_tag)')"; \
-		mkdir -p "$$w" 2>/dev/null || w=$(VENV)/wheels; $(PIP) download -q --no-deps -d "$$w" torch==$(TORCH) && \
-		$(COMPILED) $(INSTALL) "$$w"/torch-$(TORCH)*.whl && rm -rf $(VENV)/wheels; }
+		mkdir -p "$$w" 2>/dev/null || w=$(VENV)/wheels; whl=$$($(TORCH_WHEEL)) && \
+		$(COMPILED) $(INSTALL) "$$whl" && echo "make: installed $$(basename "$$whl")" && rm -rf $(VENV)/wheels; }
 	$(COMPILED) $(INSTALL) -e .
 endif
 	touch $@
@@ -59,6 +66,10 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	$(PY) -c "import importlib.util as u, sys; sys.exit(u.find_spec('triton') is None)" || \
 		$(INSTALL) --target $(TRITON_DIR) 'triton>=3.2'
 	touch $@
+
+# The download step alone, into WHEEL_DIR (tests/unit/test_torch_wheel.py drives it with local indexes).
+torch-wheel:
+	@w="$(WHEEL_DIR)"; $(TORCH_WHEEL)
 
 run: setup
 	$(VENV)/bin/ddp-run task=smoke $(RUN_ARGS) $(ARGS)
