@@ -19,11 +19,12 @@ from typing import Any
 from ddp_runner.report import projection as P
 from ddp_runner.report import projection_inputs as inputs
 from ddp_runner.report.projection_inputs import RunLike
-from ddp_runner.report.projection_options import DOCTOR_FIX, add_arguments, problem, runs_problem
+from ddp_runner.report.projection_options import add_arguments, problem, runs_problem
 
 CSV_COLUMNS = ("group", "mode", "world", "samples_per_rank", "step_s", "work_s", "comm_s", "rate", "unit", "efficiency",
                "device_hours", "cost", "beyond_node", "feasible", "measured_rate", "error")
 __all__ = ["add_arguments", "problem", "runs_problem", "section"]  # ddp-compare's entry points
+LINK_FIX = "measure the link (`ddp-doctor --json > doctor.json`) and pass --links doctor.json"
 
 
 # -- one group's projection ----------------------------------------------------------------------------------
@@ -96,11 +97,14 @@ def _ranks(worlds: Sequence[int]) -> str:
     return " and ".join(map(str, worlds)) + f" rank{'s' if list(worlds) != [1] else ''}"
 
 
-def _left_out(runs: Sequence[RunLike], worlds: Sequence[int], least: int = 1) -> list[str]:
-    """The runs of ``least`` or more ranks, of world sizes not in ``worlds``, that were left out, and why (a sweep's
-    failed larger run)."""
-    return [f"{r.name}, {_ranks([r.world])}: {inputs.why_not(r)}" for r in runs
-            if inputs.why_not(r) is not None and r.world not in worlds and r.world >= least]
+def _left_out(runs: Sequence[RunLike], worlds: Sequence[int], least: int = 1) -> list[RunLike]:
+    """The runs of ``least`` or more ranks, of world sizes not in ``worlds``, that were left out (a sweep's failed
+    larger run)."""
+    return [r for r in runs if inputs.why_not(r) is not None and r.world not in worlds and r.world >= least]
+
+
+def _named(lost: Sequence[RunLike]) -> str:
+    return "; ".join(f"{r.name}, {_ranks([r.world])}: {inputs.why_not(r)}" for r in lost)
 
 
 def _unpriced(runs: Sequence[RunLike], ms: Sequence[P.Measured], cal: Sequence[int], chosen: bool) -> str:
@@ -110,32 +114,34 @@ def _unpriced(runs: Sequence[RunLike], ms: Sequence[P.Measured], cal: Sequence[i
     head = "nothing says what communication costs: no link was measured, and "
     if chosen and synced and not set(cal) & set(synced):
         more = ",".join(map(str, [*cal, synced[0]]))
-        return (f"{head}--calibrate {','.join(map(str, cal))} fits no run of 2 or more ranks (measured: "
-                f"{_ranks(synced)}). Fix: fit one of them too (e.g. --calibrate {more}), or {DOCTOR_FIX}")
+        return (f"{head}--calibrate {','.join(map(str, cal))} fits no run of 2 or more ranks (the measured runs of "
+                f"{_ranks(synced)} are left out of it). Fix: fit one of them too (e.g. --calibrate {more}), or "
+                f"{LINK_FIX}")
     if synced:
         return (f"{head}the runs of {_ranks(synced)} recorded no exposed gradient sync in their time breakdown. "
-                f"Fix: {DOCTOR_FIX}")
+                f"Fix: {LINK_FIX}")
     if lost:
-        return (f"{head}no run of 2 or more ranks completed with a time breakdown ({'; '.join(lost)}). Fix: rerun "
-                f"it, or {DOCTOR_FIX}")
-    return f"{head}only 1-rank runs were measured. Fix: measure 2 ranks too, or {DOCTOR_FIX}"
+        return (f"{head}no run of 2 or more ranks completed with a time breakdown ({_named(lost)}). Fix: rerun "
+                f"{'one of them' if len(lost) > 1 else 'it'}, or {LINK_FIX}")
+    return f"{head}only 1-rank runs were measured. Fix: measure 2 ranks too, or {LINK_FIX}"
 
 
 def _unchecked(runs: Sequence[RunLike], worlds: Sequence[int], chosen: Sequence[int] | None) -> str:
     """Why no measured run checks the projection, and what would (never what was given)."""
     lost = _left_out(runs, worlds)
-    also = f" ({'; '.join(lost)})" if lost else ""
+    also = f" ({_named(lost)})" if lost else ""
     if chosen:
         return (f"No measured run was left out of the fit (--calibrate {','.join(map(str, chosen))}), so the "
                 "projection's error is not measured here: fit on fewer world sizes to see it.")
     if len(worlds) == 1:
         return (f"Only {_ranks(worlds)} measured{also}: the projection's error needs a second world size to check "
                 "it against.")
+    third = (f"rerun {_ranks(sorted({r.world for r in lost}))}" if lost else
+             f"measure e.g. {2 * worlds[-1]} ranks too")
     return (f"Fitted to every measured world size ({_ranks(worlds)}): no link was measured, so the fit needs the "
             f"runs of 2 or more ranks to price the communication, and none is left to check it{also}. The "
-            f"projection's error needs a third world size (measure e.g. {2 * worlds[-1]} ranks too: the smaller "
-            "half of the world sizes is fitted and the rest checked), or a link measurement (--links: then 1 rank "
-            "fits and the others check).")
+            f"projection's error needs a third world size ({third}: the smaller half of the world sizes is fitted "
+            "and the rest checked), or a measured link (--links: then 1 rank fits and the others check).")
 
 
 # -- words, CSV, plot ----------------------------------------------------------------------------------------

@@ -170,12 +170,13 @@ def test_a_sweep_whose_larger_run_failed_fits_the_others_and_says_so(tmp_path: P
     section = _section(runs, tmp_path / "report")
     assert "Fitted to the runs with 1 and 2 ranks (0_gpt_w1, 1_gpt_w2)" in section
     assert "none is left to check it (2_gpt_w3, 3 ranks: failed, not completed)" in section
-    assert "needs a third world size" in section
+    assert "needs a third world size (rerun 3 ranks: the smaller half" in section
     _fail(runs / "1_gpt_w2")  # now no run of 2 or more ranks priced the communication
     section = _section(runs, tmp_path / "report2")
     assert ("No projection: nothing says what communication costs: no link was measured, and no run of 2 or more "
             "ranks completed with a time breakdown (1_gpt_w2, 2 ranks: failed, not completed; 2_gpt_w3, 3 ranks: "
-            "failed, not completed). Fix: rerun it, or write it with `ddp-doctor --json > doctor.json`") in section
+            "failed, not completed). Fix: rerun one of them, or measure the link (`ddp-doctor --json > doctor.json`)"
+            " and pass --links doctor.json") in section
 
 
 def test_a_calibration_without_a_synchronising_run_names_the_one_measured(tmp_path: Path) -> None:
@@ -184,7 +185,8 @@ def test_a_calibration_without_a_synchronising_run_names_the_one_measured(tmp_pa
         _write(runs, w)
     section = _section(runs, tmp_path / "report", "--calibrate", "1")
     assert ("No projection: nothing says what communication costs: no link was measured, and --calibrate 1 fits no "
-            "run of 2 or more ranks (measured: 2 ranks). Fix: fit one of them too (e.g. --calibrate 1,2)") in section
+            "run of 2 or more ranks (the measured runs of 2 ranks are left out of it). Fix: fit one of them too (e.g. "
+            "--calibrate 1,2), or measure the link") in section
     assert "measure 2 ranks" not in section
 
 
