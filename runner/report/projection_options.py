@@ -81,9 +81,10 @@ def problem(args: argparse.Namespace) -> str | None:
     if args.project is None:
         given = [o for o in ("calibrate", "links", "link_gbps", "inter_node_gbps", "ranks_per_node")
                  if getattr(args, o) is not None]
-        flag = _flag(given[0]) if given else ""
-        return (f"{flag} needs --project. Fix: add --project N,N,… (the world sizes to project), or drop {flag}"
-                if given else None)
+        if not given:
+            return None
+        flag = _flag(given[0])
+        return f"{flag} needs --project. Fix: add --project N,N,… (the world sizes to project), or drop {flag}"
     for name, (what, example) in _NUMBERS.items():
         v = getattr(args, name)
         zero_ok = name in _LATENCIES

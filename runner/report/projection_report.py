@@ -61,26 +61,8 @@ def project_group(group: str, runs: Sequence[RunLike], args: argparse.Namespace)
         out.failure = f"the runs use different strategies ({', '.join(sorted({m.strategy for m in ms}))})"
         return out
     worlds = sorted({m.world for m in ms})
-    try:
-        intra, inter = inputs.links(runs, args.links, args.link_gbps, args.link_latency_us, args.inter_node_gbps,
-                                    args.inter_node_latency_us)
-    except ValueError as exc:
-        out.failure = str(exc)
-        return out
-    priced = intra is not None and all(m.grad_bytes for m in ms)  # what calibrate() can use (else the runs' sync)
-    cal = args.calibrate or P.held_out_split(worlds, priced)[0]
-    missing = sorted(set(cal) - set(worlds))
-    if missing:
-        out.failure = f"--calibrate names world sizes no run of this group measured: {', '.join(map(str, missing))}"
-        return out
-    try:
-        rpn = args.ranks_per_node or inputs.default_ranks_per_node(runs)
-        out.model = P.calibrate([m for m in ms if m.world in cal], intra, inter, rpn)
-    except P.Unpriced:
-        out.failure = _unpriced(runs, ms, cal, args.calibrate is not None)
-        return out
-    except ValueError as exc:
-        out.failure = str(exc)
+    cal = _fit(out, runs, args)
+    if out.model is None:
         return out
     out.notes += list(out.model.notes)
     out.check = P.errors(out.model, [m for m in ms if m.world not in cal])
@@ -91,6 +73,32 @@ def project_group(group: str, runs: Sequence[RunLike], args: argparse.Namespace)
     upto = max(asked)
     out.largest = {mode: P.largest_efficient(out.model, mode, upto) for mode in P.MODES}
     return out
+
+
+def _fit(out: Projection, runs: Sequence[RunLike], args: argparse.Namespace) -> list[int]:
+    """Calibrate ``out.model`` on the world sizes ``--calibrate`` names, else on the default split (a 1-rank fit
+    only where a measured link prices the communication), and return them; on failure ``out.failure`` says why."""
+    ms = out.measured
+    worlds = sorted({m.world for m in ms})
+    try:
+        intra, inter = inputs.links(runs, args.links, args.link_gbps, args.link_latency_us, args.inter_node_gbps,
+                                    args.inter_node_latency_us)
+    except ValueError as exc:
+        out.failure = str(exc)
+        return []
+    priced = intra is not None and all(m.grad_bytes for m in ms)  # what calibrate() can use (else the runs' sync)
+    cal = args.calibrate or P.held_out_split(worlds, priced)[0]
+    if missing := sorted(set(cal) - set(worlds)):
+        out.failure = f"--calibrate names world sizes no run of this group measured: {', '.join(map(str, missing))}"
+        return cal
+    try:
+        rpn = args.ranks_per_node or inputs.default_ranks_per_node(runs)
+        out.model = P.calibrate([m for m in ms if m.world in cal], intra, inter, rpn)
+    except P.Unpriced:
+        out.failure = _unpriced(runs, ms, cal, args.calibrate is not None)
+    except ValueError as exc:
+        out.failure = str(exc)
+    return cal
 
 
 def _ranks(worlds: Sequence[int]) -> str:
