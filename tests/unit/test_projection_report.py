@@ -219,3 +219,12 @@ def test_measured_rows_show_what_was_measured_and_the_projection_under_it(tmp_pa
     assert float(projected["measured_rate"]) == pytest.approx(24 * 64 / step)
     assert rows["3 projected"].split(" | ")[2] == f"{float(projected['rate']):,.0f}" != measured[2]
     assert "| 8 † |" in table and "| 1 measured |" in table and "| 1 projected |" in table
+
+
+def test_one_world_size_calibrates_on_itself_and_says_what_a_check_needs(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    _write(runs, 2)
+    section = _section(runs, tmp_path / "report")
+    assert "Fitted to the runs with 2 ranks (1_gpt_w2)" in section
+    assert "Only 2 ranks measured: the projection's error needs a second world size to check it against." in section
+    assert "--calibrate" not in section  # nothing to fit on fewer of
