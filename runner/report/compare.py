@@ -581,6 +581,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except records.DamagedFile as damaged:
         print(damaged.line("ddp-compare"), file=sys.stderr)
         return 2
+    if wrong := projection_report.runs_problem(groups(runs), args):
+        print(f"ddp-compare: error: {wrong}", file=sys.stderr)
+        return 2
     # The loss to time the runs to: the user's, or in each group the loss every completed run of it reached.
     target = args.target_loss if args.target_loss is not None else {
         group: common_target(members) for group, members in groups(runs).items()}

@@ -76,8 +76,9 @@ class Links:
 
 
 def hops(n: int) -> int:
-    """Latency steps of a tree collective over ``n`` ranks: ⌈log₂ n⌉ (0 for one rank)."""
-    return math.ceil(math.log2(n)) if n > 1 else 0
+    """Latency steps of a tree collective over ``n`` ranks: ⌈log₂ n⌉ (0 for one rank; 3 ranks take 2), in integers
+    so that no rounding of a logarithm makes a power of two one hop more or a ragged size one less."""
+    return (n - 1).bit_length() if n > 1 else 0
 
 
 def bus_factor(kind: str, n: int) -> float:
@@ -202,6 +203,11 @@ def comm_s(plan: Sequence[tuple[str, float, int, float]], n: int, link: Link) ->
 
 # -- calibration ---------------------------------------------------------------------------------------------
 
+class Unpriced(ValueError):
+    """The runs of a fit cannot price communication: none of 2 or more ranks timed its gradient sync, and no link
+    was measured (the report says which of the two the user can give)."""
+
+
 @dataclass(frozen=True)
 class Model:
     """The calibrated model (see the module's docstring). ``link``: the links the collectives are priced on;
@@ -290,8 +296,8 @@ def calibrate(runs: Sequence[Measured], intra: Link | None = None, inter: Link |
     if intra is None:
         intra = self_measured_link(runs)
         if intra is None:
-            raise ValueError("no run with 2 or more ranks timed its gradient sync, and no link was measured: "
-                             "nothing says what communication costs (pass --links, or measure 2 ranks)")
+            raise Unpriced("no run of the fit timed its gradient sync, and no link was measured: nothing says what "
+                           "communication costs")
         exposure = 1.0
     elif synced:
         links = Links(intra, inter, ranks_per_node)
@@ -363,6 +369,35 @@ def project(model: Model, n: int, mode: str = FIXED_GLOBAL, price: float | None 
                  beyond_node=n > rpn, feasible=spr >= 1.0)
 
 
+def measured_modes(model: Model, m: Measured) -> tuple[str, ...]:
+    """The modes whose batch a measured run ran at: the base run's global batch (fixed global), its samples per
+    rank (fixed per-rank); a 1-rank base run is in both; a run at neither batch is in none."""
+    base = model.base
+    return tuple(mode for mode, same in ((FIXED_GLOBAL, m.global_batch == base.global_batch),
+                                         (FIXED_PER_RANK, math.isclose(m.samples_per_rank, base.samples_per_rank)))
+                 if same)
+
+
+def measured_point(model: Model, m: Measured, mode: str, one_step_s: float | None,
+                   price: float | None = None) -> Point:
+    """A measured run as a row of the projected table in ``mode``: what it measured (step, its work and exposed sync,
+    throughput), not what the model gives for it. Efficiency against ``one_step_s``, a measured 1-rank run's step at
+    the batch ``mode`` keeps (NaN: none measured); hours and cost of the base run's samples, as :func:`project`."""
+    base = model.base
+    spr = m.samples_per_rank
+    comm = m.sync_share * m.step_s
+    rate = m.global_batch * (m.tokens_per_sample or 1) / m.step_s
+    if one_step_s is None:
+        eff = math.nan
+    else:
+        eff = one_step_s / (m.world * m.step_s) if mode == FIXED_GLOBAL else one_step_s / m.step_s
+    samples = base.steps * base.global_batch
+    hours = samples / (m.world * spr) * m.step_s * m.world / 3600.0 if samples else None
+    return Point(m.world, mode, spr, m.step_s, m.step_s - comm, comm, rate, eff, hours,
+                 hours * price if hours is not None and price is not None else None,
+                 beyond_node=m.world > model.links.ranks_per_node)
+
+
 def largest_efficient(model: Model, mode: str, upto: int, goal: float = EFFICIENCY_GOAL) -> int | None:
     """The largest N ≤ ``upto`` whose projected efficiency is ≥ ``goal``, every smaller N's too (efficiency falls
     with N here, so the first miss ends the search); None when even 2 ranks miss it."""
@@ -391,9 +426,14 @@ def errors(model: Model, runs: Iterable[Measured]) -> list[tuple[Measured, Point
     return out
 
 
-def held_out_split(worlds: Iterable[int]) -> tuple[list[int], list[int]]:
+def held_out_split(worlds: Iterable[int], priced: bool = False) -> tuple[list[int], list[int]]:
     """The default calibration and check: the smallest ⌈k/2⌉ of k measured world sizes calibrate, the others are
-    projected and compared (1, 2 | 3, 4; 1 | 2)."""
+    projected and compared (1, 2 | 3, 4; 1, 2 | 3; one world size calibrates on itself). A fit of 1-rank
+    runs alone prices no communication unless a link was measured (``priced``): then all of them are fitted and
+    nothing is left to check (1, 2 | none: the error needs a third world size; with a link, 1 | 2)."""
     ws = sorted(set(worlds))
     k = math.ceil(len(ws) / 2)
-    return ws[:k], ws[k:]
+    cal, check = ws[:k], ws[k:]
+    if check and cal[-1] < 2 and not priced:
+        return ws, []
+    return cal, check

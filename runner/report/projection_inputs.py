@@ -94,24 +94,42 @@ def window_spread(summary: Mapping[str, Any]) -> float | None:
 
 def doctor_link(report: Mapping[str, Any], source: str) -> Link | None:
     """The link of a ddp-doctor report's all-reduce measurement (its ``bandwidth`` check's rows), or None when the
-    report holds none (run.json's doctor report measures no bandwidth)."""
-    for check in report.get("checks") or []:
-        data = check.get("data") or {} if isinstance(check, Mapping) else {}
-        if check.get("name") == "bandwidth" and data.get("rows") and data.get("nranks"):
-            return fit_link(data["rows"], int(data["nranks"]),
-                            f"{source} ({data.get('backend', '?')}, {data['nranks']} ranks)")
+    report holds none (run.json's doctor report measures no bandwidth) or not in ddp-doctor's shape."""
+    checks = report.get("checks") if isinstance(report, Mapping) else None
+    for check in checks if isinstance(checks, list) else []:
+        data = check.get("data") if isinstance(check, Mapping) else None
+        if not isinstance(data, Mapping) or check.get("name") != "bandwidth":
+            continue
+        rows, nranks = data.get("rows"), data.get("nranks")
+        if _rows(rows) and isinstance(nranks, int) and not isinstance(nranks, bool):
+            return fit_link(rows, nranks, f"{source} ({data.get('backend', '?')}, {nranks} ranks)")
     return None
+
+
+def _rows(rows: Any) -> bool:
+    """Whether ``rows`` are ddp-doctor's all-reduce rows: a non-empty list of objects with numeric sizes and times."""
+    number = (int, float)
+    return isinstance(rows, list) and bool(rows) and all(
+        isinstance(r, Mapping) and isinstance(r.get("bytes"), number) and isinstance(r.get("time_us"), number)
+        for r in rows)
 
 
 def links_file(path: Path) -> Link | None:
     """The link measured in ``path``: a ``ddp-doctor --json`` report, or a run.json holding one (``doctor``).
-    Raises ValueError when the file holds no all-reduce measurement."""
-    report = _json(path)
-    if not report:
-        raise ValueError(f"{path}: not a JSON object (write it with ddp-doctor --json > {path.name})")
-    link = doctor_link(report.get("doctor") or report, f"ddp-doctor, {path.name}")
+    Raises ValueError, saying what the file holds instead, when it holds no all-reduce measurement."""
+    try:
+        report = json.loads(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"cannot be read ({exc.strerror or exc})") from None
+    except ValueError as exc:
+        raise ValueError(f"not JSON ({exc})") from None
+    if not isinstance(report, dict):
+        raise ValueError(f"JSON, but a {type(report).__name__}, not ddp-doctor's report (an object)")
+    inner = report.get("doctor") if isinstance(report.get("doctor"), dict) else report
+    link = doctor_link(inner, f"ddp-doctor, {path.name}")
     if link is None:
-        raise ValueError(f"{path}: holds no all-reduce bandwidth measurement (ddp-doctor without --no-bandwidth)")
+        raise ValueError("holds no all-reduce bandwidth measurement in ddp-doctor's shape (a check named "
+                         "\"bandwidth\" with data.rows of bytes and time_us, and data.nranks)")
     return link
 
 

@@ -1,7 +1,8 @@
 """``ddp-compare --project 8,64,512``: the scaling projection's part of the report (a section of report.md,
-projection.csv, projection.png). Its options, the calibration on the measured runs with the fewest ranks, the check
-against the measured runs it did not use, and the projected table at each asked world size, in both modes (fixed
-global batch, fixed per-rank batch). The arithmetic is projection.py's; the model is stated in docs/scaling.md.
+projection.csv, projection.png): the calibration on the measured runs with the fewest ranks, the check against the
+measured runs it did not use, and the table at each asked world size in both modes (fixed global batch, fixed per-rank
+batch), measured figures beside projected ones. Its options: projection_options.py (ddp-compare reaches them through
+this module); the arithmetic: projection.py; the model is stated in docs/scaling.md.
 """
 
 from __future__ import annotations
@@ -18,62 +19,12 @@ from typing import Any
 from ddp_runner.report import projection as P
 from ddp_runner.report import projection_inputs as inputs
 from ddp_runner.report.projection_inputs import RunLike
+from ddp_runner.report.projection_options import add_arguments, problem, runs_problem
 
 CSV_COLUMNS = ("group", "mode", "world", "samples_per_rank", "step_s", "work_s", "comm_s", "rate", "unit", "efficiency",
                "device_hours", "cost", "beyond_node", "feasible", "measured_rate", "error")
-
-
-def world_list(text: str) -> list[int]:
-    """``"8,64,512"`` → [8, 64, 512] (argparse type: positive integers, comma-separated)."""
-    try:
-        out = sorted({int(t) for t in text.split(",") if t.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: world sizes separated by commas, e.g. 8,64,512") from None
-    if not out or out[0] < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: world sizes must be 1 or more")
-    return out
-
-
-def add_arguments(ap: argparse.ArgumentParser) -> None:
-    """The projection's options, in a group of their own."""
-    g = ap.add_argument_group("scaling projection (docs/scaling.md)")
-    g.add_argument("--project", type=world_list, metavar="N,N,…",
-                   help="project step time, throughput, scaling efficiency and cost at these world sizes (e.g. "
-                   "8,64,512) from the measured runs; the report also gives its own error on measured runs it was "
-                   "not fitted to")
-    g.add_argument("--calibrate", type=world_list, metavar="N,N,…",
-                   help="the measured world sizes the projection is fitted to (default: the smaller half of them, "
-                   "e.g. 1,2 of 1,2,3,4; the others are the check)")
-    g.add_argument("--links", metavar="FILE",
-                   help="the all-reduce within a node as `ddp-doctor --json` measured it (that report, or a run.json "
-                   "holding one); default: a run.json's, else the runs' own exposed gradient sync")
-    g.add_argument("--link-gbps", type=float, help="bus bandwidth within a node, GB/s (instead of --links)")
-    g.add_argument("--link-latency-us", type=float, help="latency per hop within a node, µs (with --link-gbps)")
-    g.add_argument("--inter-node-gbps", type=float,
-                   help="bus bandwidth between nodes per rank, GB/s (e.g. 50 for one 400 Gb/s NIC a GPU); without "
-                   "it, ranks on other nodes are priced on the node's link and the report says so")
-    g.add_argument("--inter-node-latency-us", type=float, help="latency per hop between nodes, µs")
-    g.add_argument("--ranks-per-node", type=int,
-                   help="ranks a node holds (default: 8 for GPU runs, the most ranks a measured CPU host ran)")
-
-
-def problem(args: argparse.Namespace) -> str | None:
-    """What is wrong with the projection's options (None: nothing), as ``--option=value: why``."""
-    if args.project is None:
-        given = [o for o in ("calibrate", "links", "link_gbps", "inter_node_gbps", "ranks_per_node")
-                 if getattr(args, o) is not None]
-        return f"--{given[0].replace('_', '-')} needs --project" if given else None
-    for name in ("link_gbps", "inter_node_gbps", "ranks_per_node"):
-        v = getattr(args, name)
-        if v is not None and v <= 0:
-            return f"--{name.replace('_', '-')}={v}: must be > 0"
-    for name in ("link_latency_us", "inter_node_latency_us"):
-        v = getattr(args, name)
-        if v is not None and v < 0:
-            return f"--{name.replace('_', '-')}={v}: must be >= 0"
-    if args.links and not Path(args.links).is_file():
-        return f"--links={args.links}: no such file"
-    return None
+__all__ = ["add_arguments", "problem", "runs_problem", "section"]  # ddp-compare's entry points
+LINK_FIX = "measure the link (`ddp-doctor --json > doctor.json`) and pass --links doctor.json"
 
 
 # -- one group's projection ----------------------------------------------------------------------------------
@@ -93,6 +44,7 @@ class Projection:
     points: list[P.Point] | None = None
     largest: dict[str, int | None] | None = None
     notes: list[str] | None = None
+    unchecked: str = ""  # why no measured run checks the projection (with an empty check)
 
 
 def project_group(group: str, runs: Sequence[RunLike], args: argparse.Namespace) -> Projection:
@@ -109,26 +61,95 @@ def project_group(group: str, runs: Sequence[RunLike], args: argparse.Namespace)
         out.failure = f"the runs use different strategies ({', '.join(sorted({m.strategy for m in ms}))})"
         return out
     worlds = sorted({m.world for m in ms})
-    cal = args.calibrate or P.held_out_split(worlds)[0]
-    missing = sorted(set(cal) - set(worlds))
-    if missing:
-        out.failure = f"--calibrate names world sizes no run measured: {', '.join(map(str, missing))}"
-        return out
-    try:
-        intra, inter = inputs.links(runs, args.links, args.link_gbps, args.link_latency_us, args.inter_node_gbps,
-                                    args.inter_node_latency_us)
-        rpn = args.ranks_per_node or inputs.default_ranks_per_node(runs)
-        out.model = P.calibrate([m for m in ms if m.world in cal], intra, inter, rpn)
-    except ValueError as exc:
-        out.failure = str(exc)
+    cal = _fit(out, runs, args)
+    if out.model is None:
         return out
     out.notes += list(out.model.notes)
     out.check = P.errors(out.model, [m for m in ms if m.world not in cal])
+    if not out.check:
+        out.unchecked = _unchecked(runs, worlds, args.calibrate)
     asked = sorted(set(args.project) | set(worlds))
     out.points = [P.project(out.model, n, mode, args.price if out.gpu else None) for n in asked for mode in P.MODES]
     upto = max(asked)
     out.largest = {mode: P.largest_efficient(out.model, mode, upto) for mode in P.MODES}
     return out
+
+
+def _fit(out: Projection, runs: Sequence[RunLike], args: argparse.Namespace) -> list[int]:
+    """Calibrate ``out.model`` on the world sizes ``--calibrate`` names, else on the default split (a 1-rank fit
+    only where a measured link prices the communication), and return them; on failure ``out.failure`` says why."""
+    ms = out.measured
+    worlds = sorted({m.world for m in ms})
+    try:
+        intra, inter = inputs.links(runs, args.links, args.link_gbps, args.link_latency_us, args.inter_node_gbps,
+                                    args.inter_node_latency_us)
+    except ValueError as exc:
+        out.failure = str(exc)
+        return []
+    priced = intra is not None and all(m.grad_bytes for m in ms)  # what calibrate() can use (else the runs' sync)
+    cal = args.calibrate or P.held_out_split(worlds, priced)[0]
+    if missing := sorted(set(cal) - set(worlds)):
+        out.failure = f"--calibrate names world sizes no run of this group measured: {', '.join(map(str, missing))}"
+        return cal
+    try:
+        rpn = args.ranks_per_node or inputs.default_ranks_per_node(runs)
+        out.model = P.calibrate([m for m in ms if m.world in cal], intra, inter, rpn)
+    except P.Unpriced:
+        out.failure = _unpriced(runs, ms, cal, args.calibrate is not None)
+    except ValueError as exc:
+        out.failure = str(exc)
+    return cal
+
+
+def _ranks(worlds: Sequence[int]) -> str:
+    return " and ".join(map(str, worlds)) + f" rank{'s' if list(worlds) != [1] else ''}"
+
+
+def _left_out(runs: Sequence[RunLike], worlds: Sequence[int], least: int = 1) -> list[RunLike]:
+    """The runs of ``least`` or more ranks, of world sizes not in ``worlds``, that were left out (a sweep's failed
+    larger run)."""
+    return [r for r in runs if inputs.why_not(r) is not None and r.world not in worlds and r.world >= least]
+
+
+def _named(lost: Sequence[RunLike]) -> str:
+    return "; ".join(f"{r.name}, {_ranks([r.world])}: {inputs.why_not(r)}" for r in lost)
+
+
+def _unpriced(runs: Sequence[RunLike], ms: Sequence[P.Measured], cal: Sequence[int], chosen: bool) -> str:
+    """Why a fit cannot price communication, in the terms of what the user gave: the fix is what is missing."""
+    synced = sorted({m.world for m in ms if m.world > 1})
+    lost = _left_out(runs, [m.world for m in ms], least=2)
+    head = "nothing says what communication costs: no link was measured, and "
+    if chosen and synced and not set(cal) & set(synced):
+        more = ",".join(map(str, [*cal, synced[0]]))
+        return (f"{head}--calibrate {','.join(map(str, cal))} fits no run of 2 or more ranks (the measured runs of "
+                f"{_ranks(synced)} are left out of it). Fix: fit one of them too (e.g. --calibrate {more}), or "
+                f"{LINK_FIX}")
+    if synced:
+        return (f"{head}the runs of {_ranks(synced)} recorded no exposed gradient sync in their time breakdown. "
+                f"Fix: {LINK_FIX}")
+    if lost:
+        return (f"{head}no run of 2 or more ranks completed with a time breakdown ({_named(lost)}). Fix: rerun "
+                f"{'one of them' if len(lost) > 1 else 'it'}, or {LINK_FIX}")
+    return f"{head}only 1-rank runs were measured. Fix: measure 2 ranks too, or {LINK_FIX}"
+
+
+def _unchecked(runs: Sequence[RunLike], worlds: Sequence[int], chosen: Sequence[int] | None) -> str:
+    """Why no measured run checks the projection, and what would (never what was given)."""
+    lost = _left_out(runs, worlds)
+    also = f" ({_named(lost)})" if lost else ""
+    if chosen:
+        return (f"No measured run was left out of the fit (--calibrate {','.join(map(str, chosen))}), so the "
+                "projection's error is not measured here: fit on fewer world sizes to see it.")
+    if len(worlds) == 1:
+        return (f"Only {_ranks(worlds)} measured{also}: the projection's error needs a second world size to check "
+                "it against.")
+    third = (f"rerun {_ranks(sorted({r.world for r in lost}))}" if lost else
+             f"measure e.g. {2 * worlds[-1]} ranks too")
+    return (f"Fitted to every measured world size ({_ranks(worlds)}): no link was measured, so the fit needs the "
+            f"runs of 2 or more ranks to price the communication, and none is left to check it{also}. The "
+            f"projection's error needs a third world size ({third}: the smaller half of the world sizes is fitted "
+            "and the rest checked), or a measured link (--links: then 1 rank fits and the others check).")
 
 
 # -- words, CSV, plot ----------------------------------------------------------------------------------------
@@ -166,8 +187,7 @@ def _per_sample(m: P.Model) -> str:
 
 def _check_lines(p: Projection) -> list[str]:
     if not p.check:
-        return ["No measured run was left out of the fit, so the projection's error is not measured here (fit on "
-                "fewer world sizes with --calibrate to see it).", ""]
+        return [p.unchecked, ""]
     lines = [f"Check against the measured runs not used in the fit (goal: within {100 * P.CHECK_GOAL:.0f}%):", "",
              f"| ranks | run | measured {p.unit} | projected {p.unit} | error | measured step | projected step "
              "(work + communication) | run's own spread |", "|---|---|---|---|---|---|---|---|"]
@@ -201,27 +221,52 @@ def _why(p: Projection) -> str:
     return ("Why: " + "; ".join(why) + ".") if why else "The runs' figures do not say why: see docs/scaling.md."
 
 
-def _table_lines(p: Projection) -> list[str]:
+def _table_lines(p: Projection, price: float) -> list[str]:
+    """The table: a row per projected world size; a measured one gets a row of what its run measured (in the
+    mode whose batch it ran at) and, under it, the projection's row for it."""
     hours = "GPU-hours" if p.gpu else "rank-hours"
     cols = ["step", p.unit, "efficiency", hours] + (["cost"] if p.gpu else [])
     head = ["ranks"] + [f"{c} ({'global' if mode == P.FIXED_GLOBAL else 'per rank'})" for mode in P.MODES
                         for c in cols]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     by = {(pt.world, pt.mode): pt for pt in p.points or []}
-    measured = {m.world for m in p.measured}
     for n in sorted({pt.world for pt in p.points or []}):
-        cells = [f"{n}{' (measured)' if n in measured else ''}{' †' if by[(n, P.FIXED_GLOBAL)].beyond_node else ''}"]
-        for mode in P.MODES:
-            pt = by[(n, mode)]
-            if not pt.feasible:
-                cells += ["—"] * len(cols)
-                continue
-            cells += [_ms(pt.step_s), _rate(pt.rate), f"{100 * pt.efficiency:.1f}%",
-                      f"{pt.device_hours:.4g}" if pt.device_hours is not None else "—"]
-            if p.gpu:
-                cells.append(f"${pt.cost:,.2f}" if pt.cost is not None else "—")
-        lines.append("| " + " | ".join(cells) + " |")
+        mark = " †" if by[(n, P.FIXED_GLOBAL)].beyond_node else ""
+        runs = sorted((m for m in p.measured if m.world == n), key=lambda m: m.name)
+        for m in runs:
+            pts = {mode: _measured_point(p, m, mode, price) for mode in P.measured_modes(_model(p), m)}
+            lines.append(_row(f"{n} measured{mark}", [pts.get(mode) for mode in P.MODES], len(cols), p.gpu))
+        label = f"{n} projected{mark}" if runs else f"{n}{mark}"
+        lines.append(_row(label, [by[(n, mode)] for mode in P.MODES], len(cols), p.gpu))
     return lines
+
+
+def _model(p: Projection) -> P.Model:
+    assert p.model is not None
+    return p.model
+
+
+def _measured_point(p: Projection, m: P.Measured, mode: str, price: float) -> P.Point:
+    """``m``'s own figures in ``mode``, its efficiency against a measured 1-rank run at the batch ``mode`` keeps."""
+    batch = m.global_batch if mode == P.FIXED_GLOBAL else m.samples_per_rank
+    ones = [o.step_s for o in p.measured if o.world == 1 and math.isclose(o.global_batch, batch)]
+    return P.measured_point(_model(p), m, mode, min(ones) if ones else None, price if p.gpu else None)
+
+
+def _row(label: str, pts: Sequence[P.Point | None], ncols: int, gpu: bool) -> str:
+    """One table row: per mode, its point's cells, or — where there is none (a batch the run did not run at, or
+    fewer samples than ranks)."""
+    cells = [label]
+    for pt in pts:
+        if pt is None or not pt.feasible:
+            cells += ["—"] * ncols
+            continue
+        cells += [_ms(pt.step_s), _rate(pt.rate),
+                  f"{100 * pt.efficiency:.1f}%" if math.isfinite(pt.efficiency) else "—",
+                  f"{pt.device_hours:.4g}" if pt.device_hours is not None else "—"]
+        if gpu:
+            cells.append(f"${pt.cost:,.2f}" if pt.cost is not None else "—")
+    return "| " + " | ".join(cells) + " |"
 
 
 def _footer(p: Projection, price: float) -> list[str]:
@@ -236,7 +281,9 @@ def _footer(p: Projection, price: float) -> list[str]:
            f"rank's step time over N ranks' (weak scaling). Hours: of one run of the base run's samples "
            f"({m.base.steps} steps × {m.base.global_batch})"
            + (f"; cost at ${price:.2f} per GPU-hour." if p.gpu else "; CPU runs have no GPU cost.")
-           + " A cell of — at a fixed global batch: fewer samples than ranks."]
+           + " A row \"measured\" is what that run measured (its efficiency against a measured 1-rank run), the row "
+           "\"projected\" under it the model's figures for it; a cell of —: fewer samples than ranks at a fixed "
+           "global batch, or a batch the measured run did not run at."]
     if any(pt.beyond_node for pt in p.points or []):
         out.append(f"† beyond one node of {m.links.ranks_per_node} ranks: priced on "
                    + (f"the inter-node link ({m.links.inter.bus_gbps:g} GB/s, {m.links.inter.source})"
@@ -254,7 +301,7 @@ def markdown(projections: Sequence[Projection], price: float) -> str:
             out += [f"No projection: {p.failure}.", ""] + [f"- {n}" for n in p.notes or []] + [""]
             continue
         out += [_calibration_line(p), ""] + _check_lines(p)
-        out += _table_lines(p) + [""] + _footer(p, price) + [""]
+        out += _table_lines(p, price) + [""] + _footer(p, price) + [""]
         out += [f"- {n}" for n in p.notes or []] + ([""] if p.notes else [])
     return "\n".join(out)
 

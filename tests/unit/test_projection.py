@@ -158,7 +158,7 @@ def test_the_largest_efficient_world_is_where_efficiency_first_drops_below_the_g
 
 
 def test_without_a_synchronising_run_or_a_link_nothing_prices_communication():
-    with pytest.raises(ValueError, match="no run with 2 or more ranks"):
+    with pytest.raises(P.Unpriced, match="no run of the fit timed its gradient sync, and no link was measured"):
         P.calibrate([_run(1)], None)
     model = P.calibrate([_run(1)], LINK)  # a link measured: no overlap assumed, and said
     assert model.exposure == 1.0 and any("ρ = 1" in n for n in model.notes)
@@ -171,3 +171,43 @@ def test_one_rank_without_the_ddp_wrapper_is_fitted_apart_from_the_others():
     assert max(abs(err) for _, _, err in P.errors(model, runs)) < 1e-9  # the fitted runs too: one rank included
     pooled = replace(model, sample_s=(0.003 + 0.004) / 2, single_sample_s=None)  # one figure for both
     assert P.errors(pooled, runs[3:])[0][2] > 0.1
+
+
+# -- the model's arithmetic (issue 52 item 9) ----------------------------------------------------------------
+
+def test_a_collective_over_n_ranks_takes_the_ceiling_of_log2_n_hops():
+    assert [P.hops(n) for n in (1, 2, 3, 4, 5, 8, 9, 511, 512, 513)] == [0, 1, 2, 2, 3, 3, 4, 9, 9, 10]
+    assert P.hops(2**60 + 1) == 61  # integers: no logarithm's rounding
+    # fit_link divides the intercept by the hops: 3 ranks' latency is two hops' worth
+    rows = [{"bytes": b, "time_us": 1e6 * P.collective_s("all_reduce", b, 3, LINK)} for b in (1 << 20, 1 << 26)]
+    fitted = P.fit_link(rows, 3)
+    assert fitted is not None and fitted.latency_s == pytest.approx(LINK.latency_s)
+
+
+@pytest.mark.parametrize(("worlds", "priced", "split"), [
+    ([1, 2, 3], False, ([1, 2], [3])),        # an odd count: the smaller half rounded up fits
+    ([1, 2, 3, 4], False, ([1, 2], [3, 4])),
+    ([4], False, ([4], [])),                  # one world size calibrates on itself
+    ([1], True, ([1], [])),
+    ([1, 2], True, ([1], [2])),               # a measured link prices 2 from 1: the GPU check
+    ([1, 2], False, ([1, 2], [])),            # else the fit needs the 2-rank run, and nothing is left to check
+    ([2, 4], False, ([2], [4])),
+])
+def test_the_default_split_of_measured_world_sizes(worlds, priced, split):
+    assert P.held_out_split(worlds, priced) == split
+
+
+def test_a_measured_row_shows_the_run_not_the_model():
+    runs = [_run(n) for n in (1, 2)]
+    three = replace(_run(3), step_s=0.9 * _run(3).step_s)  # faster than the model says
+    model = P.calibrate(runs, LINK)
+    assert P.measured_modes(model, three) == (P.FIXED_GLOBAL,)
+    assert P.measured_modes(model, runs[0]) == (P.FIXED_GLOBAL, P.FIXED_PER_RANK)
+    pt = P.measured_point(model, three, P.FIXED_GLOBAL, runs[0].step_s, price=2.0)
+    assert pt.step_s == three.step_s and pt.rate == pytest.approx(96 * 64 / three.step_s)
+    assert pt.comm_s == pytest.approx(three.sync_share * three.step_s)
+    assert pt.efficiency == pytest.approx(runs[0].step_s / (3 * three.step_s))
+    assert pt.device_hours == pytest.approx(100 * three.step_s * 3 / 3600)  # the base run's 100 steps of 96
+    assert pt.cost == pytest.approx(2 * pt.device_hours)
+    assert pt.rate > 1.05 * P.measured_at(model, three).rate
+    assert math.isnan(P.measured_point(model, three, P.FIXED_GLOBAL, None).efficiency)

@@ -91,20 +91,140 @@ def test_a_doctor_report_prices_the_link_and_the_runs_give_the_overlap(tmp_path:
     assert "Fitted to the runs with 1 and 2 and 3 ranks" in section
 
 
+def _main(argv: list[str]) -> int:
+    """ddp-compare's exit code: argparse's own refusals (an option's type) exit rather than return."""
+    try:
+        return compare.main(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+
+
 @pytest.mark.parametrize(("args", "message"), [
-    (["--calibrate", "1,2"], "--calibrate needs --project"),
+    (["--calibrate", "1,2"], "--calibrate needs --project. Fix: add --project N,N,…"),
     (["--project", "8", "--link-gbps", "0"], "--link-gbps=0.0: must be > 0"),
     (["--project", "8", "--links", "/nonexistent.json"], "--links=/nonexistent.json: no such file"),
+    (["--project", "8,,64"], "argument --project: 8,,64: an empty world size between commas. Fix: world sizes"),
+    (["--project", "8", "--calibrate", "1,x"], "argument --calibrate: 1,x: not whole numbers. Fix:"),
+    (["--project", "8", "--inter-node-gbps", "nan"],
+     "--inter-node-gbps=nan: must be > 0, a finite number. Fix: give the bus bandwidth between nodes per rank in "
+     "GB/s, e.g. --inter-node-gbps 50"),
+    (["--project", "8", "--link-gbps", "inf"], "--link-gbps=inf: must be > 0, a finite number"),
+    (["--project", "8", "--inter-node-latency-us", "-1"], "--inter-node-latency-us=-1.0: must be >= 0"),
+    (["--project", "8", "--calibrate", "1,7"],
+     "--calibrate=1,7: no completed run with a time breakdown has 7 ranks. Fix: name measured world sizes "
+     "(measured: 1, 2, 3, 4)"),
 ])
 def test_wrong_projection_options_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],
                                               message: str) -> None:
     runs = _sweep(tmp_path / "runs")
-    assert compare.main([str(runs), "--out", str(tmp_path / "r"), *args]) == 2
+    assert _main([str(runs), "--out", str(tmp_path / "r"), *args]) == 2
     assert message in capsys.readouterr().err
+    assert not (tmp_path / "r" / "report.md").exists()
 
 
-def test_no_projection_when_the_calibration_names_an_unmeasured_world(tmp_path: Path) -> None:
-    runs, out = _sweep(tmp_path / "runs"), tmp_path / "report"
-    assert compare.main([str(runs), "--out", str(out), "--project", "8", "--calibrate", "1,5"]) == 0
-    assert "No projection: --calibrate names world sizes no run measured: 5." in (out / "report.md").read_text()
-    assert not (out / "projection.png").exists()
+@pytest.mark.parametrize(("body", "message"), [
+    ('{"checks": "nope"}', "holds no all-reduce bandwidth measurement in ddp-doctor's shape"),
+    ('{"checks": [{"name": "bandwidth", "data": {"rows": "x", "nranks": 2}}]}', "in ddp-doctor's shape"),
+    ('{"checks": [7]}', "in ddp-doctor's shape"),
+    ("{not json", "not JSON (Expecting property name"),
+    ("[1, 2]", "JSON, but a list, not ddp-doctor's report"),
+])
+def test_a_links_file_of_the_wrong_shape_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str,
+                                                    message: str) -> None:
+    runs, links = _sweep(tmp_path / "runs"), tmp_path / "doctor.json"
+    links.write_text(body)
+    assert _main([str(runs), "--out", str(tmp_path / "r"), "--project", "8", "--links", str(links)]) == 2
+    err = capsys.readouterr().err
+    assert f"ddp-compare: error: --links={links}: " in err and message in err
+    assert "Fix: write it with `ddp-doctor --json > doctor.json`" in err
+
+
+def _section(runs: Path, out: Path, *extra: str) -> str:
+    assert compare.main([str(runs), "--out", str(out), "--project", "8,64,512", *extra]) == 0
+    return (out / "report.md").read_text().split("# Scaling projection")[1]
+
+
+def _fail(run: Path) -> None:
+    for name in (layout.MANIFEST, layout.SUMMARY):
+        record = json.loads((run / name).read_text())
+        record["status"] = "failed"
+        (run / name).write_text(json.dumps(record))
+
+
+def test_one_and_two_ranks_project_the_rest_and_say_the_error_needs_a_third(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    for w in (1, 2):
+        _write(runs, w)
+    section = _section(runs, tmp_path / "report")
+    assert "No projection" not in section and "measure 2 ranks" not in section
+    assert "Fitted to the runs with 1 and 2 ranks (0_gpt_w1, 1_gpt_w2)" in section
+    assert "The projection's error needs a third world size (measure e.g. 4 ranks too" in section
+    assert "| 512 † |" in section
+
+
+def test_a_sweep_whose_larger_run_failed_fits_the_others_and_says_so(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    for w in (1, 2, 3):
+        _write(runs, w)
+    _fail(runs / "2_gpt_w3")
+    section = _section(runs, tmp_path / "report")
+    assert "Fitted to the runs with 1 and 2 ranks (0_gpt_w1, 1_gpt_w2)" in section
+    assert "none is left to check it (2_gpt_w3, 3 ranks: failed, not completed)" in section
+    assert "needs a third world size (rerun 3 ranks: the smaller half" in section
+    _fail(runs / "1_gpt_w2")  # now no run of 2 or more ranks priced the communication
+    section = _section(runs, tmp_path / "report2")
+    assert ("No projection: nothing says what communication costs: no link was measured, and no run of 2 or more "
+            "ranks completed with a time breakdown (1_gpt_w2, 2 ranks: failed, not completed; 2_gpt_w3, 3 ranks: "
+            "failed, not completed). Fix: rerun one of them, or measure the link (`ddp-doctor --json > doctor.json`)"
+            " and pass --links doctor.json") in section
+
+
+def test_a_calibration_without_a_synchronising_run_names_the_one_measured(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    for w in (1, 2):
+        _write(runs, w)
+    section = _section(runs, tmp_path / "report", "--calibrate", "1")
+    assert ("No projection: nothing says what communication costs: no link was measured, and --calibrate 1 fits no "
+            "run of 2 or more ranks (the measured runs of 2 ranks are left out of it). Fix: fit one of them too (e.g. "
+            "--calibrate 1,2), or measure the link") in section
+    assert "measure 2 ranks" not in section
+
+
+def test_with_a_measured_link_one_rank_fits_and_two_checks(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    for w in (1, 2):
+        _write(runs, w)
+    section = _section(runs, tmp_path / "report", "--link-gbps", "0.5", "--link-latency-us", "100")
+    assert "Fitted to the runs with 1 rank (0_gpt_w1)" in section
+    assert "| 2 | 1_gpt_w2 |" in section  # the check's table
+
+
+def test_measured_rows_show_what_was_measured_and_the_projection_under_it(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    for w in (1, 2, 3):
+        _write(runs, w)
+    summary = json.loads((runs / "2_gpt_w3" / layout.SUMMARY).read_text())
+    step = summary["median"]["step_time_s"] = 0.8 * summary["median"]["step_time_s"]  # faster than modelled
+    summary["median"]["tokens_per_s"] /= 0.8
+    (runs / "2_gpt_w3" / layout.SUMMARY).write_text(json.dumps(summary))
+    section = _section(runs, tmp_path / "report")
+    table = section.split("| ranks | step (global) |")[1].split("\n\n")[0]  # the projected table, not the check's
+    rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines() if line.startswith("| 3 ")}
+    assert set(rows) == {"3 measured", "3 projected"}
+    measured = rows["3 measured"].strip("| ").split(" | ")
+    assert measured[1:3] == [f"{1000 * step:.1f} ms", f"{24 * 64 / step:,.0f}"]
+    assert measured[5:9] == ["—"] * 4  # it did not run at the fixed per-rank batch
+    csv_rows = list(csv.DictReader((tmp_path / "report" / "projection.csv").open()))
+    projected = [r for r in csv_rows if r["world"] == "3" and r["mode"] == P.FIXED_GLOBAL][0]
+    assert float(projected["measured_rate"]) == pytest.approx(24 * 64 / step)
+    assert rows["3 projected"].split(" | ")[2] == f"{float(projected['rate']):,.0f}" != measured[2]
+    assert "| 8 † |" in table and "| 1 measured |" in table and "| 1 projected |" in table
+
+
+def test_one_world_size_calibrates_on_itself_and_says_what_a_check_needs(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    _write(runs, 2)
+    section = _section(runs, tmp_path / "report")
+    assert "Fitted to the runs with 2 ranks (1_gpt_w2)" in section
+    assert "Only 2 ranks measured: the projection's error needs a second world size to check it against." in section
+    assert "--calibrate" not in section  # nothing to fit on fewer of
