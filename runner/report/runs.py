@@ -157,7 +157,8 @@ def describe(url: str, now: float | None = None) -> str:
     ckpts = checkpoint_list.of_run(fs, path)
     ckpt = ckpts.newest
     lines.append(("checkpoint", f"{ckpt} (newest complete)" if ckpt else "none complete"))
-    lines += [("", note) for note in ckpts.notes()]  # what a resume and ddp-export pass over, said here too
+    # what a resume and ddp-export pass over, said here too
+    lines += [("", note) for note in (*ckpts.failed_notes(), *ckpts.notes())]
     cause = summary.get("root_cause") if isinstance(summary, dict) else None
     if isinstance(cause, dict) and cause:
         lines.append(("root cause", f"{rootcause.headline(cause)} (where: {cause.get('where')})"))

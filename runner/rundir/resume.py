@@ -65,10 +65,9 @@ def check_resume_source(resume: str, plan: Plan, conf: dict[str, Any] | None = N
                                 " checkpoint that passes is taken)")
         elif (found := checkpoint_list.scan(fs, path)).complete:
             run = path.rsplit("/", 1)[0]  # <run>/checkpoints
-            problems = [p for _, name in found.complete if (p := checkpoint_size_problem(fs, layout.join(path, name)))]
-            if len(problems) == len(found.complete):
-                raise PlanError("resume", resume, "holds no checkpoint that passes its integrity check: "
-                                + "; ".join(problems), fix)
+        elif found.failed:
+            raise PlanError("resume", resume, "holds no checkpoint that passes its integrity check: "
+                            + "; ".join(f"{name}: {why}" for name, why in found.failed), fix)
         else:
             why = "; ".join(found.notes()) or "no step_<N>/meta.json"
             raise PlanError("resume", resume, f"holds no complete checkpoint ({why})", fix)
@@ -98,14 +97,12 @@ def check_resume_source(resume: str, plan: Plan, conf: dict[str, Any] | None = N
 
 
 def checkpoint_size_problem(fs: Any, ckpt_dir: str) -> str | None:
-    """Why a committed checkpoint cannot load, as far as the driver checks (the contract's size rule: meta.json
-    readable, state.pt of the recorded size); None when it passes. The driver never hashes: the workers verify
-    sha256 when they load."""
+    """Why the checkpoint at ``ckpt_dir`` cannot load, as far as the driver checks (the contract's rules, as
+    runner/rundir/checkpoint_list.py applies them: a valid marker, state.pt of the recorded size), naming it; None
+    when it passes. The driver never hashes: the workers verify sha256 when they load."""
     name = ckpt_dir.rstrip("/").rsplit("/", 1)[-1]
-    marker_path, state_path = layout.join(ckpt_dir, layout.CKPT_MARKER), layout.join(ckpt_dir, layout.CKPT_STATE)
-    marker = fs.cat_file(marker_path) if fs.exists(marker_path) else None
-    size = fs.size(state_path) if fs.exists(state_path) else None
-    return checkpoints.size_problem(name, marker, size)
+    verdict, why = checkpoint_list.judge(fs, ckpt_dir)
+    return None if verdict == checkpoint_list.COMPLETE else f"{name}: {why}"
 
 
 # resume values that name no source: auto (a new run; a note names an unfinished one), never and restart (a new run

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_runner.contract import layout
+from ddp_runner.contract import checkpoints, layout
 from ddp_runner.report import runs
 from ddp_runner.rundir import listing
 from ddp_runner.rundir.status import this_driver
@@ -206,7 +206,9 @@ def test_show_gives_the_cause_and_the_command_that_continues_the_run(tree: Path,
     failed = tree / "2026-12-01/11-00-00_smoke_w2"
     ckpt = failed / layout.CHECKPOINTS / "step_2"
     ckpt.mkdir(parents=True)
-    (ckpt / layout.CKPT_MARKER).write_text("{}")
+    (ckpt / layout.CKPT_STATE).write_bytes(b"w")  # committed as the workers commit it: a valid marker
+    (ckpt / layout.CKPT_MARKER).write_text(json.dumps({"format": checkpoints.FORMAT, "step": 2, "bytes": 1,
+                                                      "sha256": "", "state_file": layout.CKPT_STATE}))
     (failed / layout.CHECKPOINTS / "step_3").mkdir()  # never committed: not offered
     assert runs.main(["show", str(failed)]) == 0
     text = capsys.readouterr().out
