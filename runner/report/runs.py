@@ -144,10 +144,13 @@ def describe(url: str, now: float | None = None) -> str:
     fs, path = fsspec.core.url_to_fs(url)
     path = path.rstrip("/")
     row = listing.read_run(fs, path, url, url, now)
-    manifest = json.loads(fs.cat_file(layout.join(path, layout.MANIFEST)))
     try:
-        summary = json.loads(fs.cat_file(layout.join(path, layout.SUMMARY)))
-    except (OSError, ValueError):
+        manifest = records.read_manifest(fs, path)  # read_run checked it already: only a rewrite since can fail
+    except records.DamagedFile as damaged:
+        raise listing.Damaged(f"{layout.MANIFEST}: {damaged.problem}") from None
+    try:
+        summary = records.read_summary(fs, path) or {}
+    except records.DamagedFile:  # only the root cause goes unsaid (ddp-compare names the damage)
         summary = {}
     plan = manifest.get("plan") or {}
     lines = [("run", url), ("status", _status_line(row, manifest, now)), ("task", row.task or "—"),

@@ -12,7 +12,6 @@ one sweep directory itself.
 
 from __future__ import annotations
 
-import json
 import re
 import struct
 import time
@@ -191,11 +190,30 @@ def _tb_last(fs: Any, path: str) -> dict[str, tuple[int, float]]:
 
 # -- reading the tree ----------------------------------------------------------------------------------------------
 
-def _read_json(fs: Any, path: str) -> Any:
+def _manifest(fs: Any, path: str) -> dict[str, Any]:
+    """A run directory's run.json, checked to be a manifest; :class:`Damaged` (the reason) otherwise."""
     try:
-        return json.loads(fs.cat_file(path))
-    except FileNotFoundError:
-        return None
+        manifest = records.read_json(fs, layout.join(path, layout.MANIFEST), records.fix_for(layout.MANIFEST, path),
+                                     want=object)
+    except records.DamagedFile as damaged:
+        raise Damaged(f"{layout.MANIFEST}: {damaged.problem}") from None
+    if manifest is None:
+        raise Damaged(f"no {layout.MANIFEST}")
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("plan"), dict) or "status" not in manifest:
+        what = "empty (its driver died while creating it?)" if manifest == {} else "not a ddp-run manifest"
+        raise Damaged(f"{layout.MANIFEST} is {what}")
+    if (problem := records.manifest_problem(manifest)) is not None:
+        raise Damaged(f"{layout.MANIFEST} {problem}")
+    return manifest
+
+
+def _summary(fs: Any, path: str) -> dict[str, Any]:
+    """A run directory's summary.json, {} when it has none or it is damaged (a listing only goes without its
+    figures: ``ddp-compare`` names the damage)."""
+    try:
+        return records.read_summary(fs, path) or {}
+    except records.DamagedFile:
+        return {}
 
 
 def _step_reached(fs: Any, path: str, world_size: Any) -> int | None:
@@ -207,10 +225,10 @@ def _step_reached(fs: Any, path: str, world_size: Any) -> int | None:
     except (ValueError, OSError):
         return None
     steps = []
-    for data in got.values():
+    for where, data in got.items():
         try:
-            step = json.loads(data).get("step") if isinstance(data, bytes) else None
-        except (ValueError, AttributeError):
+            step = records.parse_json(data, where, "").get("step") if isinstance(data, bytes) else None
+        except records.DamagedFile:  # a record cut short by a killed rank: the others tell
             continue
         if isinstance(step, int):
             steps.append(step)
@@ -231,28 +249,14 @@ def _max_steps(fs: Any, path: str) -> int | None:
 
 def read_run(fs: Any, path: str, name: str, url: str | None = None, now: float | None = None) -> Row:
     """One run directory as a row; :class:`Damaged` when its run.json is missing, unreadable or not a run's."""
-    try:
-        manifest = _read_json(fs, layout.join(path, layout.MANIFEST))
-    except (ValueError, OSError) as exc:
-        raise Damaged(f"{layout.MANIFEST} cannot be read ({type(exc).__name__}: {str(exc)[:120]})") from None
-    if manifest is None:
-        raise Damaged(f"no {layout.MANIFEST}")
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("plan"), dict) or "status" not in manifest:
-        what = "empty (its driver died while creating it?)" if manifest == {} else "not a ddp-run manifest"
-        raise Damaged(f"{layout.MANIFEST} is {what}")
-    if (problem := records.manifest_problem(manifest)) is not None:
-        raise Damaged(f"{layout.MANIFEST} {problem}")
+    manifest = _manifest(fs, path)
     plan = manifest["plan"]
     row = Row(name=name, url=url or path, kind="run",
               status=run_status.effective_status(manifest, time.time() if now is None else now,
                                                  run_status.local_pid_alive),
               task=manifest.get("task"), world_size=plan.get("world_size"), global_batch=plan.get("global_batch"),
               started=started_at(manifest), max_steps=_max_steps(fs, path))
-    try:
-        summary = _read_json(fs, layout.join(path, layout.SUMMARY)) or {}
-    except (ValueError, OSError):
-        summary = {}
-    figures = final_figures(summary) if isinstance(summary, dict) else {}
+    figures = final_figures(_summary(fs, path))
     if row.status != layout.STATUS_COMPLETED:  # TensorBoard is fresher (a continued run's summary.json is stale)
         figures = {**figures, **live_figures(_tb_last(fs, path))}
     elif "last_loss" not in figures:
@@ -283,9 +287,9 @@ def read_sweep(fs: Any, path: str, name: str, listing: Listing, now: float | Non
     """A sweep directory: its jobs (run directories, and the jobs sweep.json records without one), in order."""
     record = None
     try:
-        record = _read_json(fs, layout.join(path, SWEEP_JSON))
-    except (ValueError, OSError) as exc:
-        listing.skipped.append((layout.join(name, SWEEP_JSON), f"cannot be read ({type(exc).__name__})"))
+        record = records.read_json(fs, layout.join(path, SWEEP_JSON), records.fix_for(SWEEP_JSON, path), want=object)
+    except records.DamagedFile as damaged:
+        listing.skipped.append((layout.join(name, SWEEP_JSON), damaged.problem))
     jobs: list[Row] = []
     for child in _subdirs(fs, path, listing, name):
         child_name = layout.join(name, child.rsplit("/", 1)[-1])

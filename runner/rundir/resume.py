@@ -5,7 +5,6 @@ the same global batch)."""
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -155,10 +154,10 @@ def iter_unfinished(root: str) -> Iterator[tuple[str, str, str]]:
         return
     for m in sorted(found, key=lambda m: m.rsplit("/", 3)[-3:-1], reverse=True):
         try:
-            manifest = json.loads(fs.cat_file(m))
-        except (OSError, ValueError):
+            manifest = records.read_json(fs, m, "", missing_ok=False)
+        except records.DamagedFile:
             continue
-        if not isinstance(manifest, dict) or records.manifest_problem(manifest):
+        if records.manifest_problem(manifest):
             continue  # damaged: never a run to continue (ddp-runs names it)
         state = status.status_of(manifest)
         run = m.rsplit("/", 1)[0]
