@@ -22,7 +22,7 @@ from typing import Any
 import fsspec
 
 from ddp_runner.contract import layout
-from ddp_runner.rundir import records
+from ddp_runner.rundir import figures, records
 from ddp_runner.rundir import status as run_status
 
 SWEEP_JSON = "sweep.json"  # runner/report/sweep.py writes it at the end of a sweep
@@ -93,24 +93,21 @@ def started_at(manifest: dict[str, Any]) -> float | None:
     return float(started) if isinstance(started, (int, float)) else None
 
 
-def final_figures(summary: dict[str, Any]) -> dict[str, Any]:
-    """Step, last loss and throughput from a finished run's summary.json (empty when it has none): tokens/s for a
-    task with tokens, else global samples/s at the median step time (as ddp-compare and the sweep record)."""
+def final_figures(summary: dict[str, Any], global_batch: Any = None) -> dict[str, Any]:
+    """Step, last loss and throughput from a finished run's summary.json (empty when it has none), by ddp-compare's
+    rules (runner/rundir/figures.py); ``global_batch``: the plan's, else summary.json's. A summary whose values are
+    of the wrong kind (hand-edited) gives none."""
+    try:
+        fig = figures.of_summary(summary, global_batch)
+    except (TypeError, ValueError, AttributeError):
+        return {}
     out: dict[str, Any] = {}
-    if isinstance(summary.get("steps"), int):
-        out["step"] = summary["steps"]
-    losses = [v for v in summary.get("losses") or [] if isinstance(v, (int, float))]
-    final = summary.get("final") or {}
-    if losses:
-        out["last_loss"] = float(losses[-1])
-    elif isinstance(final.get("train/loss"), (int, float)):
-        out["last_loss"] = float(final["train/loss"])
-    median = summary.get("median") or {}
-    step_s, batch = median.get("step_time_s") or final.get("perf/step_time_s"), summary.get("global_batch")
-    if median.get("tokens_per_s"):
-        out["throughput"], out["unit"] = float(median["tokens_per_s"]), "tokens/s"
-    elif step_s and batch:
-        out["throughput"], out["unit"] = batch / step_s, "samples/s"
+    if fig.steps is not None:
+        out["step"] = fig.steps
+    if fig.last_loss is not None:
+        out["last_loss"] = fig.last_loss
+    if fig.rate:
+        out["throughput"], out["unit"] = fig.rate, fig.unit
     return out
 
 
@@ -256,16 +253,16 @@ def read_run(fs: Any, path: str, name: str, url: str | None = None, now: float |
                                                  run_status.local_pid_alive),
               task=manifest.get("task"), world_size=plan.get("world_size"), global_batch=plan.get("global_batch"),
               started=started_at(manifest), max_steps=_max_steps(fs, path))
-    figures = final_figures(_summary(fs, path))
+    found = final_figures(_summary(fs, path), plan.get("global_batch"))
     if row.status != layout.STATUS_COMPLETED:  # TensorBoard is fresher (a continued run's summary.json is stale)
-        figures = {**figures, **live_figures(_tb_last(fs, path))}
-    elif "last_loss" not in figures:
-        figures = {**live_figures(_tb_last(fs, path)), **figures}
-    if "step" not in figures or row.status != layout.STATUS_COMPLETED:
+        found = {**found, **live_figures(_tb_last(fs, path))}
+    elif "last_loss" not in found:
+        found = {**live_figures(_tb_last(fs, path)), **found}
+    if "step" not in found or row.status != layout.STATUS_COMPLETED:
         reached = _step_reached(fs, path, plan.get("world_size"))
-        if reached is not None and reached >= figures.get("step", 0):
-            figures["step"] = reached
-    for k, v in figures.items():
+        if reached is not None and reached >= found.get("step", 0):
+            found["step"] = reached
+    for k, v in found.items():
         setattr(row, k, v)
     if row.status == layout.STATUS_COMPLETED and row.max_steps is None:
         row.max_steps = row.step  # trained by epochs: the steps it took were all of them
