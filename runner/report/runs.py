@@ -19,6 +19,7 @@ from typing import IO, Any
 
 from ddp_runner.config.task_module import CUSTOM_PRESET
 from ddp_runner.contract import layout
+from ddp_runner.contract.run_files import RunManifest
 from ddp_runner.diagnostics import rootcause
 from ddp_runner.rundir import checkpoint_list, listing, records
 from ddp_runner.rundir import status as run_status
@@ -185,7 +186,7 @@ def _progress(row: listing.Row, now: float) -> str:
     return f"step {step}, last loss {loss}, {speed}"
 
 
-def _status_line(row: listing.Row, manifest: dict[str, Any], now: float) -> str:
+def _status_line(row: listing.Row, manifest: RunManifest, now: float) -> str:
     recorded = manifest.get("status")
     if row.status == layout.STATUS_LOST and recorded == layout.STATUS_RUNNING:
         return (f"lost: run.json says running, but its driver is gone ({run_status.describe_driver(manifest, now)})"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import struct
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import fsspec
 
 from ddp_runner.contract import layout
+from ddp_runner.contract.run_files import RunManifest, RunSummary
 from ddp_runner.rundir import figures, records
 from ddp_runner.rundir import status as run_status
 
@@ -80,7 +82,7 @@ class Listing:
 
 # -- pure parts ------------------------------------------------------------------------------------------------
 
-def started_at(manifest: dict[str, Any]) -> float | None:
+def started_at(manifest: Mapping[str, Any]) -> float | None:
     """When the run was first launched (Unix seconds): run.json's ``started`` (local time, kept across
     continuations), else its driver's process start."""
     text = manifest.get("started")
@@ -93,7 +95,7 @@ def started_at(manifest: dict[str, Any]) -> float | None:
     return float(started) if isinstance(started, (int, float)) else None
 
 
-def final_figures(summary: dict[str, Any], global_batch: Any = None) -> dict[str, Any]:
+def final_figures(summary: Mapping[str, Any], global_batch: Any = None) -> dict[str, Any]:
     """Step, last loss and throughput from a finished run's summary.json (empty when it has none), by ddp-compare's
     rules (runner/rundir/figures.py); ``global_batch``: the plan's, else summary.json's. A summary whose values are
     of the wrong kind (hand-edited) gives none."""
@@ -187,7 +189,7 @@ def _tb_last(fs: Any, path: str) -> dict[str, tuple[int, float]]:
 
 # -- reading the tree ----------------------------------------------------------------------------------------------
 
-def _manifest(fs: Any, path: str) -> dict[str, Any]:
+def _manifest(fs: Any, path: str) -> RunManifest:
     """A run directory's run.json, checked to be a manifest; :class:`Damaged` (the reason) otherwise."""
     try:
         manifest = records.read_json(fs, layout.join(path, layout.MANIFEST), records.fix_for(layout.MANIFEST, path),
@@ -201,10 +203,10 @@ def _manifest(fs: Any, path: str) -> dict[str, Any]:
         raise Damaged(f"{layout.MANIFEST} is {what}")
     if (problem := records.manifest_problem(manifest)) is not None:
         raise Damaged(f"{layout.MANIFEST} {problem}")
-    return manifest
+    return manifest  # type: ignore[return-value]  # checked as far as a listing relies on it
 
 
-def _summary(fs: Any, path: str) -> dict[str, Any]:
+def _summary(fs: Any, path: str) -> RunSummary:
     """A run directory's summary.json, {} when it has none or it is damaged (a listing only goes without its
     figures: ``ddp-compare`` names the damage)."""
     try:
