@@ -58,7 +58,7 @@ def check_resume_source(resume: str, plan: Plan, conf: dict[str, Any] | None = N
         # checkpoint named explicitly must pass; of a directory's, one must (the workers take the newest that does).
         if fs.exists(layout.join(path, layout.CKPT_MARKER)):
             run = path.rsplit("/", 2)[0]  # <run>/checkpoints/step_<N>
-            if problem := checkpoint_size_problem(fs, path):
+            if problem := checkpoint_problem(fs, path):
                 raise PlanError("resume", resume, f"fails its integrity check: {problem}",
                                 "resume from an older checkpoints/step_<N>, or from the run directory (its newest"
                                 " checkpoint that passes is taken)")
@@ -95,7 +95,7 @@ def check_resume_source(resume: str, plan: Plan, conf: dict[str, Any] | None = N
     return resume_keys.check(their_conf, conf, resume, step)
 
 
-def checkpoint_size_problem(fs: Any, ckpt_dir: str) -> str | None:
+def checkpoint_problem(fs: Any, ckpt_dir: str) -> str | None:
     """Why the checkpoint at ``ckpt_dir`` cannot load, as far as the driver checks (the contract's rules, as
     runner/rundir/checkpoint_list.py applies them: a valid marker, state.pt of the recorded size), naming it; None
     when it passes. The driver never hashes: the workers verify sha256 when they load."""
