@@ -16,6 +16,7 @@ from ddp_runner.report.compare_runs import Run
 # Keys that a fixed-global-batch study changes on purpose, or that only say where a run wrote.
 EXPECTED_DIFFERENCES = ("world_size", "batch.accumulation", "output.root", "resume", "dry_run")
 
+
 def scaling_efficiency(rate: float | None, world: int, base_rate: float | None, base_world: int) -> float | None:
     """Throughput per rank over the baseline's throughput per rank (1.0 = perfect scaling)."""
     if not rate or not base_rate:
