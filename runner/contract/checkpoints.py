@@ -90,6 +90,16 @@ def marker_problem(name: str, marker: Marker) -> str | None:
     return None
 
 
+def commit_problem(name: str, is_dir: bool, marker: Marker | None) -> str | None:
+    """Why entry ``name`` of a checkpoints folder is not a committed checkpoint, reading its marker (``marker``: the
+    text or fields of its ``meta.json``, None when absent): :func:`entry_problem`, then :func:`marker_problem`. The
+    one rule of what a reader lists as a checkpoint, the workers' storage and the driver's listing alike; None for a
+    committed one, and for a name that is not ``step_<N>``."""
+    if (why := entry_problem(name, is_dir, marker is not None)) is not None or marker is None:
+        return why
+    return marker_problem(name, marker)
+
+
 def skipped_note(name: str, why: str) -> str:
     """The note a reader of a checkpoints folder gives for entry ``name`` it passes over (``why``: from
     :func:`entry_problem`), the same words on every side."""

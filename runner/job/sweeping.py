@@ -231,4 +231,4 @@ def _int(value: Any) -> int | None:
 def _rank_zero_facts(run_dir: str) -> dict[str, Any]:
     from ddp_runner.report.sweep import read_json
 
-    return read_json(layout.join(run_dir, layout.rank_facts(0))) or {}
+    return read_json(run_dir, layout.rank_facts(0)) or {}

@@ -5,7 +5,6 @@ a run.json's doctor report, or figures given on the command line)."""
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any, Protocol
 from ddp_runner.contract import layout, scaling
 from ddp_runner.contract.rules import get
 from ddp_runner.report.projection import Link, Measured, fit_link
+from ddp_runner.rundir import records
 
 
 class RunLike(Protocol):
@@ -33,12 +33,12 @@ class RunLike(Protocol):
 
 
 def _json(path: Path) -> dict[str, Any]:
-    """A JSON object from ``path``, or {} when it is missing or not one (the projection then goes without it)."""
+    """A JSON object from ``path`` (through the run tree's one reader, runner/rundir/records.py), or {} when it is
+    missing or damaged (the projection then goes without it)."""
     try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
+        return records.read_url(str(path), records.fix_for(path.name, str(path.parent))) or {}
+    except records.DamagedFile:
         return {}
-    return value if isinstance(value, dict) else {}
 
 
 def why_not(run: RunLike) -> str | None:

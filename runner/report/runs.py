@@ -19,6 +19,7 @@ from typing import IO, Any
 
 from ddp_runner.config.task_module import CUSTOM_PRESET
 from ddp_runner.contract import layout
+from ddp_runner.contract.run_files import RunManifest
 from ddp_runner.diagnostics import rootcause
 from ddp_runner.rundir import checkpoint_list, listing, records
 from ddp_runner.rundir import status as run_status
@@ -144,10 +145,13 @@ def describe(url: str, now: float | None = None) -> str:
     fs, path = fsspec.core.url_to_fs(url)
     path = path.rstrip("/")
     row = listing.read_run(fs, path, url, url, now)
-    manifest = json.loads(fs.cat_file(layout.join(path, layout.MANIFEST)))
     try:
-        summary = json.loads(fs.cat_file(layout.join(path, layout.SUMMARY)))
-    except (OSError, ValueError):
+        manifest = records.read_manifest(fs, path)  # read_run checked it already: only a rewrite since can fail
+    except records.DamagedFile as damaged:
+        raise listing.Damaged(f"{layout.MANIFEST}: {damaged.problem}") from None
+    try:
+        summary = records.read_summary(fs, path) or {}
+    except records.DamagedFile:  # only the root cause goes unsaid (ddp-compare names the damage)
         summary = {}
     plan = manifest.get("plan") or {}
     lines = [("run", url), ("status", _status_line(row, manifest, now)), ("task", row.task or "—"),
@@ -157,7 +161,8 @@ def describe(url: str, now: float | None = None) -> str:
     ckpts = checkpoint_list.of_run(fs, path)
     ckpt = ckpts.newest
     lines.append(("checkpoint", f"{ckpt} (newest complete)" if ckpt else "none complete"))
-    lines += [("", note) for note in ckpts.notes()]  # what a resume and ddp-export pass over, said here too
+    # what a resume and ddp-export pass over, said here too
+    lines += [("", note) for note in (*ckpts.failed_notes(), *ckpts.notes())]
     cause = summary.get("root_cause") if isinstance(summary, dict) else None
     if isinstance(cause, dict) and cause:
         lines.append(("root cause", f"{rootcause.headline(cause)} (where: {cause.get('where')})"))
@@ -181,7 +186,7 @@ def _progress(row: listing.Row, now: float) -> str:
     return f"step {step}, last loss {loss}, {speed}"
 
 
-def _status_line(row: listing.Row, manifest: dict[str, Any], now: float) -> str:
+def _status_line(row: listing.Row, manifest: RunManifest, now: float) -> str:
     recorded = manifest.get("status")
     if row.status == layout.STATUS_LOST and recorded == layout.STATUS_RUNNING:
         return (f"lost: run.json says running, but its driver is gone ({run_status.describe_driver(manifest, now)})"

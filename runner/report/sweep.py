@@ -20,6 +20,7 @@ from typing import Any
 from ddp_runner.contract import layout, secrets
 from ddp_runner.diagnostics import textfit
 from ddp_runner.report import sweep_table
+from ddp_runner.rundir import records
 
 SWEEP_JSON = "sweep.json"
 SWEEP_MD = "sweep.md"
@@ -210,8 +211,8 @@ class SweepRecord:
         if run_dir is None:
             record.update(status="refused" if refused else "not run", reason=reason)
         else:
-            summary = read_json(layout.join(run_dir, layout.SUMMARY))
-            manifest = read_json(layout.join(run_dir, layout.MANIFEST)) or {}
+            summary = read_json(run_dir, layout.SUMMARY)
+            manifest = read_json(run_dir, layout.MANIFEST) or {}
             record["run_dir"] = run_dir
             record["status"] = (summary or {}).get("status") or manifest.get("status") or "failed"
             if (manifest.get("slurm") or {}).get("job_id"):
@@ -269,12 +270,10 @@ class SweepRecord:
                 shutil.rmtree(self.hydra_dir, ignore_errors=True)
 
 
-def read_json(url: str) -> Any:
-    """A JSON file of the run tree, None when it is absent or unreadable."""
-    import fsspec
-
+def read_json(run_dir: str, rel: str) -> Any:
+    """A JSON record of a job's run directory (``rel``: its path in it), None when it is absent or damaged: the
+    sweep's record goes without that job's figures (``ddp-runs`` names the damage)."""
     try:
-        with fsspec.open(url, "r") as f:
-            return json.load(f)
-    except (OSError, ValueError):
+        return records.read_url(layout.join(run_dir, rel), records.fix_for(rel, run_dir))
+    except records.DamagedFile:
         return None

@@ -12,10 +12,10 @@ one sweep directory itself.
 
 from __future__ import annotations
 
-import json
 import re
 import struct
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -23,7 +23,8 @@ from typing import Any
 import fsspec
 
 from ddp_runner.contract import layout
-from ddp_runner.rundir import records
+from ddp_runner.contract.run_files import RunManifest, RunSummary
+from ddp_runner.rundir import figures, records
 from ddp_runner.rundir import status as run_status
 
 SWEEP_JSON = "sweep.json"  # runner/report/sweep.py writes it at the end of a sweep
@@ -81,7 +82,7 @@ class Listing:
 
 # -- pure parts ------------------------------------------------------------------------------------------------
 
-def started_at(manifest: dict[str, Any]) -> float | None:
+def started_at(manifest: Mapping[str, Any]) -> float | None:
     """When the run was first launched (Unix seconds): run.json's ``started`` (local time, kept across
     continuations), else its driver's process start."""
     text = manifest.get("started")
@@ -94,24 +95,21 @@ def started_at(manifest: dict[str, Any]) -> float | None:
     return float(started) if isinstance(started, (int, float)) else None
 
 
-def final_figures(summary: dict[str, Any]) -> dict[str, Any]:
-    """Step, last loss and throughput from a finished run's summary.json (empty when it has none): tokens/s for a
-    task with tokens, else global samples/s at the median step time (as ddp-compare and the sweep record)."""
+def final_figures(summary: Mapping[str, Any], global_batch: Any = None) -> dict[str, Any]:
+    """Step, last loss and throughput from a finished run's summary.json (empty when it has none), by ddp-compare's
+    rules (runner/rundir/figures.py); ``global_batch``: the plan's, else summary.json's. A summary whose values are
+    of the wrong kind (hand-edited) gives none."""
+    try:
+        fig = figures.of_summary(summary, global_batch)
+    except (TypeError, ValueError, AttributeError):
+        return {}
     out: dict[str, Any] = {}
-    if isinstance(summary.get("steps"), int):
-        out["step"] = summary["steps"]
-    losses = [v for v in summary.get("losses") or [] if isinstance(v, (int, float))]
-    final = summary.get("final") or {}
-    if losses:
-        out["last_loss"] = float(losses[-1])
-    elif isinstance(final.get("train/loss"), (int, float)):
-        out["last_loss"] = float(final["train/loss"])
-    median = summary.get("median") or {}
-    step_s, batch = median.get("step_time_s") or final.get("perf/step_time_s"), summary.get("global_batch")
-    if median.get("tokens_per_s"):
-        out["throughput"], out["unit"] = float(median["tokens_per_s"]), "tokens/s"
-    elif step_s and batch:
-        out["throughput"], out["unit"] = batch / step_s, "samples/s"
+    if fig.steps is not None:
+        out["step"] = fig.steps
+    if fig.last_loss is not None:
+        out["last_loss"] = fig.last_loss
+    if fig.rate:
+        out["throughput"], out["unit"] = fig.rate, fig.unit
     return out
 
 
@@ -191,11 +189,30 @@ def _tb_last(fs: Any, path: str) -> dict[str, tuple[int, float]]:
 
 # -- reading the tree ----------------------------------------------------------------------------------------------
 
-def _read_json(fs: Any, path: str) -> Any:
+def _manifest(fs: Any, path: str) -> RunManifest:
+    """A run directory's run.json, checked to be a manifest; :class:`Damaged` (the reason) otherwise."""
     try:
-        return json.loads(fs.cat_file(path))
-    except FileNotFoundError:
-        return None
+        manifest = records.read_json(fs, layout.join(path, layout.MANIFEST), records.fix_for(layout.MANIFEST, path),
+                                     want=object)
+    except records.DamagedFile as damaged:
+        raise Damaged(f"{layout.MANIFEST}: {damaged.problem}") from None
+    if manifest is None:
+        raise Damaged(f"no {layout.MANIFEST}")
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("plan"), dict) or "status" not in manifest:
+        what = "empty (its driver died while creating it?)" if manifest == {} else "not a ddp-run manifest"
+        raise Damaged(f"{layout.MANIFEST} is {what}")
+    if (problem := records.manifest_problem(manifest)) is not None:
+        raise Damaged(f"{layout.MANIFEST} {problem}")
+    return manifest  # type: ignore[return-value]  # checked as far as a listing relies on it
+
+
+def _summary(fs: Any, path: str) -> RunSummary:
+    """A run directory's summary.json, {} when it has none or it is damaged (a listing only goes without its
+    figures: ``ddp-compare`` names the damage)."""
+    try:
+        return records.read_summary(fs, path) or {}
+    except records.DamagedFile:
+        return {}
 
 
 def _step_reached(fs: Any, path: str, world_size: Any) -> int | None:
@@ -207,10 +224,10 @@ def _step_reached(fs: Any, path: str, world_size: Any) -> int | None:
     except (ValueError, OSError):
         return None
     steps = []
-    for data in got.values():
+    for where, data in got.items():
         try:
-            step = json.loads(data).get("step") if isinstance(data, bytes) else None
-        except (ValueError, AttributeError):
+            step = records.parse_json(data, where, "").get("step") if isinstance(data, bytes) else None
+        except records.DamagedFile:  # a record cut short by a killed rank: the others tell
             continue
         if isinstance(step, int):
             steps.append(step)
@@ -231,37 +248,23 @@ def _max_steps(fs: Any, path: str) -> int | None:
 
 def read_run(fs: Any, path: str, name: str, url: str | None = None, now: float | None = None) -> Row:
     """One run directory as a row; :class:`Damaged` when its run.json is missing, unreadable or not a run's."""
-    try:
-        manifest = _read_json(fs, layout.join(path, layout.MANIFEST))
-    except (ValueError, OSError) as exc:
-        raise Damaged(f"{layout.MANIFEST} cannot be read ({type(exc).__name__}: {str(exc)[:120]})") from None
-    if manifest is None:
-        raise Damaged(f"no {layout.MANIFEST}")
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("plan"), dict) or "status" not in manifest:
-        what = "empty (its driver died while creating it?)" if manifest == {} else "not a ddp-run manifest"
-        raise Damaged(f"{layout.MANIFEST} is {what}")
-    if (problem := records.manifest_problem(manifest)) is not None:
-        raise Damaged(f"{layout.MANIFEST} {problem}")
+    manifest = _manifest(fs, path)
     plan = manifest["plan"]
     row = Row(name=name, url=url or path, kind="run",
               status=run_status.effective_status(manifest, time.time() if now is None else now,
                                                  run_status.local_pid_alive),
               task=manifest.get("task"), world_size=plan.get("world_size"), global_batch=plan.get("global_batch"),
               started=started_at(manifest), max_steps=_max_steps(fs, path))
-    try:
-        summary = _read_json(fs, layout.join(path, layout.SUMMARY)) or {}
-    except (ValueError, OSError):
-        summary = {}
-    figures = final_figures(summary) if isinstance(summary, dict) else {}
+    found = final_figures(_summary(fs, path), plan.get("global_batch"))
     if row.status != layout.STATUS_COMPLETED:  # TensorBoard is fresher (a continued run's summary.json is stale)
-        figures = {**figures, **live_figures(_tb_last(fs, path))}
-    elif "last_loss" not in figures:
-        figures = {**live_figures(_tb_last(fs, path)), **figures}
-    if "step" not in figures or row.status != layout.STATUS_COMPLETED:
+        found = {**found, **live_figures(_tb_last(fs, path))}
+    elif "last_loss" not in found:
+        found = {**live_figures(_tb_last(fs, path)), **found}
+    if "step" not in found or row.status != layout.STATUS_COMPLETED:
         reached = _step_reached(fs, path, plan.get("world_size"))
-        if reached is not None and reached >= figures.get("step", 0):
-            figures["step"] = reached
-    for k, v in figures.items():
+        if reached is not None and reached >= found.get("step", 0):
+            found["step"] = reached
+    for k, v in found.items():
         setattr(row, k, v)
     if row.status == layout.STATUS_COMPLETED and row.max_steps is None:
         row.max_steps = row.step  # trained by epochs: the steps it took were all of them
@@ -283,9 +286,9 @@ def read_sweep(fs: Any, path: str, name: str, listing: Listing, now: float | Non
     """A sweep directory: its jobs (run directories, and the jobs sweep.json records without one), in order."""
     record = None
     try:
-        record = _read_json(fs, layout.join(path, SWEEP_JSON))
-    except (ValueError, OSError) as exc:
-        listing.skipped.append((layout.join(name, SWEEP_JSON), f"cannot be read ({type(exc).__name__})"))
+        record = records.read_json(fs, layout.join(path, SWEEP_JSON), records.fix_for(SWEEP_JSON, path), want=object)
+    except records.DamagedFile as damaged:
+        listing.skipped.append((layout.join(name, SWEEP_JSON), damaged.problem))
     jobs: list[Row] = []
     for child in _subdirs(fs, path, listing, name):
         child_name = layout.join(name, child.rsplit("/", 1)[-1])

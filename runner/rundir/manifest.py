@@ -1,4 +1,5 @@
-"""run.json and summary.json: what a reviewer reads to know what ran, where, and how it ended."""
+"""run.json and summary.json: what a reviewer reads to know what ran, where, and how it ended (their shapes:
+runner/contract/run_files.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 
 from ddp_runner.config.plan import Plan
 from ddp_runner.contract import layout
+from ddp_runner.contract.run_files import Invocation, RunManifest
 from ddp_runner.rundir.status import this_driver
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent  # a checkout (conf/, tasks/, runner/), or site-packages
@@ -43,9 +45,9 @@ def git_commit(root: Path = PROJECT_ROOT) -> dict[str, Any] | None:
 
 
 def initial_manifest(plan: Plan, command: list[str], task: str, started: datetime,
-                     invocation: dict[str, Any] | None = None, data: dict[str, Any] | None = None) -> dict[str, Any]:
-    """run.json as written before launch (status running). ``invocation``: how the run was asked for (command
-    line, overrides, task preset); ``data``: the data's source, size and hash."""
+                     invocation: Invocation | None = None, data: dict[str, Any] | None = None) -> RunManifest:
+    """run.json as written before launch (status running; its shape: runner/contract/run_files.py). ``invocation``:
+    how the run was asked for (command line, overrides, task preset); ``data``: the data's source, size and hash."""
     return {
         "status": layout.STATUS_RUNNING,
         "task": task,

@@ -1,9 +1,11 @@
 """Reading a run directory's records (run.json, summary.json, config.yaml, a checkpoint's meta.json) so that a
 damaged one is a refusal that names the file, what is wrong with it and the fix, never a traceback.
 
-Every command that reads a run directory (``ddp-run resume=…``, ``ddp-compare``, ``ddp-runs``) reads through
-here. A file hand-edited, truncated by a full disk or overwritten with garbage is *damage*; the reader decides
-whether that ends the command (resume) or only the figures it would have shown (a listing).
+Every command that reads a run directory (``ddp-run resume=…``, ``ddp-compare``, ``ddp-runs``, the sweep record,
+the projection, the launchers through ``RunDir.read_json``) reads its JSON through :func:`read_json`, whose one
+failure is :class:`DamagedFile`. A file hand-edited, truncated by a full disk or overwritten with garbage is
+*damage*; the reader decides whether that ends the command (resume) or only the figures it would have shown (a
+listing). The records' shapes: runner/contract/run_files.py.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 from ddp_runner.contract import layout
 from ddp_runner.contract.errors import PlanError
+from ddp_runner.contract.run_files import RunManifest, RunSummary
 
 # Top-level keys every resolved config.yaml holds (conf/config.yaml's groups and keys); a file without one of them
 # was cut short or hand-edited, and planning it would fail somewhere far from the cause.
@@ -81,6 +84,17 @@ def read_json(fs: Any, path: str, fix: str, missing_ok: bool = True, want: type 
     return parse_json(data, path, fix, want)
 
 
+def read_url(url: str, fix: str, missing_ok: bool = True, want: type = dict) -> Any:
+    """:func:`read_json` of the file at ``url`` (a path or any fsspec URL)."""
+    import fsspec
+
+    try:
+        fs, path = fsspec.core.url_to_fs(url)
+    except (ImportError, ValueError) as exc:  # a protocol whose package is not installed, a malformed URL
+        raise DamagedFile(url, f"cannot be read ({_short(exc)})", fix) from None
+    return read_json(fs, path, fix, missing_ok, want)
+
+
 def manifest_problem(manifest: dict[str, Any]) -> str | None:
     """Why a parsed run.json is not a ddp-run manifest a reader can trust (None: it is)."""
     if manifest == {}:
@@ -95,17 +109,17 @@ def manifest_problem(manifest: dict[str, Any]) -> str | None:
     return None
 
 
-def read_manifest(fs: Any, run: str) -> dict[str, Any]:
+def read_manifest(fs: Any, run: str) -> RunManifest:
     """A run's run.json, checked to be a manifest (:class:`DamagedFile` otherwise, or when missing)."""
     path = layout.join(run, layout.MANIFEST)
     fix = fix_for(layout.MANIFEST, run)
     manifest = read_json(fs, path, fix, missing_ok=False)
     if (problem := manifest_problem(manifest)) is not None:
         raise DamagedFile(path, problem, fix)
-    return manifest
+    return manifest  # type: ignore[return-value]  # checked as far as a reader relies on it
 
 
-def read_summary(fs: Any, run: str) -> dict[str, Any] | None:
+def read_summary(fs: Any, run: str) -> RunSummary | None:
     """A run's summary.json (None when it has none yet)."""
     return read_json(fs, layout.join(run, layout.SUMMARY), fix_for(layout.SUMMARY, run))
 

@@ -5,7 +5,6 @@ the same global batch)."""
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -59,16 +58,15 @@ def check_resume_source(resume: str, plan: Plan, conf: dict[str, Any] | None = N
         # checkpoint named explicitly must pass; of a directory's, one must (the workers take the newest that does).
         if fs.exists(layout.join(path, layout.CKPT_MARKER)):
             run = path.rsplit("/", 2)[0]  # <run>/checkpoints/step_<N>
-            if problem := checkpoint_size_problem(fs, path):
+            if problem := checkpoint_problem(fs, path):
                 raise PlanError("resume", resume, f"fails its integrity check: {problem}",
                                 "resume from an older checkpoints/step_<N>, or from the run directory (its newest"
                                 " checkpoint that passes is taken)")
         elif (found := checkpoint_list.scan(fs, path)).complete:
             run = path.rsplit("/", 1)[0]  # <run>/checkpoints
-            problems = [p for _, name in found.complete if (p := checkpoint_size_problem(fs, layout.join(path, name)))]
-            if len(problems) == len(found.complete):
-                raise PlanError("resume", resume, "holds no checkpoint that passes its integrity check: "
-                                + "; ".join(problems), fix)
+        elif found.failed:
+            raise PlanError("resume", resume, "holds no checkpoint that passes its integrity check: "
+                            + "; ".join(f"{name}: {why}" for name, why in found.failed), fix)
         else:
             why = "; ".join(found.notes()) or "no step_<N>/meta.json"
             raise PlanError("resume", resume, f"holds no complete checkpoint ({why})", fix)
@@ -97,15 +95,13 @@ def check_resume_source(resume: str, plan: Plan, conf: dict[str, Any] | None = N
     return resume_keys.check(their_conf, conf, resume, step)
 
 
-def checkpoint_size_problem(fs: Any, ckpt_dir: str) -> str | None:
-    """Why a committed checkpoint cannot load, as far as the driver checks (the contract's size rule: meta.json
-    readable, state.pt of the recorded size); None when it passes. The driver never hashes: the workers verify
-    sha256 when they load."""
+def checkpoint_problem(fs: Any, ckpt_dir: str) -> str | None:
+    """Why the checkpoint at ``ckpt_dir`` cannot load, as far as the driver checks (the contract's rules, as
+    runner/rundir/checkpoint_list.py applies them: a valid marker, state.pt of the recorded size), naming it; None
+    when it passes. The driver never hashes: the workers verify sha256 when they load."""
     name = ckpt_dir.rstrip("/").rsplit("/", 1)[-1]
-    marker_path, state_path = layout.join(ckpt_dir, layout.CKPT_MARKER), layout.join(ckpt_dir, layout.CKPT_STATE)
-    marker = fs.cat_file(marker_path) if fs.exists(marker_path) else None
-    size = fs.size(state_path) if fs.exists(state_path) else None
-    return checkpoints.size_problem(name, marker, size)
+    verdict, why = checkpoint_list.judge(fs, ckpt_dir)
+    return None if verdict == checkpoint_list.COMPLETE else f"{name}: {why}"
 
 
 # resume values that name no source: auto (a new run; a note names an unfinished one), never and restart (a new run
@@ -158,10 +154,10 @@ def iter_unfinished(root: str) -> Iterator[tuple[str, str, str]]:
         return
     for m in sorted(found, key=lambda m: m.rsplit("/", 3)[-3:-1], reverse=True):
         try:
-            manifest = json.loads(fs.cat_file(m))
-        except (OSError, ValueError):
+            manifest = records.read_json(fs, m, "", missing_ok=False)
+        except records.DamagedFile:
             continue
-        if not isinstance(manifest, dict) or records.manifest_problem(manifest):
+        if records.manifest_problem(manifest):
             continue  # damaged: never a run to continue (ddp-runs names it)
         state = status.status_of(manifest)
         run = m.rsplit("/", 1)[0]

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -17,7 +18,7 @@ from fsspec.implementations.local import LocalFileSystem
 from ddp_runner.contract import layout
 from ddp_runner.contract.errors import PlanError
 from ddp_runner.contract.osutil import atomic_write
-from ddp_runner.rundir import lost_store
+from ddp_runner.rundir import lost_store, records
 from ddp_runner.rundir.lease import Lease, Taken, take
 
 
@@ -49,13 +50,19 @@ class RunDir:
             return
         atomic_write(target, text)
 
-    def write_json(self, rel: str, obj: Any) -> None:
+    def write_json(self, rel: str, obj: Mapping[str, Any]) -> None:
+        """Write a JSON record of the run tree (run.json, summary.json: runner/contract/run_files.py)."""
         self.write_text(rel, json.dumps(obj, indent=2, default=str, ensure_ascii=False) + "\n")
 
-    def read_json(self, rel: str) -> Any:
-        # One whole read: a file object on an object store reads by ranges pinned to the version it first saw,
-        # and fails when another node replaces the file meanwhile (run.json, as node 0 opens a restart).
-        return json.loads(self.fs.cat_file(layout.join(self.path, rel)))
+    def read_json(self, rel: str) -> dict[str, Any]:
+        """A JSON object of the run tree (run.json, summary.json: runner/contract/run_files.py); the run tree's one
+        reader, :func:`ddp_runner.rundir.records.read_json`: :class:`~ddp_runner.rundir.records.DamagedFile` (a
+        ValueError) when it is missing, unreadable, or not a JSON object."""
+        # One whole read (records.read_json's cat_file): a file object on an object store reads by ranges pinned to
+        # the version it first saw, and fails when another node replaces the file meanwhile (run.json, as node 0
+        # opens a restart).
+        return records.read_json(self.fs, layout.join(self.path, rel), records.fix_for(rel, self.url),
+                                 missing_ok=False)
 
     def remove(self) -> None:
         """Delete the whole run directory (used when a refusal comes after creation)."""

@@ -8,7 +8,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from ddp_runner.contract import layout
+from ddp_runner.contract import checkpoints, layout
 from ddp_runner.report import runs
 from ddp_runner.rundir import listing
 
@@ -21,7 +21,9 @@ def _tree(local: Path) -> None:
     for name, status in (("10-00-00_smoke_w2", "completed"), ("11-00-00_smoke_w2", "running")):
         run = local / "2026-12-01" / name
         (run / layout.CHECKPOINTS / "step_4").mkdir(parents=True)
-        (run / layout.CHECKPOINTS / "step_4" / layout.CKPT_MARKER).write_text("{}")
+        (run / layout.CHECKPOINTS / "step_4" / layout.CKPT_STATE).write_bytes(b"w")  # committed as the workers do
+        (run / layout.CHECKPOINTS / "step_4" / layout.CKPT_MARKER).write_text(json.dumps({
+            "format": checkpoints.FORMAT, "step": 4, "bytes": 1, "sha256": "", "state_file": layout.CKPT_STATE}))
         (run / layout.CONFIG).write_text("train:\n  max_steps: 8\n")
         (run / layout.MANIFEST).write_text(json.dumps({"status": status, "task": "smoke", "plan": plan,
                                                        "started": started, "driver": gone}))

@@ -30,6 +30,7 @@ def _run(root: Path, name: str, preset: str | None, conf: dict, status: str = "i
     (run / "run.json").write_text(json.dumps({"status": status, "plan": {"world_size": conf["world_size"]},
                                               "invocation": {"task_preset": preset}}))
     marker = {"format": checkpoints.FORMAT, "step": 2, "bytes": 0, "sha256": "", "state_file": "state.pt"}
+    (run / "checkpoints" / "step_2" / "state.pt").write_bytes(b"")  # of the size the marker records
     (run / "checkpoints" / "step_2" / "meta.json").write_text(json.dumps(marker))
     return run
 

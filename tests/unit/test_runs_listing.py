@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_runner.contract import layout
+from ddp_runner.contract import checkpoints, layout
 from ddp_runner.report import runs
 from ddp_runner.rundir import listing
 from ddp_runner.rundir.status import this_driver
@@ -165,7 +165,8 @@ def test_the_listing_is_newest_first_with_true_statuses(tree: Path) -> None:
     assert set(skipped) == {"2026-12-01/15-00-00_smoke_w2", "2026-12-01/16-00-00_smoke_w2",
                             "2026-12-01/17-00-00_other"}
     assert "no run.json" in skipped["2026-12-01/15-00-00_smoke_w2"]
-    assert "cannot be read (JSONDecodeError" in skipped["2026-12-01/16-00-00_smoke_w2"]
+    assert ("run.json: not valid JSON, truncated or corrupted (JSONDecodeError"
+            in skipped["2026-12-01/16-00-00_smoke_w2"])
     assert "not a ddp-run manifest" in skipped["2026-12-01/17-00-00_other"]
 
 
@@ -181,7 +182,7 @@ def test_the_command_prints_a_plain_table_notes_and_json(tree: Path, capsys: pyt
     assert "2/?" in next(line for line in lines if "14-00-00_smoke_w1" in line)  # trained by epochs, still going
     assert "partial (2 jobs: 1 completed, 1 refused)  smoke  1      8 " in out
     assert "  └ 0_smoke_w1" in out and "└ job 1" in out
-    assert "ddp-runs: skipped 2026-12-01/16-00-00_smoke_w2: run.json cannot be read" in err
+    assert "ddp-runs: skipped 2026-12-01/16-00-00_smoke_w2: run.json: not valid JSON" in err
     assert "Traceback" not in err
     assert runs.main([str(tree), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -206,7 +207,9 @@ def test_show_gives_the_cause_and_the_command_that_continues_the_run(tree: Path,
     failed = tree / "2026-12-01/11-00-00_smoke_w2"
     ckpt = failed / layout.CHECKPOINTS / "step_2"
     ckpt.mkdir(parents=True)
-    (ckpt / layout.CKPT_MARKER).write_text("{}")
+    (ckpt / layout.CKPT_STATE).write_bytes(b"w")  # committed as the workers commit it: a valid marker
+    (ckpt / layout.CKPT_MARKER).write_text(json.dumps({"format": checkpoints.FORMAT, "step": 2, "bytes": 1,
+                                                      "sha256": "", "state_file": layout.CKPT_STATE}))
     (failed / layout.CHECKPOINTS / "step_3").mkdir()  # never committed: not offered
     assert runs.main(["show", str(failed)]) == 0
     text = capsys.readouterr().out

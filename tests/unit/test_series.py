@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 from ddp_runner.contract import series
 from ddp_runner.report import compare
+from ddp_runner.rundir import figures
 from ddp_runner.tasks.engine.trainer import Trainer, window_ends
 
 
@@ -50,8 +51,9 @@ def test_window_ends_follow_the_log_steps_from_where_the_launch_began():
 
 
 def test_compare_reads_the_named_steps_and_older_summaries_without_them(tmp_path: Path):
-    new = compare._losses({"losses": [3.0, float("nan"), 1.0], "loss_steps": [1, 500, 1000]})
-    assert new == {"losses": [3.0, 1.0], "loss_steps": [1, 1000]}
-    assert compare.loss_at_steps(new["losses"], 5, 1000, new["loss_steps"]) == [(1, 3.0), (1000, 1.0)]
-    old = compare._losses({"losses": [3.0, 2.0]})
-    assert compare.loss_at_steps(old["losses"], 5, 10, old["loss_steps"]) == [(5, 3.0), (10, 2.0)]
+    new = figures.losses({"losses": [3.0, float("nan"), 1.0], "loss_steps": [1, 500, 1000]})
+    assert new == ([3.0, 1.0], [1, 1000])
+    assert compare.loss_at_steps(new[0], 5, 1000, new[1]) == [(1, 3.0), (1000, 1.0)]
+    old = figures.losses({"losses": [3.0, 2.0]})
+    assert old == ([3.0, 2.0], None)
+    assert compare.loss_at_steps(old[0], 5, 10, old[1]) == [(5, 3.0), (10, 2.0)]
