@@ -5,6 +5,7 @@ a run.json's doctor report, or figures given on the command line)."""
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
