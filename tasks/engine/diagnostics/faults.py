@@ -183,12 +183,12 @@ def in_phase(phase: str, rank: int, step: int, local_dir: str) -> None:
         return
     import json
 
-    from ddp_runner.tasks.engine.diagnostics import termination
+    from ddp_runner.tasks.engine.stop import signals
 
     with open(os.path.join(local_dir, layout.MANIFEST)) as f:
         driver = int(json.load(f)["driver"]["pid"])
     print(f"{ENV_STOP_AT}: SIGINT to the driver (pid {driver}) in {phase} at step {step}", file=sys.stderr, flush=True)
     os.kill(driver, signal.SIGINT)
     deadline = time.monotonic() + STOP_WAIT_S
-    while not termination.requested() and time.monotonic() < deadline:
+    while not signals.requested() and time.monotonic() < deadline:
         time.sleep(0.01)
