@@ -123,7 +123,7 @@ def train_rank(run_dir: str, local_dir: str, console: IO[str] | None) -> None:
         print(line, flush=True)
         worker_io.write_json(local_dir, layout.rank_facts(ctx.rank),
                              rank.facts(ctx, completed=stopped is None, exit_code=0, stopped=stopped,
-                                    summary=summary if ctx.is_main else None))
+                                        summary=summary if ctx.is_main else None))
         if stopped:
             signals.done()
     except BaseException as exc:  # noqa: B036 - the time of any failure, before the teardown below

@@ -71,7 +71,8 @@ class Trainer:
         self.extras: task_metrics.Sums | None = None  # the loop's extra metric sums (names known after a forward)
         self.validator = Validator(cfg, ctx, self.parts, self.model, per_rank=self.per_rank,
                                    collective_forward=self.strategy.collective_forward, total_steps=self.total_steps,
-                                   phase=self.phase, train_names=lambda: self.extras.names if self.extras else None)
+                                   phase=self.phase,
+                                   train_names=lambda: None if self.extras is None else self.extras.names)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
             lambda s: lr_factor(s, self.total_steps, t.schedule, t.warmup_steps, t.min_lr_ratio),
