@@ -1,5 +1,5 @@
 """What a stop costs: the time from the signal to a committed checkpoint, and what the per-step stop vote (one MAX
-all-reduce of a 1-element tensor, tasks/engine/stop.py) costs a training step.
+all-reduce of a 1-element tensor, tasks/engine/stop/vote.py) costs a training step.
 
 Three measurements, one JSON line at the end:
 

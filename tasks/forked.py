@@ -18,7 +18,7 @@ import time
 
 from ddp_runner.contract import layout, osutil
 from ddp_runner.tasks import worker
-from ddp_runner.tasks.engine.diagnostics import termination
+from ddp_runner.tasks.engine.stop import signals
 
 
 def rank(run_url: str) -> int:
@@ -27,7 +27,7 @@ def rank(run_url: str) -> int:
     code = worker.main(run_url, started=_imports_began())
     if code == 0:
         _end()
-        if termination.requested():
+        if signals.requested():
             _hand_over_and_exit(0)
         return 0
     worker.after_failure()

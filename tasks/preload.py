@@ -71,7 +71,7 @@ def _tell_the_bar() -> None:
     local = os.environ.get(layout.ENV_LOCAL_DIR) or os.environ.get(layout.ENV_RUN_DIR)
     if not path or not (os.path.isabs(path) or local):
         return
-    from ddp_runner.tasks.engine.progress import RecordConsole, stage
+    from ddp_runner.tasks.engine.reporting.progress import RecordConsole, stage
 
     console = RecordConsole(path if os.path.isabs(path) else os.path.join(str(local), path))
     stage(console, "importing torch")

@@ -98,8 +98,8 @@ ENV_FORKSERVER = "DDP_RUNNER_FORKSERVER"
 FORKSERVER_AGENT, FORKSERVER_SPAWNED = "agent", "1"
 
 # A live terminal (runner/launch/live.py): the driver draws rank 0's progress; rank 0 then writes its console as
-# JSON lines into this file (tasks/engine/progress.py) instead of onto the user's terminal. The env var holds the
-# file's path; unset, rank 0 writes plain lines to its stdout.
+# JSON lines into this file (tasks/engine/reporting/progress.py) instead of onto the user's terminal. The env var
+# holds the file's path; unset, rank 0 writes plain lines to its stdout.
 CONSOLE_RECORDS = f"{LOGS}/console.jsonl"
 ENV_CONSOLE_RECORDS = "DDP_RUNNER_CONSOLE_RECORDS"
 # A job of a concurrent sweep (runner/job/pool.py), a ddp-run of its own: what its parent tells it (JSON: job

@@ -180,7 +180,7 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def asked_cap_gb(cfg: Mapping[str, Any]) -> tuple[float | None, str]:
     """The cap asked for (``strategy.memory_cap_gb``, else ``$DDP_RUNNER_MEMORY_CAP_GB``) and where it came from;
-    None when neither is set. The workers hold their GPU to it (tasks/engine/trainer.py)."""
+    None when neither is set. The workers hold their GPU to it (tasks/engine/rank.py)."""
     scfg = cfg.get("strategy") or {}
     if scfg.get("memory_cap_gb") is not None:
         return float(scfg["memory_cap_gb"]), "strategy.memory_cap_gb"

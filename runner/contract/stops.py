@@ -10,6 +10,7 @@ ranks agree on it at the next optimizer-step boundary, save a complete checkpoin
 from __future__ import annotations
 
 import signal
+from typing import TypedDict
 
 from ddp_runner.contract import layout
 
@@ -19,6 +20,20 @@ DEFAULT_GRACE_S = 20.0
 MAX_GRACE_S = 25.0
 DRIVER_MARGIN_S = 4.0
 RESERVED = (signal.SIGUSR1, signal.SIGKILL, signal.SIGSTOP, signal.SIGINT)  # NCCL and faulthandler use SIGUSR1
+
+
+class StopRecord(TypedDict):
+    """What a rank records of a stop its ranks agreed on (its facts' ``stopped``, summary.json's ``stopped``): the
+    driver's finalisation reads it to tell a stopped run from a completed one and to name the checkpoint to
+    resume from."""
+
+    step: int                       # the optimizer step every rank stopped after
+    signal: int                     # the agreed stop signal's number
+    checkpoint: str                 # the checkpoint that holds that step: ``step_<N>``
+    save_s: float                   # seconds from the agreement to that checkpoint's commit
+    signal_after_step: int | None   # the steps this rank had done when its signal came (None: it got none)
+    during: str | None              # the work the stop cut short (a validation), else None
+    last_step: bool                 # the step is the run's last (the stop cut its final validation short)
 
 
 def parse_signal(value: object) -> int | None:

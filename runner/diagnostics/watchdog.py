@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 # Phases in the order a rank goes through them between two completed optimizer steps (heartbeat ``step`` counts
 # completed steps, so the bookkeeping after step k comes before the work of step k+1).
-PHASE_ORDER = ("step_end", "log", "validate", "checkpoint", "data", "forward_backward", "sync", "optimizer",
+PHASE_ORDER = ("step_end", "log", "validation", "checkpoint", "data", "forward_backward", "sync", "optimizer",
                "finish")
 IDLE_PHASES = ("startup", "done", "terminated")  # never judged: not started, or leaving
 STACK_WAIT_S = 3.0    # for the ranks' faulthandler output

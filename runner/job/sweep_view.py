@@ -1,6 +1,6 @@
 """One console view of a concurrent sweep: a row per running job (its devices, step, loss, throughput, time).
 
-Each job's rank 0 writes its console as records (``tasks/engine/progress.py``) into a file the pool chose; the
+Each job's rank 0 writes its console as records (``tasks/engine/reporting/progress.py``) into a file the pool chose; the
 view reads what was added at every poll. On a terminal the rows are redrawn in place (``rich``); piped, the view
 prints one line when a job starts and one when it ends.
 """

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ddp_runner.config.plan import Plan
 from ddp_runner.contract.errors import PlanError
 from ddp_runner.launch import kubernetes, local, multinode, slurm
 from ddp_runner.launch.base import Launcher
@@ -29,14 +28,3 @@ def launcher_check(launcher: Mapping[str, Any], output_root: str | None = None) 
     starts."""
     get(launcher).check(launcher, str(output_root or ""))
 
-
-def torchrun_command(plan: Plan, launcher: Mapping[str, Any], run_url: str) -> list[str]:
-    """The torchrun invocation this host runs for ``plan``; the worker entry is ``python -P -m ddp_runner.tasks <run
-    dir>``.
-
-    ``-P`` keeps the working directory off the workers' ``sys.path``: a stray ``tasks.py`` or ``runner.py`` where
-    the user runs ddp-run cannot shadow this package (a task module found there comes through
-    ``layout.ENV_TASK_PATH``, appended after the installed packages). Under Slurm this is the command each node's
-    srun task runs (``runner/launch/slurm.py``).
-    """
-    return get(launcher).command(plan, launcher, run_url)

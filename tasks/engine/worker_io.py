@@ -16,9 +16,10 @@ from ddp_runner.contract.osutil import atomic_write
 def redirect_output(local_dir: str, rank: int) -> IO[str] | None:
     """Send this process's stdout/stderr (C-level too, e.g. NCCL's) to ``logs/rank<R>.log``.
 
-    Returns rank 0's console (its progress and messages for the user: see tasks/engine/progress.py), else None.
+    Returns rank 0's console (its progress and messages for the user: see tasks/engine/reporting/progress.py), else
+    None.
     """
-    from ddp_runner.tasks.engine.progress import open_console
+    from ddp_runner.tasks.engine.reporting.progress import open_console
 
     path = os.path.join(local_dir, layout.rank_log(rank))
     console = open_console(local_dir) if rank == 0 else None

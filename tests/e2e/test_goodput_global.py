@@ -1,7 +1,7 @@
-"""summary.json's goodput (tasks/engine/trainer.py, tasks/engine/metrics.py) counts the whole job, every rank: on
-a 2-rank run, samples/s × wall seconds is the steps × the GLOBAL batch, and tokens/s × wall seconds that many
-samples' tokens. A per-rank figure (half of it) must fail. One real 2-rank gloo launch of the tiny GPT, shared
-with test_gpt.py and test_profiling_e2e.py (tests/conftest.py: ``gpt_w2_reference``)."""
+"""summary.json's goodput (tasks/engine/reporting/summary.py, tasks/engine/reporting/metrics.py) counts the whole job,
+every rank: on a 2-rank run, samples/s × wall seconds is the steps × the GLOBAL batch, and tokens/s × wall seconds
+that many samples' tokens. A per-rank figure (half of it) must fail. One real 2-rank gloo launch of the tiny GPT,
+shared with test_gpt.py and test_profiling_e2e.py (tests/conftest.py: ``gpt_w2_reference``)."""
 
 from __future__ import annotations
 

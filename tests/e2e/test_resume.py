@@ -143,7 +143,7 @@ def _failed_with_step4_in_flight(tmp_path: Path, fault: list[str]) -> tuple[Any,
 def test_rank0_finishes_the_checkpoint_in_flight_when_torchrun_stops_it(tmp_path):
     # After step 5, rank 1 fails and rank 0 blocks (asleep, so no collective can fail under it first), and
     # torchrun stops rank 0 with SIGTERM while step_4's write is in flight. Rank 0 finishes it before stopping
-    # (tasks/termination.py), so the run resumes from step_4, not step_2. Without that, SIGTERM ended rank 0 and
+    # (tasks/engine/stop/signals.py), so the run resumes from step_4, not step_2. Without that, SIGTERM ended rank 0 and
     # the write with it.
     r, run = _failed_with_step4_in_flight(
         tmp_path, ["fault.kind=exception", "fault.rank=1", "fault.step=5", "fault.also=[{kind:hang,rank:0,step:5}]"])

@@ -12,7 +12,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset
 
-from ddp_runner.tasks.engine.trainer import Context, evaluate
+from ddp_runner.tasks.engine.rank import Context
+from ddp_runner.tasks.engine.validation import evaluate
 from ddp_runner.tasks.gpt.data import TokenWindows
 from ddp_runner.tasks.gpt.model import GPT
 from ddp_runner.tasks.smoke import Regression, synthetic_dataset

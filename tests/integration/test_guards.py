@@ -21,7 +21,8 @@ from omegaconf import OmegaConf
 from torch.utils.data import DistributedSampler
 
 from ddp_runner.tasks.engine.config import Config
-from ddp_runner.tasks.engine.trainer import Context, Trainer
+from ddp_runner.tasks.engine.rank import Context
+from ddp_runner.tasks.engine.trainer import Trainer
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 
@@ -59,7 +60,7 @@ def _engine_order(cfg: Config, rank: int, world: int, run_dir: Path, epochs: int
     index_of = {data[i][0].numpy().tobytes(): i for i in range(len(data))}
     assert len(index_of) == len(data), "every smoke sample is distinct"
     seen: list[tuple[int, list[int]]] = []
-    source = trainer._micro_batches()
+    source = trainer.feed.micro_batches(trainer.state)
 
     def recording() -> Iterator[Any]:
         for x, y, wait in source:
@@ -68,7 +69,7 @@ def _engine_order(cfg: Config, rank: int, world: int, run_dir: Path, epochs: int
 
     batches, loop = recording(), trainer._start_loop()
     acc = trainer.accumulation
-    for _ in range(epochs * trainer.steps_per_epoch):
+    for _ in range(epochs * trainer.feed.steps_per_epoch):
         for m in range(acc):
             trainer.micro_step(batches, loop, first=m == 0, last=m == acc - 1)
     trainer.close()

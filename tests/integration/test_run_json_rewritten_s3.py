@@ -16,7 +16,7 @@ import fsspec
 from ddp_runner.contract import layout
 from ddp_runner.launch import multinode
 from ddp_runner.rundir import run_dir as rundir
-from ddp_runner.tasks.engine import logging as tb
+from ddp_runner.tasks.engine.reporting import log_window as tb
 from ddp_runner.tasks.engine.trackers import open as trackers_open
 
 

@@ -3,7 +3,7 @@ the tiny GPT): the ranks leave the validation at their next vote and the checkpo
 committed first; after the final checkpoint and validation a stop cuts nothing (issue 45, item 1).
 
 The stop comes as a SIGTERM would bring it to a rank (``termination``'s flag), set when the validation begins: its
-progress phase (``heartbeat.phase("validate")``), so that it lands in the validation on any machine.
+progress phase (``heartbeat.phase("validation")``), so that it lands in the validation on any machine.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from ddp_runner.tasks.engine import checkpoint as ck
-from ddp_runner.tasks.engine.diagnostics import heartbeat, termination
+from ddp_runner.tasks.engine.diagnostics import heartbeat
+from ddp_runner.tasks.engine.stop import signals as termination
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,16 +57,16 @@ def _train(tmp: Path, monkeypatch: pytest.MonkeyPatch, stop_in_validation_at: in
            **train: Any) -> tuple[Any, dict[str, Any], list[int]]:
     """Train the tiny GPT to the end (or a stop), a SIGTERM arriving when the validation at step
     ``stop_in_validation_at`` begins; returns the trainer, its summary, and the validation batches it ran."""
-    from ddp_runner.tasks.engine import trainer as engine
+    from ddp_runner.tasks.engine.rank import Context
+    from ddp_runner.tasks.engine.trainer import Trainer
 
     run = tmp / "run"
     (run / "logs").mkdir(parents=True)
-    trainer = engine.Trainer(_config(tmp, **train), engine.Context(0, 0, 1, torch.device("cpu"), str(run), str(run),
-                                                                   None))
+    trainer = Trainer(_config(tmp, **train), Context(0, 0, 1, torch.device("cpu"), str(run), str(run), None))
     phase = heartbeat.phase
 
     def and_a_stop(name: str) -> None:
-        if name == "validate" and trainer.state.step == stop_in_validation_at:
+        if name == "validation" and trainer.state.step == stop_in_validation_at:
             termination._requested = signal.SIGTERM  # noqa: SLF001 - what the watcher sets as SIGTERM comes
         phase(name)
 

@@ -1,4 +1,4 @@
-"""The per-step stop vote (tasks/engine/stop.py) on real gloo ranks: a stop that one rank received, by signal or by
+"""The per-step stop vote (tasks/engine/stop/vote.py) on real gloo ranks: a stop that one rank received, by signal or by
 the driver's request file, is seen by every rank at the same step; no stop, no rank stops."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import signal
 import torch
 import torch.distributed as dist
 
-from ddp_runner.tasks.engine import stop as stop_vote
-from ddp_runner.tasks.engine.diagnostics import termination
+from ddp_runner.tasks.engine.stop import signals as termination
+from ddp_runner.tasks.engine.stop import vote as stop_vote
 from tests.support.spawn import spawn
 
 

@@ -10,8 +10,9 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import TensorDataset
 
-from ddp_runner.tasks.engine import logging as tb
-from ddp_runner.tasks.engine.trainer import Context, evaluate
+from ddp_runner.tasks.engine.rank import Context
+from ddp_runner.tasks.engine.reporting import log_window as tb
+from ddp_runner.tasks.engine.validation import evaluate
 from tests.support.spawn import spawn
 
 

@@ -1,4 +1,4 @@
-"""SIGTERM finishes the registered work first (tasks/termination.py), in a real child process: its main thread
+"""SIGTERM finishes the registered work first (tasks/engine/stop/signals.py), in a real child process: its main thread
 blocked, as a rank's is inside a collective, and with a forked child that must not set it off."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import threading
 import time
 from pathlib import Path
 
-from ddp_runner.tasks.engine.diagnostics import termination
+from ddp_runner.tasks.engine.stop import signals as termination
 
 PROGRAM = textwrap.dedent("""
     import os, sys, threading, time
-    from ddp_runner.tasks.engine.diagnostics import termination
+    from ddp_runner.tasks.engine.stop import signals as termination
 
     out = sys.argv[1]
     termination.install(grace_s=float(sys.argv[2]))

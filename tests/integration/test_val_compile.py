@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 
 from ddp_runner.tasks.engine import val_compile
-from ddp_runner.tasks.engine.trainer import Context, evaluate
+from ddp_runner.tasks.engine.rank import Context
+from ddp_runner.tasks.engine.validation import evaluate
 from ddp_runner.tasks.gpt.data import TokenWindows
 from ddp_runner.tasks.gpt.model import GPT
 

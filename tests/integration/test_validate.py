@@ -172,8 +172,9 @@ def _train_briefly(cfg: dict[str, Any], run_dir: Path) -> None:
     import torch
 
     from ddp_runner.tasks.engine.config import Config
+    from ddp_runner.tasks.engine.rank import Context
     from ddp_runner.tasks.engine.trackers.open import open_trackers
-    from ddp_runner.tasks.engine.trainer import Context, Trainer
+    from ddp_runner.tasks.engine.trainer import Trainer
 
     cfg = copy.deepcopy(cfg)
     t = cfg["train"]

@@ -4,15 +4,13 @@ stand-in trainer in a one-process gloo group, with a clock whose every mark is o
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 import torch.distributed as dist
 
-from ddp_runner.tasks.engine import task_metrics
-from ddp_runner.tasks.engine.metrics import StepMeter
-from ddp_runner.tasks.engine.trainer import Trainer, _Loop
+from ddp_runner.tasks.engine.reporting import task_metrics
+from ddp_runner.tasks.engine.reporting.log_step import Loop, close_log, open_log
+from ddp_runner.tasks.engine.reporting.metrics import StepMeter
 
 
 class Ticks:
@@ -42,15 +40,13 @@ def test_a_window_ends_at_its_log_steps_mark(group):
     cpu = torch.device("cpu")
     meter = StepMeter(samples_per_step=8, world_size=1, tokens_per_sample=None, flops_per_sample=None, peak=None,
                       clock=Ticks())  # its start is mark 1
-    loop = _Loop(meter, None, None, None, torch.tensor(2.0), 0, task_metrics.Sums(cpu))  # type: ignore[arg-type]
-    trainer = SimpleNamespace(accumulation=1, ctx=SimpleNamespace(world_size=1, device=cpu), telemetry=None,
-                              stop_vote=None, parts=SimpleNamespace(tokens_per_sample=None),
-                              state=SimpleNamespace(losses=[]), gpu_windows={}, time_windows={},
-                              _rate_unit="samples/s")
+    loop = Loop(meter, None, None, None, torch.tensor(2.0), 0, task_metrics.Sums(cpu))  # type: ignore[arg-type]
+    losses: list[float] = []
     meter.step_done()
-    Trainer.log(trainer, loop, 1, 0.1, torch.tensor(1.0))  # marks the boundary: mark 2
+    open_log(loop, 1, 0.1, torch.tensor(1.0), accumulation=1, world_size=1, telemetry=None,
+             stop=None)  # marks the boundary: mark 2
     meter.step_done()  # the next step, queued before the values are read
     meter.clock.mark()  # time goes by before the host reads them (mark 3)
-    Trainer._finish_log(trainer, loop)
+    close_log(loop, device=cpu, losses=losses, unit="samples/s")
     assert loop.last["perf/step_time_s"] == 1.0, "closed at the log step's mark (2), not at reading time (4)"
-    assert meter.steps == 1 and trainer.state.losses == [2.0]
+    assert meter.steps == 1 and losses == [2.0]

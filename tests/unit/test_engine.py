@@ -95,7 +95,7 @@ def test_inductor_settings_reach_torch_inductor_config():
 
 def test_each_rank_sees_only_its_own_gpu_as_cuda0() -> None:
     """Local rank k keeps the k-th visible device (torchrun's --virtual-local-rank mapping), now as cuda:0."""
-    from ddp_runner.tasks.engine.trainer import own_gpu
+    from ddp_runner.tasks.engine.rank import own_gpu
 
     assert own_gpu(None, 1) == "1"
     assert own_gpu("3,5", 0) == "3" and own_gpu("3, 5", 1) == "5"
@@ -108,7 +108,7 @@ def test_a_memory_cap_becomes_the_processes_share_of_its_gpu(monkeypatch: pytest
     from ddp_runner.contract import layout
     from ddp_runner.contract.rules import asked_cap_gb
     from ddp_runner.tasks.engine.config import Config
-    from ddp_runner.tasks.engine.trainer import memory_fraction
+    from ddp_runner.tasks.engine.rank import memory_fraction
 
     monkeypatch.delenv(layout.ENV_MEMORY_CAP_GB, raising=False)
     assert asked_cap_gb(Config({"strategy": {"memory_cap_gb": None}}))[0] is None
@@ -127,7 +127,7 @@ def test_deterministic_kernels_turn_on_torchs_deterministic_algorithms(monkeypat
     # instead of adding in whatever order its threads finish; cuBLAS gets its fixed workspace before CUDA starts.
     import torch._inductor.config as inductor_config
 
-    from ddp_runner.tasks.engine.trainer import deterministic_kernels
+    from ddp_runner.tasks.engine.rank import deterministic_kernels
 
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddp_runner.tasks.engine.metrics import StepMeter
+from ddp_runner.tasks.engine.reporting.metrics import StepMeter
 
 
 class Device:

@@ -1,5 +1,5 @@
-"""The live terminal's pieces: rank 0's console (tasks/engine/progress.py) as plain lines or as records, and the
-driver's bar drawn from those records (runner/launch/live.py) into a terminal-like rich console."""
+"""The live terminal's pieces: rank 0's console (tasks/engine/reporting/progress.py) as plain lines or as records, and
+the driver's bar drawn from those records (runner/launch/live.py) into a terminal-like rich console."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import select
 import pytest
 
 from ddp_runner.launch import live
-from ddp_runner.tasks.engine import progress
+from ddp_runner.tasks.engine.reporting import progress
 from tests.support import live_screen
 
 

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from ddp_runner.tasks.engine import metrics
+from ddp_runner.tasks.engine.reporting import metrics
 from ddp_runner.tasks.gpt.model import GPT
 
 
@@ -40,10 +40,9 @@ def test_mfu_formula_and_none_when_unknown():
     assert metrics.mfu(1e9, 100.0, metrics.peak_flops("cpu", "fp32")) is None
 
 
-def test_median_and_scaling_efficiency():
+def test_median():
     assert metrics.median([]) is None
     assert metrics.median([3.0, 1.0, 2.0]) == 2.0
-    assert metrics.scaling_efficiency(100.0, 180.0, 2) == pytest.approx(0.9)
 
 
 def test_gpt2_small_flops_per_token_is_about_855_mflop():
@@ -84,7 +83,7 @@ class _Clock:
 
 
 def test_step_meter_windows_pauses_and_medians():
-    from ddp_runner.tasks.engine.metrics import StepMeter
+    from ddp_runner.tasks.engine.reporting.metrics import StepMeter
 
     clock = _Clock()
     meter = StepMeter(samples_per_step=64, world_size=2, tokens_per_sample=1024, flops_per_sample=1e9, peak=1e15,
@@ -120,7 +119,7 @@ def test_step_meter_windows_pauses_and_medians():
 def test_a_window_closed_late_carries_the_steps_queued_after_it():
     # The engine closes step k's window only after queueing step k+1 (so the GPU never drains): the window holds
     # k's steps, and k+1 starts the next one.
-    from ddp_runner.tasks.engine.metrics import StepMeter
+    from ddp_runner.tasks.engine.reporting.metrics import StepMeter
 
     meter = StepMeter(samples_per_step=8, world_size=1, tokens_per_sample=None, flops_per_sample=None, peak=None)
     meter.step_done()
@@ -142,7 +141,7 @@ def test_a_window_closed_late_carries_the_steps_queued_after_it():
 
 
 def test_the_span_of_the_median_windows_is_recorded_in_wall_clock_time():
-    from ddp_runner.tasks.engine.metrics import StepMeter
+    from ddp_runner.tasks.engine.reporting.metrics import StepMeter
 
     meter = StepMeter(samples_per_step=8, world_size=1, tokens_per_sample=None, flops_per_sample=None, peak=None)
     time.sleep(0.2)  # start-up: the first window, outside the span
@@ -164,7 +163,7 @@ def test_a_pause_first_waits_for_the_training_work_still_queued():
     be queued. Their device time is training time; it must not vanish into the pause (which once reported 575.6k
     tokens/s with checkpoints against 524.7k without). The device's queue is played here by a sync that takes
     0.5 s, the pause's own work by 0.25 s, on the test's clock."""
-    from ddp_runner.tasks.engine.metrics import StepMeter
+    from ddp_runner.tasks.engine.reporting.metrics import StepMeter
 
     clock = _Clock()
     drained = []
@@ -191,7 +190,7 @@ def test_a_pause_first_waits_for_the_training_work_still_queued():
 
 
 def test_goodput_shares_add_up_and_rates_use_the_whole_wall_clock():
-    from ddp_runner.tasks.engine.metrics import goodput
+    from ddp_runner.tasks.engine.reporting.metrics import goodput
 
     g = goodput(wall_s=100.0, startup_s=10.0, first_step_s=20.0, excluded={"checkpoint": 5.0, "validation": 15.0},
                 samples=6400, tokens_per_sample=1024)

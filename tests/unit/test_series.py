@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from ddp_runner.contract import series
 from ddp_runner.report import compare
 from ddp_runner.rundir import figures
-from ddp_runner.tasks.engine.trainer import Trainer, window_ends
+from ddp_runner.tasks.engine.reporting.summary import series_of, window_ends
 
 
 def test_a_long_series_keeps_its_first_last_extremes_and_spikes_within_the_bound():
@@ -32,10 +32,9 @@ def test_the_engine_summary_series_are_bounded_and_carry_their_steps():
     losses = [5.0 - i * 1e-5 for i in range(n)]
     history = {"step_time_s": [0.1] * (n - 1), "tokens_per_s": [1e5] * (n - 1), "mfu_pct": [40.0] * (n - 1)}
     history["step_time_s"][12_345] = 0.9  # one slow window
-    stub = SimpleNamespace(cfg=SimpleNamespace(train=SimpleNamespace(log_every=every)),
-                           state=SimpleNamespace(step=n, losses=losses))
+    state = SimpleNamespace(step=n, losses=losses)
     loop = SimpleNamespace(start_step=0, meter=SimpleNamespace(history=history, span_unix=[0.0, 1.0]))
-    out = Trainer._series(stub, loop)
+    out = series_of(loop, state, every)  # type: ignore[arg-type]
     size = len(json.dumps(out))
     assert size < 40_000, f"{size} bytes for {n} logged steps"  # unbounded: ~77 bytes per logged step
     assert len(out["losses"]) == len(out["loss_steps"]) <= series.MAX_POINTS

@@ -1,12 +1,12 @@
-"""A task's extra metrics: what a forward may return (tasks/engine/task_metrics.py), and their sums between log
-steps."""
+"""A task's extra metrics: what a forward may return (tasks/engine/reporting/task_metrics.py), and their sums between
+log steps."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from ddp_runner.tasks.engine.task_metrics import Sums, named, split_output
+from ddp_runner.tasks.engine.reporting.task_metrics import Sums, named, split_output
 
 
 def test_a_plain_loss_has_no_extra_metrics():

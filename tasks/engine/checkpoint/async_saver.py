@@ -149,7 +149,7 @@ class AsyncSaver:
 
     def finish(self, timeout_s: float, why: str) -> None:
         """Give the save in flight up to ``timeout_s`` to complete, and print how it went (to the rank's log,
-        each line prefixed by ``why``); never raises (for a process about to stop: see tasks/termination.py)."""
+        each line prefixed by ``why``); never raises (for a process about to stop: see tasks/engine/stop/signals.py)."""
         thread = self._thread
         if thread is None or not thread.is_alive():
             return

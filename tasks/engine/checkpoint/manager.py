@@ -5,7 +5,7 @@ from, and whether it can (in the spirit of torchtitan's ``CheckpointManager``).
   (step, epoch, the sampler's position as micro-batches of the epoch, the logged losses), every rank's RNG state,
   the plan and the config.
 - When: every ``checkpoint.every_steps`` (not at the last step, which the final checkpoint covers), at the end
-  unless ``checkpoint.final=false``, and on a stop the write in flight is finished (``termination``).
+  unless ``checkpoint.final=false``, and on a stop the write in flight is finished (``stop.signals``).
 - From where: the run's own newest complete checkpoint, whatever ``resume`` says; else the source ``resume``
   names. A candidate that fails its integrity check is passed over for the next older one, unless it was named
   explicitly.
@@ -28,7 +28,8 @@ from ddp_runner.tasks.engine.checkpoint import compat, sharded, storage
 from ddp_runner.tasks.engine.checkpoint.async_saver import AsyncSaver
 from ddp_runner.tasks.engine.checkpoint.rng import rng_state, set_rng_state
 from ddp_runner.tasks.engine.config import BatchPlan, Config
-from ddp_runner.tasks.engine.diagnostics import faults, heartbeat, termination
+from ddp_runner.tasks.engine.diagnostics import faults, heartbeat
+from ddp_runner.tasks.engine.stop import signals
 from ddp_runner.tasks.engine.strategy.base import Strategy
 from ddp_runner.tasks.engine.train_state import TrainState
 
@@ -105,7 +106,7 @@ class CheckpointManager:
         self.saver = AsyncSaver(self._hooks) if (rank == 0 and c.async_save and strategy.full_state_on_rank0) \
             else None
         if self.saver is not None:  # stopped by SIGTERM (a peer failed, or Ctrl-C): finish the write in flight
-            termination.on_terminate(self.saver.finish)
+            signals.on_terminate(self.saver.finish)
 
     @property
     def is_main(self) -> bool:
@@ -116,9 +117,10 @@ class CheckpointManager:
         """When this launch's first checkpoint was committed (None: none yet)."""
         return self.saver.first_commit_unix if self.saver is not None else self._first_commit_unix
 
-    def save_due(self, step: int, total_steps: int) -> bool:
-        """Whether step ``step`` of ``total_steps`` ends with a periodic checkpoint."""
-        return save_due(step, total_steps, self.every_steps)
+    def due(self, step: int, last: int) -> bool:
+        """Whether optimizer step ``step`` ends with a periodic checkpoint (``last``: the run's last step, which has
+        the final one instead)."""
+        return save_due(step, last, self.every_steps)
 
     # -- resume ----------------------------------------------------------------------------------------------
 
@@ -268,5 +270,5 @@ class CheckpointManager:
     def close(self) -> None:
         """Finish the write in flight (re-raising its error) and free the background save's buffers."""
         if self.saver is not None:
-            termination.forget(self.saver.finish)
+            signals.forget(self.saver.finish)
             self.saver.close()

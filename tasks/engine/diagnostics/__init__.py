@@ -1,1 +1,1 @@
-"""What a run tells about itself: fault injection for tests, termination, GPU telemetry, profiling."""
+"""What a run tells about itself: heartbeat, fault injection for tests, GPU telemetry, profiling."""

@@ -32,10 +32,11 @@ And one test-only hook for the rehearsal faults (its name: :data:`ENV_FAULT_GATE
 
 And one for the stop tests (its name: :data:`ENV_STOP_AT`):
 
-- ``DDP_RUNNER_STOP_AT=<phase>@<step>``: rank 0, entering ``phase`` (``validation``: a validation; ``finish``: the
-  end of training, its final checkpoint and validation done) at optimizer step ``step``, sends SIGINT to the driver
-  (run.json names it) and waits until the stop has reached it (:func:`in_phase`), so that the stop lands in that
-  phase whatever the machine's load.
+- ``DDP_RUNNER_STOP_AT=<phase>@<step>``: rank 0, entering ``phase`` (one of ``tasks/engine/phase.py``'s:
+  ``validation``: a validation; ``checkpoint``: a save, or the wait for one; ``finish``: the end of training, its
+  final checkpoint and validation done or a stop's checkpoint committed) at optimizer step ``step``, sends SIGINT to
+  the driver (run.json names it) and waits until the stop has reached it (:func:`in_phase`), so that the stop lands
+  in that phase whatever the machine's load.
 
 Nothing else in the engine injects faults.
 """
@@ -183,12 +184,12 @@ def in_phase(phase: str, rank: int, step: int, local_dir: str) -> None:
         return
     import json
 
-    from ddp_runner.tasks.engine.diagnostics import termination
+    from ddp_runner.tasks.engine.stop import signals
 
     with open(os.path.join(local_dir, layout.MANIFEST)) as f:
         driver = int(json.load(f)["driver"]["pid"])
     print(f"{ENV_STOP_AT}: SIGINT to the driver (pid {driver}) in {phase} at step {step}", file=sys.stderr, flush=True)
     os.kill(driver, signal.SIGINT)
     deadline = time.monotonic() + STOP_WAIT_S
-    while not termination.requested() and time.monotonic() < deadline:
+    while not signals.requested() and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -26,7 +26,7 @@ import time
 from typing import IO, Any
 
 from ddp_runner.contract import layout
-from ddp_runner.tasks.engine.diagnostics import termination
+from ddp_runner.tasks.engine.stop import signals
 
 WRITE_EVERY_S = 1.0
 
@@ -129,13 +129,13 @@ def start(local_dir: str, rank: int, start_step: int, enabled: bool, nccl: bool 
     """
     global _writer, _stack_file, _step
     _step = start_step
-    termination.track_steps(lambda: _step)
+    signals.track_steps(lambda: _step)
     with contextlib.suppress(OSError, ValueError):
         _stack_file = open(os.path.join(local_dir, layout.rank_stack(rank)), "w")
         faulthandler.register(signal.SIGUSR1, file=_stack_file, all_threads=True, chain=False)
     if not enabled or _writer is not None:
         return
-    termination.on_terminate(_terminated)
+    signals.on_terminate(_terminated)
     _writer = _Writer(local_dir, rank, start_step, nccl)
     with contextlib.suppress(OSError):
         _writer.write()  # at once: the driver learns this rank's pid
@@ -143,7 +143,7 @@ def start(local_dir: str, rank: int, start_step: int, enabled: bool, nccl: bool 
 
 
 def _terminated(_timeout_s: float, why: str) -> None:
-    if why == "SIGTERM":  # not a rank ending after its own error (termination.finish_now)
+    if why == "SIGTERM":  # not a rank ending after its own error (signals.finish_now)
         phase("terminated")
         flush()
 

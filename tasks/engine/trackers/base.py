@@ -3,7 +3,7 @@
 A tracker takes a step's scalars at once (:meth:`Tracker.log`), is told where a resumed launch starts
 (:meth:`Tracker.resume_at`), is flushed before a checkpoint (what a checkpoint covers has reached the tracker, so a
 resume from it leaves no gap) and closed at the end. Only rank 0 opens trackers: one tracker run per job whatever the
-world size; every rank's figures reach rank 0 through the log step's gather (tasks/engine/logging.py).
+world size; every rank's figures reach rank 0 through the log step's gather (tasks/engine/reporting/log_window.py).
 
 A tracker whose writes go over the network (MLflow, W&B online) is wrapped in :class:`Background`: the training loop
 never waits on a request. A tracker that fails mid-run is never silent: rank 0's console and log say so once, it is

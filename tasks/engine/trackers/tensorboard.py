@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddp_runner.tasks.engine import logging as tb
+from ddp_runner.tasks.engine.reporting import log_window as tb
 
 
 class TensorBoard:

@@ -1,5 +1,5 @@
 """Every rank agrees on a stop at an optimizer-step boundary (NeMo's pattern): a signal only sets a flag
-(``termination.requested``); here the ranks reduce it with one tiny all-reduce (MAX of a 1-element tensor), so that
+(``signals.requested``); here the ranks reduce it with one tiny all-reduce (MAX of a 1-element tensor), so that
 all of them see the same answer at the same step and take part in one complete checkpoint.
 
 A validation votes after each of its batches (every rank the same number of times), so that a stop during it is
@@ -23,7 +23,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from ddp_runner.tasks.engine.diagnostics import termination
+from ddp_runner.tasks.engine.stop import signals
 
 
 class StopAgreed(Exception):  # noqa: N818 - an agreement, not an error: the ranks leave the work it cut short
@@ -67,7 +67,7 @@ class StopAgreement:
         if not self.enabled:
             return 0
         self.folded += 1
-        return termination.requested() or self._requested_by_file()
+        return signals.requested() or self._requested_by_file()
 
     def stats(self) -> dict[str, float] | None:
         """How many votes this rank took part in and their mean host time (None when disabled)."""
@@ -77,7 +77,7 @@ class StopAgreement:
                 "folded": self.folded}
 
     def _vote(self) -> int:
-        mine = termination.requested() or self._requested_by_file()
+        mine = signals.requested() or self._requested_by_file()
         if not self.lagged:
             flag = torch.tensor([mine], dtype=torch.int32)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)

@@ -17,7 +17,7 @@ whichever of the two gets there first does it, and the other waits for it.
 
 A stop (SIGTERM, or the configured pre-emption signal, ``checkpoint.stop_signal``) that reaches a rank while its
 training loop runs is a request, never work done in the handler: :func:`requested` says which signal came; the
-loop's ranks agree on it at the next optimizer-step boundary (``tasks/engine/stop.py``), save a complete
+loop's ranks agree on it at the next optimizer-step boundary (``tasks/engine/stop/vote.py``), save a complete
 checkpoint and end normally, telling the watcher through :func:`taken` and :func:`done`. The watcher waits for that
 (after finishing the write in flight: half the grace for the loop to take the stop, the rest for the save);
 should the loop not take it in time (its

@@ -40,11 +40,6 @@ def median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def scaling_efficiency(tokens_per_s_1: float, tokens_per_s_n: float, n: int) -> float:
-    """Throughput on n devices over n × throughput on one."""
-    return tokens_per_s_n / (n * tokens_per_s_1)
-
-
 class HostClock:
     """Window boundaries as host time (``perf_counter``): right where the host's work is the device's (the CPU)."""
 

@@ -35,7 +35,7 @@ class PendingLog:
     ready: torch.cuda.Event | None
     lr: float
     window_steps: int             # optimizer steps of the perf window that ends with this step
-    n_extra: int = 0              # the task's extra metrics, last in each row (tasks/engine/task_metrics.py)
+    n_extra: int = 0              # the task's extra metrics, last in each row (tasks/engine/reporting/task_metrics.py)
 
     @classmethod
     def start(cls, step: int, mean_loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, window_steps: int,
