@@ -81,42 +81,55 @@ def _bench_worker(rank: int, nranks: int, init_file: str, out: str, backend: str
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=nranks,
                             timeout=timedelta(seconds=60), device_id=device if device.type == "cuda" else None)
 
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    def slowest(seconds: float) -> float:  # every rank must agree on counts and report the slowest rank's time
-        t = torch.tensor([seconds], dtype=torch.float64, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return float(t.item())
-
     try:
-        slowest(0.0)  # the first collective sets up the communicator: keep that out of the warm-up timing
-        rows = []
-        for size in sizes:
-            x = torch.zeros(max(1, size // 4), dtype=torch.float32, device=device)
-            nbytes = x.numel() * 4
-            t0 = time.perf_counter()
-            for _ in range(warmup):
-                dist.all_reduce(x)
-            sync()
-            per_op = slowest((time.perf_counter() - t0) / max(1, warmup))
-            count = max(3, min(iters, int(budget_s / max(per_op, 1e-9))))
-            slowest(0.0)  # lines the ranks up before the clock starts
-            t0 = time.perf_counter()
-            for _ in range(count):
-                dist.all_reduce(x)
-            sync()
-            seconds = slowest((time.perf_counter() - t0) / count)
-            algbw, busbw = allreduce_bandwidth(nbytes, seconds, nranks)
-            rows.append({"bytes": nbytes, "iters": count, "time_us": seconds * 1e6, "algbw_gbps": algbw,
-                         "busbw_gbps": busbw})
-            del x
+        _slowest(device, 0.0)  # the first collective sets up the communicator: keep that out of the warm-up timing
+        rows = [_measure_size(size, device, nranks, warmup, iters, budget_s) for size in sizes]
         if rank == 0:  # with the variables the measurement ran under (NVLink multicast off, …)
             seen = {k: os.environ[k] for k in sorted(os.environ) if k.startswith(("NCCL_", "NVSHMEM_", "TORCH_"))}
             atomic_write(out, json.dumps({"backend": backend, "nranks": nranks, "rows": rows, "env": seen}))
     finally:
         dist.destroy_process_group()
+
+
+def _measure_size(size: int, device: Any, nranks: int, warmup: int, iters: int, budget_s: float) -> dict[str, Any]:
+    """One size's row: warm up, choose how many all-reduces fit the time budget, time them (the slowest rank's)."""
+    import torch
+    import torch.distributed as dist
+
+    x = torch.zeros(max(1, size // 4), dtype=torch.float32, device=device)
+    nbytes = x.numel() * 4
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        dist.all_reduce(x)
+    _sync(device)
+    per_op = _slowest(device, (time.perf_counter() - t0) / max(1, warmup))
+    count = max(3, min(iters, int(budget_s / max(per_op, 1e-9))))
+    _slowest(device, 0.0)  # lines the ranks up before the clock starts
+    t0 = time.perf_counter()
+    for _ in range(count):
+        dist.all_reduce(x)
+    _sync(device)
+    seconds = _slowest(device, (time.perf_counter() - t0) / count)
+    algbw, busbw = allreduce_bandwidth(nbytes, seconds, nranks)
+    return {"bytes": nbytes, "iters": count, "time_us": seconds * 1e6, "algbw_gbps": algbw, "busbw_gbps": busbw}
+
+
+def _sync(device: Any) -> None:
+    """Wait for the GPU's queued work (nothing to wait for on CPU)."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _slowest(device: Any, seconds: float) -> float:
+    """The slowest rank's ``seconds``: every rank must agree on counts and report the slowest rank's time."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([seconds], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
 
 
 def measure_bandwidth(device: str, nproc: int, sizes: Sequence[int], warmup: int, iters: int,

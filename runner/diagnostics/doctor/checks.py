@@ -146,6 +146,15 @@ def torch_checks(visible_count: int | None) -> list[Check]:
     except ImportError as e:
         return [Check("torch", FAIL, f"torch does not import: {e}")]
     cuda = torch.cuda.is_available()
+    checks = [_torch_check(torch, cuda, visible_count), _nccl_check(torch, dist, cuda)]
+    gloo = dist.is_available() and dist.is_gloo_available()
+    checks.append(Check("gloo", OK if gloo else FAIL, "available (CPU runs)" if gloo else
+                        "not in this torch build: CPU runs cannot form a process group", {"available": gloo}))
+    return checks
+
+
+def _torch_check(torch: Any, cuda: bool, visible_count: int | None) -> Check:
+    """torch's build and CUDA device count, beside the GPUs nvidia-smi shows."""
     count = torch.cuda.device_count()
     build = (f"CUDA {torch.version.cuda}" if torch.version.cuda
              else f"ROCm {torch.version.hip}" if getattr(torch.version, "hip", None) else "CPU")
@@ -158,8 +167,11 @@ def torch_checks(visible_count: int | None) -> list[Check]:
     if visible_count is not None and visible_count != count:
         status = WARN
         text += f"; nvidia-smi with CUDA_VISIBLE_DEVICES shows {visible_count}: ddp-run uses torch's count"
-    checks = [Check("torch", status, text, data)]
+    return Check("torch", status, text, data)
 
+
+def _nccl_check(torch: Any, dist: Any, cuda: bool) -> Check:
+    """NCCL in this torch and its version; needed only where CUDA devices are."""
     nccl_ok = dist.is_available() and dist.is_nccl_available()
     nccl_version = None
     if nccl_ok and cuda:
@@ -170,16 +182,10 @@ def torch_checks(visible_count: int | None) -> list[Check]:
             pass
     ndata = {"available": nccl_ok, "version": nccl_version}
     if nccl_ok and cuda:
-        checks.append(Check("nccl", OK, f"NCCL {nccl_version or '(version unknown)'}", ndata))
-    elif nccl_ok:
-        checks.append(Check("nccl", SKIPPED, "not used: no CUDA device on this host (CPU runs use gloo)", ndata))
-    elif cuda:
-        checks.append(Check("nccl", FAIL, "CUDA devices but this torch has no NCCL: multi-GPU DDP will not run", ndata))
-    else:
-        checks.append(Check("nccl", SKIPPED, "not in this torch build (CPU runs use gloo)", ndata))
-
-    gloo = dist.is_available() and dist.is_gloo_available()
-    checks.append(Check("gloo", OK if gloo else FAIL, "available (CPU runs)" if gloo else
-                        "not in this torch build: CPU runs cannot form a process group", {"available": gloo}))
-    return checks
+        return Check("nccl", OK, f"NCCL {nccl_version or '(version unknown)'}", ndata)
+    if nccl_ok:
+        return Check("nccl", SKIPPED, "not used: no CUDA device on this host (CPU runs use gloo)", ndata)
+    if cuda:
+        return Check("nccl", FAIL, "CUDA devices but this torch has no NCCL: multi-GPU DDP will not run", ndata)
+    return Check("nccl", SKIPPED, "not in this torch build (CPU runs use gloo)", ndata)
 
