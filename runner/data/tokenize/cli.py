@@ -10,6 +10,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import fsspec
 from ddp_runner.contract import layout
 from ddp_runner.data.tokenize.bpe import load_tokenizer, tokenizer_vocab_size
 from ddp_runner.data.tokenize.encode import Encoded, encode
-from ddp_runner.data.tokenize.sources import check_text, default_out, find_sources, input_fs
+from ddp_runner.data.tokenize.sources import Source, check_text, default_out, find_sources, input_fs
 from ddp_runner.data.tokenize.usage import (
     DEFAULT_GLOBS,
     DEFAULT_TRAIN_BYTES,
@@ -125,7 +126,7 @@ def _output(out_url: str) -> tuple[Any, str]:
     return out_fs, out_root
 
 
-def _tokenizer(args: argparse.Namespace, fs: Any, sources: list[Any]) -> tuple[Any, dict[str, Any], int, int | None]:
+def _tokenizer(args: argparse.Namespace, fs: Any, sources: list[Any]) -> _TokenizerChoice:
     """The tokenizer, what it is, its vocabulary size (it must fit uint16 ids) and its end-of-text id."""
     tok, tok_info = load_tokenizer(args, fs, sources)
     vocab_size = tokenizer_vocab_size(tok)
@@ -135,7 +136,7 @@ def _tokenizer(args: argparse.Namespace, fs: Any, sources: list[Any]) -> tuple[A
     eot_id = tok.token_to_id(EOT)
     if eot_id is None:
         say(f"note: the tokenizer has no {EOT} token: documents are concatenated without a separator")
-    return tok, tok_info, vocab_size, eot_id
+    return _TokenizerChoice(tok, tok_info, vocab_size, eot_id)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -144,15 +145,9 @@ def run(args: argparse.Namespace) -> int:
     fs, root = input_fs(args.input)
     out_url = args.out or default_out(root)
     out_fs, out_root = _output(out_url)
-    globs = tuple(args.glob or DEFAULT_GLOBS)
-    exclude = out_root.rstrip("/") + "/" if type(out_fs) is type(fs) else None
-    sources = find_sources(fs, root, args.input, globs, exclude)
-    total = sum(s.size for s in sources)
-    check_text(fs, sources, args.input)
-    say(f"{len(sources)} file(s), {human(total)} of text from {args.input}")
-    tok, tok_info, vocab_size, eot_id = _tokenizer(args, fs, sources)
-
-    local_out, local_in = is_local(out_fs), is_local(fs)
+    text = _find_text(args, fs, root, out_fs, out_root)
+    tok = _tokenizer(args, fs, text.sources)
+    local_out = is_local(out_fs)
     # Local output: build beside the final files (same filesystem, so the renames are atomic). Remote output:
     # build in a local temporary folder, then upload.
     work = Path(out_root) if local_out else Path(tempfile.mkdtemp(prefix="ddp-tokenize-"))
@@ -162,35 +157,7 @@ def run(args: argparse.Namespace) -> int:
     tmp_tag = f".tmp-{os.getpid()}"
     temps = [work / f"{name}{tmp_tag}" for name in ("tokens.bin", "val.bin", "tokenizer.json", layout.TOKENS_META)]
     try:
-        enc = encode(tok, fs, sources, total, eot_id, temps[0], quiet=args.quiet)
-        _undecodable(enc, args)
-        if enc.n_tokens == 0:
-            raise UsageError("input", args.input, "the text gave no tokens", "give it some text")
-        n_train, split_how = choose_split(enc.n_tokens, enc.doc_ends, args.val_fraction)
-        n_val = enc.n_tokens - n_train
-        split_file(temps[0], temps[1], n_train, n_val)
-        tok.encode_special_tokens = False  # a runtime switch for encode() only: save the tokenizer as it was
-        temps[2].write_text(tok.to_str(), encoding="utf-8")
-        meta = {
-            "vocab_size": vocab_size,
-            "tokens": {"train": n_train, "val": n_val},
-            "files": {"train": "train.bin", **({"val": "val.bin"} if n_val else {})},
-            "dtype": "uint16",
-            "byte_order": "little",
-            "source": root if local_in else args.input,  # absolute when local: the name alone says little
-            "source_sha256": enc.sha256,
-            "source_files": len(sources),
-            "source_bytes": total,
-            "globs": list(globs) if fs.isdir(root) else None,
-            "tokenizer": tok_info,
-            "eot_id": eot_id,
-            "documents": len(enc.doc_ends),
-            "val_fraction": args.val_fraction,
-            "split": split_how,
-            "created": datetime.now(UTC).isoformat(timespec="seconds"),
-            "tool": PROG,
-        }
-        temps[3].write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        n_train, n_val = _write(args, text, tok, temps)
         publish(out_fs, out_root, local_out, {"train.bin": temps[0], "val.bin": temps[1] if n_val else None,
                                                "tokenizer.json": temps[2], layout.TOKENS_META: temps[3]})
         done = True
@@ -201,8 +168,82 @@ def run(args: argparse.Namespace) -> int:
             shutil.rmtree(work, ignore_errors=True)
         elif made_out and not done and not any(work.iterdir()):
             work.rmdir()  # a failed run leaves no empty output folder behind
-    _say_done(display_url(out_url, out_fs, out_root), n_train, n_val, vocab_size)
+    _say_done(display_url(out_url, out_fs, out_root), n_train, n_val, tok.vocab_size)
     return 0
+
+
+@dataclass(frozen=True)
+class _Text:
+    """The text to tokenize: its filesystem and path, its files, their bytes, and the patterns that chose them."""
+
+    fs: Any
+    root: str
+    sources: list[Source]
+    total: int
+    globs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _TokenizerChoice:
+    """The tokenizer, what it is (meta.json's ``tokenizer``), its vocabulary size and its end-of-text id."""
+
+    tok: Any
+    info: dict[str, Any]
+    vocab_size: int
+    eot_id: int | None
+
+
+def _find_text(args: argparse.Namespace, fs: Any, root: str, out_fs: Any, out_root: str) -> _Text:
+    """The input's text files (never the output folder's), refused when binary."""
+    globs = tuple(args.glob or DEFAULT_GLOBS)
+    exclude = out_root.rstrip("/") + "/" if type(out_fs) is type(fs) else None
+    sources = find_sources(fs, root, args.input, globs, exclude)
+    total = sum(s.size for s in sources)
+    check_text(fs, sources, args.input)
+    say(f"{len(sources)} file(s), {human(total)} of text from {args.input}")
+    return _Text(fs, root, sources, total, globs)
+
+
+def _write(args: argparse.Namespace, text: _Text, tok: _TokenizerChoice, temps: list[Path]) -> tuple[int, int]:
+    """Encode into ``temps[0]``, move its val tail to ``temps[1]``, save the tokenizer (``temps[2]``) and meta.json
+    (``temps[3]``); returns the train and val token counts."""
+    enc = encode(tok.tok, text.fs, text.sources, text.total, tok.eot_id, temps[0], quiet=args.quiet)
+    _undecodable(enc, args)
+    if enc.n_tokens == 0:
+        raise UsageError("input", args.input, "the text gave no tokens", "give it some text")
+    n_train, split_how = choose_split(enc.n_tokens, enc.doc_ends, args.val_fraction)
+    n_val = enc.n_tokens - n_train
+    split_file(temps[0], temps[1], n_train, n_val)
+    tok.tok.encode_special_tokens = False  # a runtime switch for encode() only: save the tokenizer as it was
+    temps[2].write_text(tok.tok.to_str(), encoding="utf-8")
+    meta = _meta(args, text, tok, enc, (n_train, n_val), split_how)
+    temps[3].write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    return n_train, n_val
+
+
+def _meta(args: argparse.Namespace, text: _Text, tok: _TokenizerChoice, enc: Encoded, counts: tuple[int, int],
+          split_how: dict[str, Any]) -> dict[str, Any]:
+    """meta.json: what the files hold and where they came from (``ddp-run`` reads it before launch)."""
+    n_train, n_val = counts
+    return {
+        "vocab_size": tok.vocab_size,
+        "tokens": {"train": n_train, "val": n_val},
+        "files": {"train": "train.bin", **({"val": "val.bin"} if n_val else {})},
+        "dtype": "uint16",
+        "byte_order": "little",
+        "source": text.root if is_local(text.fs) else args.input,  # absolute when local: the name alone says little
+        "source_sha256": enc.sha256,
+        "source_files": len(text.sources),
+        "source_bytes": text.total,
+        "globs": list(text.globs) if text.fs.isdir(text.root) else None,
+        "tokenizer": tok.info,
+        "eot_id": tok.eot_id,
+        "documents": len(enc.doc_ends),
+        "val_fraction": args.val_fraction,
+        "split": split_how,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "tool": PROG,
+    }
 
 
 def _say_done(shown: str, n_train: int, n_val: int, vocab_size: int) -> None:
