@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from conftest import cli_in_process, load_json, run_dirs
 
-from ddp_runner.job import execute
+from ddp_runner.job import execute, launching
 from ddp_runner.rundir import run_dir
 
 SMOKE = ["task=smoke", "device=cpu", "world_size=1", "train.max_steps=2"]
@@ -39,7 +39,7 @@ def _stop_after(where: str, monkeypatch: pytest.MonkeyPatch) -> None:
     elif where == "the run directory made":
         monkeypatch.setattr(run_dir, "create_run_dir", _then_sigint(run_dir.create_run_dir))
     else:  # config.yaml and run.json written, torchrun not started yet
-        monkeypatch.setattr(execute, "_record_start", _then_sigint(execute._record_start))
+        monkeypatch.setattr(launching, "_record_start", _then_sigint(launching._record_start))
 
 
 @pytest.mark.parametrize("where", ["planning", "the run directory made", "the launch recorded"])

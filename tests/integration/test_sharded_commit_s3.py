@@ -24,7 +24,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from ddp_runner.tasks.engine import checkpoint as ck  # noqa: E402
-from ddp_runner.tasks.engine.checkpoint import sharded, storage  # noqa: E402
+from ddp_runner.tasks.engine.checkpoint import listing, paths, sharded  # noqa: E402
 from tests.support.checkpoints import kill_at_commit_pause, subprocess_env  # noqa: E402
 from tests.support.s3_server import files  # noqa: E402
 
@@ -67,8 +67,8 @@ def test_a_sharded_save_killed_before_its_commit_is_never_listed(s3_url, tmp_pat
     # step_1 loads, its shards through DCP's fsspec reader, and its meta.json covers them.
     url = ck.latest(root)
     state = ck.load(url)
-    assert set(storage._read_meta(*storage._split_ckpt_url(url))["files"]) == {"shards/.metadata",
-                                                                               "shards/__0_0.distcp"}
+    assert set(listing.read_meta(*paths.split_ckpt_url(url))["files"]) == {"shards/.metadata",
+                                                                           "shards/__0_0.distcp"}
     got = {"model": {"w": torch.zeros(4096)}, "optim": {"m": torch.zeros(8)}}
     sharded.load_shards(url, state, got)  # no process group: DCP reads on its own
     assert torch.equal(got["model"]["w"], torch.full((4096,), 1.0))

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from ddp_runner.tasks.engine.checkpoint import storage  # noqa: E402
+from ddp_runner.tasks.engine.checkpoint import listing, paths, storage  # noqa: E402
 from tests.support.checkpoints import staged_save  # noqa: E402
 
 
@@ -22,4 +22,4 @@ def test_an_object_store_stage_drops_an_earlier_attempts_files(s3_url):  # noqa:
     with fsspec.open(f"{tmp}/shards/__3_0.distcp", "wb") as f:
         f.write(b"a 4-rank attempt that never committed")
     url = staged_save(root, 5)
-    assert set(storage._read_meta(*storage._split_ckpt_url(url))["files"]) == {"shards/__0_0.distcp"}
+    assert set(listing.read_meta(*paths.split_ckpt_url(url))["files"]) == {"shards/__0_0.distcp"}

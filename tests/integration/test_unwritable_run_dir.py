@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from ddp_runner.diagnostics import rootcause
-from ddp_runner.job import execute
+from ddp_runner.job import launching
+from ddp_runner.job.invocation import Invocation
 from ddp_runner.rundir import run_dir
 
 
@@ -38,16 +39,15 @@ def _job(root: Path) -> object:
 
 def _stand_ins(monkeypatch: pytest.MonkeyPatch) -> None:
     """The run's start as recorded, and no tracker runs (the default logger, TensorBoard, opens none)."""
-    monkeypatch.setattr(execute, "_record_start",
+    monkeypatch.setattr(launching, "_record_start",
                         lambda job, rd, cmd, how, started, mem, trackers: {"status": "running"})
-    monkeypatch.setattr(execute, "_open_trackers", lambda job, rd, how: {})
+    monkeypatch.setattr(launching, "_open_trackers", lambda job, rd, how: {})
 
 
 def test_unwritable_mid_run_ends_with_one_line_and_failed(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     _stand_ins(monkeypatch)
-    out = execute._launch(_job(tmp_path), _Launcher(), execute.Invocation(argv=["ddp-run"]), datetime.now(), None,
-                          None)
+    out = launching.launch(_job(tmp_path), _Launcher(), Invocation(argv=["ddp-run"]), datetime.now(), None, None)
     err = capsys.readouterr().err
     assert out.code == 1 and out.run_dir
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
@@ -64,8 +64,7 @@ def test_when_run_json_cannot_be_written_either_it_says_so(tmp_path: Path, capsy
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(run_dir.RunDir, "write_text", refuse)
-    out = execute._launch(_job(tmp_path), _Launcher(), execute.Invocation(argv=["ddp-run"]), datetime.now(), None,
-                          None)
+    out = launching.launch(_job(tmp_path), _Launcher(), Invocation(argv=["ddp-run"]), datetime.now(), None, None)
     err = capsys.readouterr().err
     assert out.code == 1 and len(err.strip().splitlines()) == 1
     assert "could not be updated either" in err and "lost" in err

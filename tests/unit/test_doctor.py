@@ -12,6 +12,7 @@ import pytest
 
 from ddp_runner.config.devices import visible_gpus
 from ddp_runner.config.plan import Gpu
+from ddp_runner.contract.layout import SAFE_ENV
 from ddp_runner.diagnostics import doctor
 from ddp_runner.diagnostics.doctor import FAIL, OK, SKIPPED, WARN, MiB
 from tests.support.fake_smi import SMI_L, TOPO_NVLINK, UUID0, UUID1, check_named
@@ -153,7 +154,7 @@ def test_no_nccl_variables_or_advice_without_a_gpu() -> None:
     gpu = doctor.env_check(NCCL_SET, gpu=True)  # the same variables where GPUs are: each one judged
     assert gpu.status == WARN and "NCCL_P2P_DISABLE=1 switches an NCCL transport off" in gpu.summary
     assert "NCCL_DEBUG is on" in gpu.summary and "NCCL_NVLS_ENABLE=1 turns NVLink multicast on" in gpu.summary
-    assert doctor.env_check({}, gpu=True).data["added_for_workers"] == doctor.SAFE_ENV
+    assert doctor.env_check({}, gpu=True).data["added_for_workers"] == SAFE_ENV
 
 
 @pytest.mark.skipif(__import__("shutil").which("nvidia-smi") is not None, reason="this host has an NVIDIA driver")

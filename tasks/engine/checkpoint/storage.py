@@ -19,16 +19,16 @@ are the engine's business, not this module's.
 What counts as complete and intact (the marker's fields, sizes, sha256) is the rule the driver applies too:
 ``runner/contract/checkpoints.py``. A save calls one hook point, :meth:`SaveHooks.before_commit`, when the caller
 passes hooks (the checkpoint tests hold a save there: ``tasks/engine/diagnostics/faults.py``).
+
+This module saves; ``listing.py`` lists and removes (retention, cleanup), ``loading.py`` loads and verifies,
+``paths.py`` names the files and URLs. Callers import all of it from here.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
-import pickle
-import re
 import shutil
 import time
 import uuid
@@ -37,20 +37,36 @@ from typing import Any, Protocol
 
 import fsspec
 import torch
-from fsspec.implementations.local import LocalFileSystem
 
-from ddp_runner.contract import checkpoints as rules
+from ddp_runner.tasks.engine.checkpoint.listing import (
+    apply_retention,
+    cleanup_partial,
+    is_checkpoint,
+    latest,
+    list_complete,
+    list_skipped,
+    remove_dir,
+)
+from ddp_runner.tasks.engine.checkpoint.loading import load, load_first_good
+from ddp_runner.tasks.engine.checkpoint.paths import (
+    FORMAT,
+    META_FILE,
+    STATE_FILE,
+    CheckpointError,
+    fs_of,
+    fsync_dir,
+    is_local,
+    is_local_fs,
+    join_url,
+    step_dir_name,
+    step_url,
+)
 
-STATE_FILE = rules.STATE_FILE
-META_FILE = rules.MARKER_FILE
-FORMAT = rules.FORMAT
-
-_LEFTOVER_RE = re.compile(r"^step_(\d+)\.(?:tmp|old)-[0-9a-f]+$")
-_CHUNK = 16 << 20
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, incomplete, corrupt, unsafe to unpickle, or could not be written."""
+# The one import of checkpoint storage for its callers (the manager, sharded saves, export, the tests): saving is
+# here, listing, loading and paths in their own modules.
+__all__ = ["FORMAT", "META_FILE", "STATE_FILE", "CheckpointError", "SaveHooks", "cleanup_partial", "is_checkpoint",
+           "is_local", "latest", "list_complete", "list_skipped", "load", "load_first_good", "save", "stage_dir",
+           "step_url"]
 
 
 class SaveHooks(Protocol):
@@ -59,31 +75,6 @@ class SaveHooks(Protocol):
     def before_commit(self, step: int, url: str) -> None:
         """Called once per save, after every file but the marker is written."""
         ...
-
-
-# --------------------------------------------------------------------------------------------- helpers
-
-
-def _fs(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
-    fs, path = fsspec.core.url_to_fs(url)
-    return fs, path.rstrip("/") or path
-
-
-def _is_local(fs: fsspec.AbstractFileSystem) -> bool:
-    return isinstance(fs, LocalFileSystem)
-
-
-def _join_url(root_url: str, name: str) -> str:
-    # Keep the caller's spelling of the root (relative path, file://, s3://) in the URLs we return.
-    return root_url.rstrip("/") + "/" + name
-
-
-def step_url(ckpt_root: str, step: int) -> str:
-    """URL of checkpoint ``step`` under ``ckpt_root`` (complete or not)."""
-    return _join_url(ckpt_root, _step_dir_name(step))
-
-
-_step_dir_name = rules.step_dir_name
 
 
 class _HashingWriter:
@@ -133,170 +124,6 @@ def _meta_bytes(step: int, nbytes: int, digest: str, files: dict[str, int] | Non
     return (json.dumps(meta, indent=1) + "\n").encode()
 
 
-def _read_meta(fs: fsspec.AbstractFileSystem, dir_path: str, step: int | None = None) -> dict | None:
-    """The parsed, validated meta.json of a checkpoint dir, or None when it is absent or invalid."""
-    text = _marker_text(fs, dir_path)
-    return None if text is None else rules.parse_marker(text, step)
-
-
-def _marker_text(fs: fsspec.AbstractFileSystem, dir_path: str) -> bytes | None:
-    """The text of a checkpoint dir's meta.json, None when it has none (or ``dir_path`` is a file, not a dir)."""
-    # s3fs answers a file's size (which cat_file asks first) from a cached listing of its directory, which may
-    # predate the commit (another process, or this one's listing of a sharded save's files).
-    fs.invalidate_cache(dir_path)
-    try:
-        return fs.cat_file(f"{dir_path}/{META_FILE}")
-    except (FileNotFoundError, NotADirectoryError):  # a stray file named step_<N> is no checkpoint
-        return None
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-# ------------------------------------------------------------------------------------------- listing
-
-
-def _scan(fs: fsspec.AbstractFileSystem, root: str
-          ) -> tuple[list[tuple[int, str]], list[tuple[int, str]], list[tuple[str, str]]]:
-    """(complete, leftovers, skipped): complete and leftovers as (step, entry name) lists, complete sorted by step;
-    skipped as (entry name, why) for every ``step_<N>`` that is not a complete checkpoint (the contract's rule).
-
-    A leftover is this module's own: a save's temporary sibling, or a ``step_<N>`` folder without its marker.
-    A *file* named ``step_<N>`` is neither complete nor a leftover: skipped, and never deleted (not ours)."""
-    fs.invalidate_cache(root)  # object-store listings are cached; another process may have written since
-    try:
-        entries = fs.ls(root, detail=True)
-    except (FileNotFoundError, NotADirectoryError):
-        return [], [], []
-    complete: list[tuple[int, str]] = []
-    leftovers: list[tuple[int, str]] = []
-    skipped: list[tuple[str, str]] = []
-    for entry in entries:
-        name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
-        if (step := rules.step_of(name)) is not None:
-            is_dir = entry.get("type") == "directory"
-            marker = _marker_text(fs, f"{root}/{name}") if is_dir else None
-            if (why := rules.entry_problem(name, is_dir, marker is not None)) is None and marker is not None:
-                why = rules.marker_problem(name, marker)  # the workers load only what a valid marker commits
-            if why is None:
-                complete.append((step, name))
-                continue
-            skipped.append((name, why))
-            if is_dir:
-                leftovers.append((step, name))  # an object-store save that never committed
-        elif m := _LEFTOVER_RE.match(name):
-            leftovers.append((int(m.group(1)), name))
-    complete.sort()
-    skipped.sort(key=lambda s: rules.step_of(s[0]) or 0)
-    return complete, leftovers, skipped
-
-
-def list_complete(ckpt_root: str) -> list[tuple[int, str]]:
-    """All complete checkpoints under ``ckpt_root`` as ``(step, url)``, sorted by step (oldest first)."""
-    fs, root = _fs(ckpt_root)
-    complete, _, _ = _scan(fs, root)
-    return [(step, _join_url(ckpt_root, name)) for step, name in complete]
-
-
-def list_skipped(ckpt_root: str) -> list[tuple[str, str]]:
-    """Every ``step_<N>`` entry under ``ckpt_root`` that is not a complete checkpoint, as ``(name, why)``: what a
-    reader passes over, and says so (``rules.skipped_note``)."""
-    fs, root = _fs(ckpt_root)
-    return _scan(fs, root)[2]
-
-
-def latest(ckpt_root: str) -> str | None:
-    """URL of the newest complete checkpoint under ``ckpt_root``, or None when there is none."""
-    complete = list_complete(ckpt_root)
-    return complete[-1][1] if complete else None
-
-
-def _split_ckpt_url(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
-    """(fs, checkpoint dir path) for a checkpoint dir URL or its state.pt URL."""
-    fs, path = _fs(url)
-    if path.rsplit("/", 1)[-1] == STATE_FILE:
-        path = path.rsplit("/", 1)[0]
-    return fs, path
-
-
-def is_checkpoint(url: str) -> bool:
-    """True when ``url`` (a checkpoint dir or its state.pt) is a complete checkpoint (valid meta.json)."""
-    fs, path = _split_ckpt_url(url)
-    return _read_meta(fs, path, rules.step_of(path.rsplit("/", 1)[-1])) is not None
-
-
-# ------------------------------------------------------------------------------------------ deletion
-
-
-def _remove_dir(fs: fsspec.AbstractFileSystem, path: str) -> None:
-    # Remove the commit marker first, so a crash half-way leaves a partial (never listed), not a broken
-    # checkpoint that still looks complete.
-    try:
-        fs.rm_file(f"{path}/{META_FILE}")
-    except FileNotFoundError:
-        pass
-    if _is_local(fs):
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        try:
-            fs.rm(path, recursive=True)
-        except FileNotFoundError:
-            pass
-
-
-def _norm_urls(urls: frozenset[str] | set[str]) -> set[str]:
-    out = set()
-    for u in urls:
-        _, p = _split_ckpt_url(u)
-        out.add(p)
-    return out
-
-
-def _cleanup(fs: fsspec.AbstractFileSystem, root: str, protect: frozenset[str] = frozenset()) -> list[str]:
-    complete, leftovers, _ = _scan(fs, root)
-    if not complete:
-        return []  # nothing committed yet: a leftover could still be the only trace of progress; keep it
-    newest = complete[-1][0]
-    protected = _norm_urls(protect)
-    removed = []
-    for step, name in leftovers:
-        path = f"{root}/{name}"
-        # Only leftovers at or before the newest complete step are certainly dead (one writer at a time).
-        if step <= newest and path not in protected:
-            _remove_dir(fs, path)
-            removed.append(name)
-    return removed
-
-
-def cleanup_partial(ckpt_root: str) -> list[str]:
-    """Remove partial/temporary leftovers no newer than the newest complete checkpoint; returns their names.
-
-    Only call it while no save into ``ckpt_root`` is in flight (the engine's rank 0 is the only writer).
-    """
-    fs, root = _fs(ckpt_root)
-    return _cleanup(fs, root)
-
-
-def _apply_retention(fs: fsspec.AbstractFileSystem, root: str, keep_last: int,
-                     protect: frozenset[str]) -> None:
-    complete, _, _ = _scan(fs, root)
-    protected = _norm_urls(protect)
-    if keep_last > 0 and len(complete) > keep_last:
-        for _, name in complete[:-keep_last]:
-            path = f"{root}/{name}"
-            if path not in protected:
-                _remove_dir(fs, path)
-    _cleanup(fs, root, protect)
-
-
-# --------------------------------------------------------------------------------------------- save
-
-
 def _write_payload(fs: fsspec.AbstractFileSystem, path: str, state: dict, local: bool) -> tuple[int, str]:
     with ThreadPoolExecutor(1, thread_name_prefix="ckpt-hash") as pool:
         if local:
@@ -312,11 +139,6 @@ def _write_payload(fs: fsspec.AbstractFileSystem, path: str, state: dict, local:
     return w.nbytes, w.hexdigest()
 
 
-def is_local(url: str) -> bool:
-    """Whether ``url`` is on a local (or mounted shared) filesystem, where a save is committed by a rename."""
-    return _is_local(_fs(url)[0])
-
-
 def stage_dir(ckpt_root: str, step: int) -> str:
     """Create and return the directory a sharded save writes into: every rank writes its shards there, then
     global rank 0 commits it with ``save(..., staged=...)``.
@@ -326,12 +148,12 @@ def stage_dir(ckpt_root: str, step: int) -> str:
     older checkpoint of that step nor an uncommitted attempt's files (another world size's shards) are counted
     as part of this one; it holds no meta.json until the commit, so it is never listed in the meantime.
     """
-    fs, root = _fs(ckpt_root)
-    name = _step_dir_name(step)
-    if not _is_local(fs):
+    fs, root = fs_of(ckpt_root)
+    name = step_dir_name(step)
+    if not is_local_fs(fs):
         if fs.exists(f"{root}/{name}"):
-            _remove_dir(fs, f"{root}/{name}")  # un-commit first (meta.json goes first)
-        return _join_url(ckpt_root, name)
+            remove_dir(fs, f"{root}/{name}")  # un-commit first (meta.json goes first)
+        return join_url(ckpt_root, name)
     os.makedirs(root, exist_ok=True)
     tmp = f"{root}/{name}.tmp-{uuid.uuid4().hex}"
     os.mkdir(tmp)
@@ -351,7 +173,7 @@ def _staged_files(tmp: str) -> dict[str, int]:
                 os.fsync(f.fileno())
             out[rel] = os.path.getsize(full)
         if dirpath != tmp:
-            _fsync_dir(dirpath)
+            fsync_dir(dirpath)
     return out
 
 
@@ -382,122 +204,69 @@ def save(ckpt_root: str, step: int, state: dict, *, keep_last: int,
 
     ``hooks``: called once, between the payload and the commit (None: nothing is called).
     """
-    name = _step_dir_name(step)
-    fs, root = _fs(ckpt_root)
-    final = f"{root}/{name}"
-    url = _join_url(ckpt_root, name)
-    if _is_local(fs):
-        os.makedirs(root, exist_ok=True)
-        tmp = staged or f"{root}/{name}.tmp-{uuid.uuid4().hex}"
-        if staged is None:
-            os.mkdir(tmp)
-        try:
-            nbytes, digest = _write_payload(fs, f"{tmp}/{STATE_FILE}", state, local=True)
-            files = _staged_files(tmp) if staged else None
-            if hooks is not None:
-                hooks.before_commit(step, url)
-            with open(f"{tmp}/{META_FILE}", "wb") as f:
-                f.write(_meta_bytes(step, nbytes, digest, files))
-                f.flush()
-                os.fsync(f.fileno())
-            _fsync_dir(tmp)
-            old = None
-            if os.path.exists(final):
-                # rename() cannot replace a non-empty dir: move the old one aside (out of the step_<N>
-                # namespace, so it is never listed), rename the new one in, then delete the old one.
-                old = f"{root}/{name}.old-{uuid.uuid4().hex}"
-                os.replace(final, old)
-            os.replace(tmp, final)
-            _fsync_dir(root)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+    fs, root = fs_of(ckpt_root)
+    url = join_url(ckpt_root, step_dir_name(step))
+    if is_local_fs(fs):
+        _save_local(fs, root, step, state, staged, hooks, url)
     else:
-        if staged is not None and _fs(staged)[1] != final:
-            raise CheckpointError(f"{staged}: a sharded save on an object store is staged in {url} itself")
-        if staged is None and fs.exists(final):
-            _remove_dir(fs, final)  # un-commit first (meta.json goes first), then overwrite
-        nbytes, digest = _write_payload(fs, f"{final}/{STATE_FILE}", state, local=False)
-        files = _remote_files(fs, final) if staged else None
-        if hooks is not None:
-            hooks.before_commit(step, url)
-        fs.pipe_file(f"{final}/{META_FILE}", _meta_bytes(step, nbytes, digest, files))
-    _apply_retention(fs, root, keep_last, protect | {url})
+        _save_remote(fs, root, step, state, staged, hooks, url)
+    apply_retention(fs, root, keep_last, protect | {url})
     return url
 
 
-# --------------------------------------------------------------------------------------------- load
-
-
-def _sha256_file(fs: fsspec.AbstractFileSystem, path: str) -> str:
-    h = hashlib.sha256()
-    with fs.open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _size_or_none(fs: fsspec.AbstractFileSystem, path: str) -> int | None:
+def _save_local(fs: fsspec.AbstractFileSystem, root: str, step: int, state: dict, staged: str | None,
+                hooks: SaveHooks | None, url: str) -> None:
+    """Everything into a temporary sibling (or the staged one), fsynced, the marker last, then renamed into place:
+    the final name only ever appears complete."""
+    name = step_dir_name(step)
+    os.makedirs(root, exist_ok=True)
+    tmp = staged or f"{root}/{name}.tmp-{uuid.uuid4().hex}"
+    if staged is None:
+        os.mkdir(tmp)
     try:
-        return fs.size(path)
-    except FileNotFoundError:
-        return None
+        nbytes, digest = _write_payload(fs, f"{tmp}/{STATE_FILE}", state, local=True)
+        files = _staged_files(tmp) if staged else None
+        if hooks is not None:
+            hooks.before_commit(step, url)
+        with open(f"{tmp}/{META_FILE}", "wb") as f:
+            f.write(_meta_bytes(step, nbytes, digest, files))
+            f.flush()
+            os.fsync(f.fileno())
+        fsync_dir(tmp)
+        old = _rename_into_place(tmp, root, name)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
-def load(url: str, map_location: Any = "cpu", *, verify: bool = True) -> dict:
-    """Load a complete checkpoint (dir URL or its state.pt URL) with ``torch.load(weights_only=True)``.
-
-    Raises ``CheckpointError`` when the checkpoint is missing or incomplete (no valid meta.json), when the
-    payload's size or sha256 (``verify``) differ from meta.json, or when the pickle would need anything
-    outside torch's weights-only allowlist (i.e. could run code): such a file is refused without being run.
-    """
-    fs, path = _split_ckpt_url(url)
-    meta = _read_meta(fs, path)
-    if meta is None:
-        raise CheckpointError(f"{url}: not a complete checkpoint (no valid {META_FILE} in {path})")
-    state_path = f"{path}/{STATE_FILE}"
-    if problem := rules.size_problem(url, meta, _size_or_none(fs, state_path)):
-        raise CheckpointError(problem)
-    if _is_local(fs):
-        source: Any = state_path
-        digest = _sha256_file(fs, state_path) if verify else meta["sha256"]
-    else:
-        data = fs.cat_file(state_path)  # one download: hash it and unpickle it from memory
-        digest = hashlib.sha256(data).hexdigest() if verify else meta["sha256"]
-        source = io.BytesIO(data)
-    if problem := rules.digest_problem(url, meta["sha256"], digest):
-        raise CheckpointError(problem)
-    for rel, want in rules.listed_files(meta).items():  # a sharded checkpoint's other files
-        fs.invalidate_cache(f"{path}/{rel}")  # its size, not a cached listing's
-        if problem := rules.file_size_problem(url, rel, want, _size_or_none(fs, f"{path}/{rel}")):
-            raise CheckpointError(problem)
-    try:
-        return torch.load(source, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(
-            f"refused to load {state_path}: its pickle references objects outside torch's weights-only "
-            f"allowlist, so unpickling it could run arbitrary code; refused for safety and nothing in it was "
-            f"executed ({first})"
-        ) from None
-    except (RuntimeError, EOFError, ValueError) as e:
-        raise CheckpointError(f"{url}: {STATE_FILE} could not be read: {e}") from e
+def _rename_into_place(tmp: str, root: str, name: str) -> str | None:
+    """Rename the committed ``tmp`` to ``root/name``; returns where an older checkpoint of that step was moved
+    aside (the caller deletes it), None when there was none."""
+    final = f"{root}/{name}"
+    old = None
+    if os.path.exists(final):
+        # rename() cannot replace a non-empty dir: move the old one aside (out of the step_<N>
+        # namespace, so it is never listed), rename the new one in, then delete the old one.
+        old = f"{root}/{name}.old-{uuid.uuid4().hex}"
+        os.replace(final, old)
+    os.replace(tmp, final)
+    fsync_dir(root)
+    return old
 
 
-def load_first_good(urls: list[str], map_location: Any = "cpu") -> tuple[dict, str, list[tuple[str, str]]]:
-    """Load the first of ``urls`` (newest first) that passes its integrity check and loads.
-
-    Returns ``(state, url, skipped)`` where ``skipped`` lists ``(url, reason)`` for each one passed over (size or
-    sha256 differ from meta.json, unreadable, unsafe). Raises ``CheckpointError`` naming every reason when none
-    loads. Used by ``resume=auto`` and ``resume=<run dir>``; a checkpoint named explicitly is loaded with
-    :func:`load` alone, so that its failure is the answer.
-    """
-    skipped: list[tuple[str, str]] = []
-    for url in urls:
-        try:
-            return load(url, map_location), url, skipped
-        except CheckpointError as e:
-            skipped.append((url, str(e)))
-    raise CheckpointError("no checkpoint passed its integrity check: " + "; ".join(r for _, r in skipped))
+def _save_remote(fs: fsspec.AbstractFileSystem, root: str, step: int, state: dict, staged: str | None,
+                 hooks: SaveHooks | None, url: str) -> None:
+    """Straight into ``step_<N>/`` (an object store has no atomic rename), the marker last: a crash leaves a
+    directory without one, never listed and cleaned up later."""
+    final = f"{root}/{step_dir_name(step)}"
+    if staged is not None and fs_of(staged)[1] != final:
+        raise CheckpointError(f"{staged}: a sharded save on an object store is staged in {url} itself")
+    if staged is None and fs.exists(final):
+        remove_dir(fs, final)  # un-commit first (meta.json goes first), then overwrite
+    nbytes, digest = _write_payload(fs, f"{final}/{STATE_FILE}", state, local=False)
+    files = _remote_files(fs, final) if staged else None
+    if hooks is not None:
+        hooks.before_commit(step, url)
+    fs.pipe_file(f"{final}/{META_FILE}", _meta_bytes(step, nbytes, digest, files))
