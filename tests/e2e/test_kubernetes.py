@@ -74,7 +74,7 @@ def test_two_pods_train_together_and_resume_after_one_is_preempted(cli, tmp_path
     manifests = tmp_path / "k8s"
     r = cli([*POD_ARGS, f"launcher.manifest_dir={manifests}"], out_root)
     assert r.returncode == 0, r.stderr
-    [_, trainjob] = yaml.safe_load_all((manifests / "kube1" / "trainjob.yaml").read_text())
+    [trainjob] = yaml.safe_load_all((manifests / "kube1" / "trainjob.yaml").read_text())
     [pytorchjob] = yaml.safe_load_all((manifests / "kube1" / "pytorchjob.yaml").read_text())
     assert trainjob["spec"]["trainer"]["args"][-2:] == ["checkpoint.stop_signal=SIGTERM", "launcher.role=pod"]
 
