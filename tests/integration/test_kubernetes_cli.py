@@ -186,3 +186,14 @@ case "$*" in *trainjob.yaml*) [ -e {tmp_path}/seen ] && exit 0; touch {tmp_path}
 def test_a_pod_outside_kubernetes_is_refused_naming_the_missing_variable(cli, tmp_path):
     r = cli([*K8S, "launcher.role=pod"], str(tmp_path / "runs"))
     assert r.returncode == 2 and "PET_NNODES" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(("nodes", "says"), [("3", "not divisible by launcher.nodes=3"), ("0", "launcher.nodes=0")])
+def test_node_count_refusals_name_launcher_nodes_the_key_given(cli, tmp_path, nodes, says):
+    r = write(cli, tmp_path, f"launcher.nodes={nodes}")
+    assert r.returncode == 2 and says in r.stderr and "launcher.nnodes" not in r.stderr, r.stderr
+
+
+def test_the_submit_lines_say_to_delete_a_finished_job_first(cli, tmp_path):
+    r = write(cli, tmp_path)
+    assert "a finished job of this name: kubectl delete it first" in r.stdout, r.stdout
