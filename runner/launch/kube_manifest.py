@@ -43,6 +43,8 @@ VOLUME = "runs"
 STOP_EXIT = 128 + 15  # a pod after a saved stop: 128 + SIGTERM, the pods' stop signal
 # Training Operator v1: recreate a pod that exited >= 128 (a stop, a signal), fail the job on one < 128.
 V1_RESTART_POLICY = "ExitCode"
+# A --config-dir of the command line: its files in a ConfigMap, mounted read-only here in every pod.
+CONF_VOLUME, CONF_MOUNT = "conf", "/etc/ddp-runner/conf"
 DISRUPTION = "DisruptionTarget"  # the condition Kubernetes puts on a pod it preempts, evicts or drains
 MANAGED_BY = {"app.kubernetes.io/managed-by": "ddp-runner"}
 
@@ -70,6 +72,12 @@ class PodSpec:
     backoff_limit: int = 3
     stop_exit_codes: tuple[int, ...] = (STOP_EXIT,)  # the pods' exit codes after a saved stop
     secret_env: tuple[str, ...] = ()  # variables of ``env`` whose values live in the job's Secret (env_secret)
+    config_files: Mapping[str, str] = field(default_factory=dict)  # a --config-dir: {relative path: text}
+
+    @property
+    def config_map_name(self) -> str:
+        """The ConfigMap, written beside the job, that holds ``config_files``."""
+        return f"{self.name}-conf"
 
     @property
     def env_secret(self) -> str:
@@ -122,6 +130,14 @@ def env_secret(spec: PodSpec) -> dict[str, Any]:
             "stringData": {k: str(spec.env[k]) for k in spec.secret_env}}
 
 
+def config_map(spec: PodSpec) -> dict[str, Any]:
+    """The ConfigMap of the command line's ``--config-dir`` (keys ``f0``, ``f1``, …: a key holds no ``/``; the
+    volume's items put each file back at its path)."""
+    meta = {**_metadata(spec), "name": spec.config_map_name}
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta,
+            "data": {f"f{i}": text for i, text in enumerate(spec.config_files.values())}}
+
+
 def pod_failure_policy(spec: PodSpec) -> dict[str, Any]:
     """Trainer v2's node Job: a pod that stopped after saving (its exit code) or was disrupted (preempted, evicted)
     is replaced without counting toward ``backoffLimit``; any other failure counts."""
@@ -136,8 +152,12 @@ def _pod_extras(spec: PodSpec) -> dict[str, Any]:
     pod: dict[str, Any] = {"terminationGracePeriodSeconds": spec.grace_s}
     if spec.service_account:
         pod["serviceAccountName"] = spec.service_account
-    if spec.volume:
-        pod["volumes"] = [{"name": VOLUME, "persistentVolumeClaim": {"claimName": spec.volume}}]
+    volumes = [{"name": VOLUME, "persistentVolumeClaim": {"claimName": spec.volume}}] if spec.volume else []
+    if spec.config_files:
+        items = [{"key": f"f{i}", "path": path} for i, path in enumerate(spec.config_files)]
+        volumes.append({"name": CONF_VOLUME, "configMap": {"name": spec.config_map_name, "items": items}})
+    if volumes:
+        pod["volumes"] = volumes
     return pod
 
 
@@ -146,8 +166,11 @@ def _container_extras(spec: PodSpec) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if spec.secret:
         out["envFrom"] = [{"secretRef": {"name": spec.secret}}]
-    if spec.volume:
-        out["volumeMounts"] = [{"name": VOLUME, "mountPath": spec.mount_path}]
+    mounts = [{"name": VOLUME, "mountPath": spec.mount_path}] if spec.volume else []
+    if spec.config_files:
+        mounts.append({"name": CONF_VOLUME, "mountPath": CONF_MOUNT, "readOnly": True})
+    if mounts:
+        out["volumeMounts"] = mounts
     return out
 
 

@@ -30,12 +30,13 @@ def write_owner_only(path: Path, text: str) -> None:
         f.write(text)
 
 
-def v2_command(folder: Path, spec: km.PodSpec, secret: Path | None) -> str:
-    """The shell line that submits the TrainJob: the Secret, the runtime, a wait for it, the job (retried)."""
+def v2_command(folder: Path, spec: km.PodSpec, first: Sequence[Path]) -> str:
+    """The shell line that submits the TrainJob: ``first`` (the ConfigMap, the Secret), the runtime, a wait for
+    it, the job (retried)."""
     ns = ["-n", spec.namespace] if spec.namespace else []
     q = shlex.quote
     runtime, job = q(str(folder / "trainingruntime.yaml")), q(str(folder / "trainjob.yaml"))
-    steps = [f"kubectl apply -f {q(str(secret))}"] if secret else []
+    steps = [f"kubectl apply -f {q(str(f))}" for f in first]
     steps += [f"kubectl apply -f {runtime}",
               shlex.join(["kubectl", "wait", "--for=create", "--timeout=60s", *ns,
                           f"trainingruntime.{km.TRAINER_GROUP}/{spec.name}"]),
@@ -43,10 +44,10 @@ def v2_command(folder: Path, spec: km.PodSpec, secret: Path | None) -> str:
     return " && ".join(steps[:-1]) + " && { " + steps[-1] + "; }"
 
 
-def v1_command(folder: Path, secret: Path | None) -> str:
-    """The shell line that submits the PyTorchJob (after the Secret, if any)."""
+def v1_command(folder: Path, first: Sequence[Path]) -> str:
+    """The shell line that submits the PyTorchJob (after ``first``: the ConfigMap, the Secret)."""
     q = shlex.quote
-    return " && ".join([*([f"kubectl apply -f {q(str(secret))}"] if secret else []),
+    return " && ".join([*(f"kubectl apply -f {q(str(f))}" for f in first),
                         f"kubectl apply -f {q(str(folder / 'pytorchjob.yaml'))}"])
 
 
@@ -62,6 +63,13 @@ def write(folder: Path, spec: km.PodSpec, head: Sequence[str]) -> dict[str, Path
         " trainingruntime.yaml, applied first."]))
     files["pytorchjob"].write_text(km.to_yaml([km.pytorch_job(spec)], [
         *head, "Kubeflow Training Operator v1 (kubeflow.org/v1): PyTorchJob."]))
+    config_map = folder / "configmap.yaml"
+    if spec.config_files:
+        config_map.write_text(km.to_yaml([km.config_map(spec)], [
+            "The command line's --config-dir, mounted in every pod; apply it before the job."]))
+        files["configmap"] = config_map
+    else:
+        config_map.unlink(missing_ok=True)
     secret = folder / "secret.yaml"
     if spec.secret_env:
         write_owner_only(secret, km.to_yaml([km.env_secret(spec)], [
@@ -73,11 +81,15 @@ def write(folder: Path, spec: km.PodSpec, head: Sequence[str]) -> dict[str, Path
     return files
 
 
-def written_lines(files: Mapping[str, Path], spec: km.PodSpec) -> list[str]:
+def written_lines(files: Mapping[str, Path], spec: km.PodSpec, conf_dir: str | None = None) -> list[str]:
     """What the console says after writing: the files (the Secret's names, never its values)."""
     secret = files.get("secret")
     out = [f"ddp-run: wrote {files['runtime']} + {files['trainjob']} (Kubeflow Trainer v2: TrainingRuntime,"
            f" TrainJob) and {files['pytorchjob']} (Training Operator v1: PyTorchJob)"]
+    if "configmap" in files:
+        out.append(f"ddp-run: wrote {files['configmap']}: a ConfigMap {spec.config_map_name} of --config-dir"
+                   f" {conf_dir} ({len(spec.config_files)} file(s)), mounted at {km.CONF_MOUNT} in every pod, whose"
+                   " command names it")
     if secret is not None:
         out.append(f"ddp-run: wrote {secret} (mode 0600): a Secret {spec.env_secret} holding"
                    f" {', '.join(spec.secret_env)}, which the pods read through secretKeyRef; no manifest holds"
@@ -87,7 +99,7 @@ def written_lines(files: Mapping[str, Path], spec: km.PodSpec) -> list[str]:
 
 def submit_lines(files: Mapping[str, Path], spec: km.PodSpec) -> list[str]:
     """The commands that submit the job, in an order that works."""
-    folder, secret = files["trainjob"].parent, files.get("secret")
+    folder, first = files["trainjob"].parent, [files[k] for k in ("configmap", "secret") if k in files]
     return ["ddp-run: submit the job with one of (a finished job of this name: kubectl delete it first):",
-            f"  {v2_command(folder, spec, secret)}", f"  {v1_command(folder, secret)}"]
+            f"  {v2_command(folder, spec, first)}", f"  {v1_command(folder, first)}"]
 

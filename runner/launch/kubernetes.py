@@ -30,7 +30,7 @@ from ddp_runner.config.plan import Plan
 from ddp_runner.contract import layout, secrets, stops
 from ddp_runner.contract.errors import PlanError
 from ddp_runner.contract.rules import check_keys, choice, integer, text
-from ddp_runner.launch import kube_checks, kube_submit, multinode
+from ddp_runner.launch import kube_checks, kube_config, kube_submit, multinode
 from ddp_runner.launch import kube_manifest as km
 from ddp_runner.launch.base import BaseLauncher, Job
 from ddp_runner.rundir.run_dir import RunDir
@@ -262,13 +262,15 @@ def write_manifests(job: Job) -> int:
                         " restarted pod resumes it", "delete the finished job first (kubectl delete trainjob <name>,"
                         " or pytorchjob <name>), then apply its manifests again (same launcher.job_name)")
     check_grace(job.conf)
-    check_config_dir()
     given = {o.split("=", 1)[0].lstrip("+~"): o.split("=", 1)[-1] for o in overrides}
-    args = pod_args(overrides)
+    conf_dir = kube_config.given_dir()
+    config_files = kube_config.files(conf_dir) if conf_dir else {}
+    args = [*kube_config.pod_prefix(config_files), *pod_args(overrides)]
     env = job.launcher.get("env") or {}
     hidden = kube_checks.secret_names(env, ((job.written or {}).get("launcher") or {}).get("env"))
     secrets.KNOWN.update(str(env[k]) for k in hidden)  # masked wherever the console might show them
-    spec = pod_spec(job.conf, job.plan, args, given.get("device"), tuple(hidden))
+    spec = dataclasses.replace(pod_spec(job.conf, job.plan, args, given.get("device"), tuple(hidden)),
+                               config_files=config_files)
     folder = kube_checks.manifest_folder(job.launcher, spec.name)
     url = run_url(job.conf, job.plan)
     files = kube_submit.write(folder, spec, [
@@ -277,29 +279,13 @@ def write_manifests(job: Job) -> int:
         " docs/kubernetes.md)."])
     import shlex
 
-    for line in kube_submit.written_lines(files, spec):
+    for line in kube_submit.written_lines(files, spec, conf_dir):
         print(line, flush=True)
     print(f"ddp-run: {spec.nodes} pod(s) × {spec.nproc_per_node} rank(s), each runs: "
           + shlex.join([*spec.command, *args]), flush=True)
     print(f"ddp-run: node 0's pod opens the run directory {url}.", flush=True)
     print("\n".join(kube_submit.submit_lines(files, spec)), flush=True)
     return 0
-
-
-def check_config_dir() -> None:
-    """The pods compose their config from the image's package: a ``--config-dir`` of this command line is not
-    theirs. Refused rather than written into pods that would each refuse the job."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if not HydraConfig.initialized():
-        return
-    given = [s.path for s in HydraConfig.get().runtime.config_sources if s.provider == "command-line"]
-    if given:
-        raise PlanError("--config-dir", given[0], "is read here, but the pods compose their config from the image's"
-                        " ddp-runner package: a config group of yours (task=mytask) would be unknown to every pod",
-                        "install your configs and task in the image (a package whose conf/ the image's ddp-run"
-                        " finds, or a ddp-runner build with them), or give the task and data as keys"
-                        " (task.module=…, data.path=…) instead of a config dir")
 
 
 def _as_node(job: Job) -> Job:
@@ -321,7 +307,9 @@ class Kubernetes(BaseLauncher):
         """In a pod, this node's torchrun; on the workstation, what every pod runs."""
         if role(launcher) == POD:
             return multinode.command(plan, pod_launcher(launcher), run_url)
-        return ["ddp-run", *pod_args(_hydra_overrides()[0])]
+        conf_dir = kube_config.given_dir()
+        prefix = kube_config.pod_prefix(kube_config.files(conf_dir)) if conf_dir else []
+        return ["ddp-run", *prefix, *pod_args(_hydra_overrides()[0])]
 
     def env(self, launcher: Mapping[str, Any]) -> dict[str, str]:
         """A pod's: multinode's (its node name)."""

@@ -150,13 +150,40 @@ def test_input_the_pods_cannot_take_is_refused_naming_the_key(cli, tmp_path, ext
     assert not (tmp_path / "k8s").exists()
 
 
-def test_a_config_dir_of_the_command_line_is_refused_naming_the_fix(cli, tmp_path):
+def test_a_config_dir_of_the_command_line_is_carried_to_every_pod(cli, tmp_path):
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema validates the manifests (mlflow installs it)")
     conf = tmp_path / "conf"
     (conf / "task").mkdir(parents=True)
-    (conf / "task" / "mysmoke.yaml").write_text("defaults:\n  - smoke\n  - _self_\n")
-    r = cli(["--config-dir", str(conf), *K8S, "task=mysmoke", f"launcher.manifest_dir={tmp_path / 'k8s'}"], "/runs")
-    assert r.returncode == 2 and "--config-dir" in r.stderr and "image" in r.stderr, r.stdout + r.stderr
-    assert not (tmp_path / "k8s").exists()
+    (conf / "task" / "mysmoke.yaml").write_text("defaults:\n  - smoke\n  - _self_\nname: mysmoke\n")
+    r = cli(["--config-dir", str(conf), *K8S, "task=mysmoke", "device=cpu",
+             f"launcher.manifest_dir={tmp_path / 'k8s'}"], "/runs")
+    assert r.returncode == 0, r.stdout + r.stderr
+    folder = tmp_path / "k8s" / "exp42"
+    docs = {d["kind"]: d for f in ("configmap.yaml", "trainingruntime.yaml", "trainjob.yaml", "pytorchjob.yaml")
+            for d in yaml.safe_load_all((folder / f).read_text())}
+    for doc in docs.values():
+        assert not list(jsonschema.Draft7Validator(SCHEMAS[doc["kind"]]).iter_errors(doc)), doc["kind"]
+    assert f"wrote {folder / 'configmap.yaml'}: a ConfigMap exp42-conf of --config-dir" in r.stdout
+    assert f"kubectl apply -f {folder / 'configmap.yaml'} && kubectl apply -f {folder / 'pytorchjob.yaml'}" in r.stdout
+    args = docs["TrainJob"]["spec"]["trainer"]["args"]
+    assert args[:2] == ["--config-dir", "/etc/ddp-runner/conf"] and "task=mysmoke" in args
+    pod = docs["TrainingRuntime"]["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    [volume] = pod["spec"]["volumes"][1:]
+    assert volume["configMap"]["name"] == "exp42-conf"
+    assert {"name": "conf", "mountPath": "/etc/ddp-runner/conf", "readOnly": True} in pod["spec"]["containers"][0][
+        "volumeMounts"]
+    master = docs["PyTorchJob"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    assert master["containers"][0]["args"] == args and volume in master["volumes"]
+    # The pod's view: the ConfigMap's files at their paths under the mount; its command composes task=mysmoke.
+    mount = tmp_path / "mount"
+    for item in volume["configMap"]["items"]:
+        (mount / item["path"]).parent.mkdir(parents=True, exist_ok=True)
+        (mount / item["path"]).write_text(docs["ConfigMap"]["data"][item["key"]])
+    pod_args = [str(mount) if a == "/etc/ddp-runner/conf" else a for a in args if not a.startswith("output.root=")]
+    env = {"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_NPROC_PER_NODE": "2", "PET_MASTER_ADDR": "127.0.0.1",
+           "PET_MASTER_PORT": "29500", "POD_IP": "127.0.0.1"}
+    r = cli([*pod_args, "dry_run=true"], "/runs", env)
+    assert r.returncode == 0 and "mysmoke" in r.stdout, r.stdout + r.stderr
 
 
 def test_the_printed_submit_command_applies_the_runtime_waits_and_retries_the_job(cli, tmp_path):
