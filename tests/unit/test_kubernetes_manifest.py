@@ -284,3 +284,14 @@ def test_a_stopped_agent_arrives_at_the_exit_barrier_without_waiting_the_full_ti
     before_rendezvous = _Agent(None, None)
     exit_barrier.arrive(before_rendezvous)
     assert before_rendezvous.arrived is None
+
+
+def test_credentials_in_a_query_string_are_a_urls_credentials():
+    from ddp_runner.contract import secrets
+
+    url = "s3://bucket/p?region=eu&aws_secret_access_key=topsecret"
+    assert secrets.redact_urls(url) == "s3://bucket/p?region=eu&aws_secret_access_key=***"
+    assert secrets.url_secrets(url) == ["topsecret"] and secrets.is_redacted(secrets.redact_urls(url))
+    assert secrets.redact_urls("https://h/o?X-Amz-Signature=abc&v=1") == "https://h/o?X-Amz-Signature=***&v=1"
+    assert secrets.redact_urls("s3://bucket/p?versionId=3") == "s3://bucket/p?versionId=3"
+    assert secrets.redact_urls("not a url?token=1") == "not a url?token=1"
