@@ -103,6 +103,8 @@ def check(launcher: Mapping[str, Any], output_root: str) -> None:
         raise PlanError("launcher.env", env, "must map variable names to values",
                         "e.g. 'launcher.env={NCCL_DEBUG:INFO}'")
     kube_checks.check_env(env)
+    # A secret typed into launcher.env (its name says so) is masked wherever the console shows it, a dry run too.
+    secrets.KNOWN.update(str(env[k]) for k in kube_checks.secret_names(env, None))
     kube_checks.check_resources(launcher)
     check_root(launcher, output_root)
     if role(launcher) == POD:

@@ -123,6 +123,12 @@ def test_a_secret_of_launcher_env_reaches_the_pods_only_through_a_secret(cli, tm
     assert f"kubectl apply -f {secret} && kubectl apply -f {folder / 'pytorchjob.yaml'}" in r.stdout
 
 
+def test_a_secret_typed_into_launcher_env_is_masked_in_a_dry_run(cli, tmp_path):
+    r = write(cli, tmp_path, "launcher.env={API_KEY:typedsecret99,NCCL_DEBUG:INFO}", "dry_run=true")
+    assert r.returncode == 0, r.stderr
+    assert "typedsecret99" not in r.stdout + r.stderr and "API_KEY:***" in r.stdout, r.stdout
+
+
 def test_the_grace_period_reaches_both_manifests(cli, tmp_path):
     assert write(cli, tmp_path, "launcher.termination_grace_s=120").returncode == 0
     folder = tmp_path / "k8s" / "exp42"
