@@ -89,20 +89,26 @@ def _check_inductor(wanted: Mapping[str, Any], known: Mapping[str, Any] | None) 
                             f"use +train.inductor.{key}=true or false")
 
 
+def nodes_key(cfg: Mapping[str, Any]) -> str:
+    """The key the user gives the node count by: ``launcher.nodes`` where the launcher has one (kubernetes, whose
+    ``nnodes`` follows it), else ``launcher.nnodes``."""
+    return "launcher.nodes" if "nodes" in (_get(cfg, "launcher") or {}) else "launcher.nnodes"
+
+
 def node_range(cfg: Mapping[str, Any]) -> tuple[int, int]:
     """``launcher.nnodes`` as (min, max) nodes: an int ``n`` is ``(n, n)``; ``"1:2"`` an elastic range (torchrun's
     own syntax). The plan's world size is the maximum's: ``world_size = max nodes × processes per node``."""
-    value = _get(cfg, "launcher.nnodes")
-    fix = "set launcher.nnodes to the number of hosts (e.g. 2) or an elastic range min:max (e.g. 1:2)"
+    value, key = _get(cfg, "launcher.nnodes"), nodes_key(cfg)
+    fix = f"set {key} to the number of hosts (e.g. 2) or an elastic range min:max (e.g. 1:2)"
     if isinstance(value, str) and value.count(":") == 1:
         lo, hi = value.split(":")
         if lo.strip().isdigit() and hi.strip().isdigit() and 0 < int(lo) <= int(hi):
             if (_get(cfg, "launcher.name") or "local") != "multinode" and int(lo) != int(hi):
-                raise PlanError("launcher.nnodes", value, "elastic node ranges need launcher=multinode", fix)
+                raise PlanError(key, value, "elastic node ranges need launcher=multinode", fix)
             return int(lo), int(hi)
-        raise PlanError("launcher.nnodes", value, "not a range min:max of positive node counts", fix)
+        raise PlanError(key, value, "not a range min:max of positive node counts", fix)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise PlanError("launcher.nnodes", value, "must be a positive integer or a range min:max", fix)
+        raise PlanError(key, value, "must be a positive integer or a range min:max", fix)
     return value, value
 
 
@@ -174,7 +180,7 @@ def _ranks(cfg: Mapping[str, Any], gpus: Sequence[Gpu]) -> tuple[int, int, int]:
                         "use launcher.nnodes=1, or launcher=multinode (or launcher=slurm) for several hosts")
     if world_size % nnodes:
         raise PlanError(
-            "world_size", world_size, f"not divisible by launcher.nnodes={nnodes}",
+            "world_size", world_size, f"not divisible by {nodes_key(cfg)}={nnodes}",
             "use the same number of processes on every node (world_size = nnodes × processes per node)",
         )
     per_node = _get(cfg, "launcher.nproc_per_node")

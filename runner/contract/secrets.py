@@ -23,6 +23,9 @@ ENV_SECRETS = "DDP_RUNNER_SECRETS"
 # The userinfo of a URL: ``scheme://user:password@`` (the password masked) or ``scheme://token@`` (a token alone is
 # a credential too, unless it is a plain user name for ssh-like schemes: masked all the same, it is cheap).
 _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^:/@\s'\"]*)(?::(?P<pw>[^/@\s'\"]*))?@")
+# A credential in a URL's query string (``s3://bucket/p?aws_secret_access_key=…``, a presigned URL's signature).
+_QUERY = re.compile(r"(?P<head>[?&;](?:[A-Za-z0-9_.\-]*?(?:secret|password|passwd|token|signature|credential|"
+                    r"access_key|api_?key|sig)[A-Za-z0-9_.\-]*)=)(?P<value>[^&#\s'\"]*)", re.IGNORECASE)
 # Every secret this process has met (the driver's excepthook masks them in tracebacks).
 KNOWN: set[str] = set()
 _MASKED_URL = re.compile(r"://[^/@\s'\"]*" + re.escape(MASK) + "@")
@@ -35,8 +38,9 @@ def _mask_userinfo(m: re.Match[str]) -> str:
 
 
 def redact_urls(text: str) -> str:
-    """``text`` with the credentials of every URL in it masked."""
-    return _USERINFO.sub(lambda m: _mask_userinfo(m) or m.group(0), text)
+    """``text`` with the credentials of every URL in it masked (its userinfo, credentials in its query string)."""
+    text = _USERINFO.sub(lambda m: _mask_userinfo(m) or m.group(0), text)
+    return _QUERY.sub(lambda m: m.group("head") + MASK if "://" in text else m.group(0), text)
 
 
 def url_secrets(text: str) -> list[str]:
@@ -46,12 +50,15 @@ def url_secrets(text: str) -> list[str]:
         secret = m.group("pw") if m.group("pw") is not None else m.group("user")
         if secret and secret != MASK:
             found.append(secret)
+    if "://" in text:
+        found += [m.group("value") for m in _QUERY.finditer(text) if m.group("value") not in ("", MASK)]
     return found
 
 
 def is_redacted(value: Any) -> bool:
     """Does ``value`` (a config value read back from config.yaml) hold a masked credential?"""
-    return isinstance(value, str) and bool(_MASKED_URL.search(value))
+    return isinstance(value, str) and (bool(_MASKED_URL.search(value)) or any(
+        m.group("value") == MASK for m in _QUERY.finditer(value)))
 
 
 def redact(text: str, secrets: Iterable[str] = ()) -> str:

@@ -24,15 +24,14 @@ import dataclasses
 import os
 import re
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from ddp_runner.config.plan import Plan
 from ddp_runner.contract import layout, secrets, stops
 from ddp_runner.contract.errors import PlanError
 from ddp_runner.contract.rules import check_keys, choice, integer, text
+from ddp_runner.launch import kube_checks, kube_config, kube_submit, multinode
 from ddp_runner.launch import kube_manifest as km
-from ddp_runner.launch import multinode
 from ddp_runner.launch.base import BaseLauncher, Job
 from ddp_runner.rundir.run_dir import RunDir
 
@@ -46,15 +45,15 @@ PET_MASTER_PORT = "PET_MASTER_PORT"
 PET_RDZV_ENDPOINT = "PET_RDZV_ENDPOINT"  # Training Operator v1 with an elasticPolicy, instead of the master's
 
 MANIFEST, POD = "manifest", "pod"
-TRAINJOB_FILE, PYTORCHJOB_FILE = "trainjob.yaml", "pytorchjob.yaml"
 # Kubernetes names: a DNS-1035 label for the job (its pods and services are named after it, within 63 characters),
 # DNS-1123 subdomains for the objects it refers to.
 _JOB_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
 _OBJECT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 # After the checkpoint on stop, the driver writes the summary (and mirrors an s3:// run): seconds left for that.
 FINISH_MARGIN_S = 15
-# Workstation-only keys: never passed on to the pods' command.
-_NOT_FOR_PODS = ("launcher.role", "launcher.manifest_dir", "dry_run")
+# Workstation-only keys: never passed on to the pods' command. launcher.env reaches the pods as their environment
+# (a secret's value through the job's Secret), never as an argument.
+_NOT_FOR_PODS = ("launcher.role", "launcher.manifest_dir", "dry_run", "launcher.env")
 
 RULES = (
     choice("launcher.role", (MANIFEST, POD)),
@@ -62,7 +61,7 @@ RULES = (
     integer("launcher.nodes", lo=1, example="2"),
     integer("launcher.gpus_per_node", lo=0, null=True, example="8"),
     integer("launcher.termination_grace_s", lo=1, example="60"),
-    choice("launcher.restart_policy", ("OnFailure", "Never")),
+    choice("launcher.restart_policy", ("OnFailure",)),
     integer("launcher.backoff_limit", lo=0, example="3"),
     integer("launcher.join_timeout_s", lo=1, example="600"),
     text("launcher.manifest_dir", example="kubernetes"),
@@ -84,6 +83,11 @@ def check(launcher: Mapping[str, Any], output_root: str) -> None:
         raise PlanError("launcher.job_name", job_name, "is not a Kubernetes job name: lowercase letters, digits and"
                         " '-', starting with a letter, at most 40 characters (its pods are named after it)",
                         "e.g. launcher.job_name=exp42")
+    if launcher.get("restart_policy") == "Never":
+        raise PlanError("launcher.restart_policy", "Never", "would end the PyTorchJob at the first pod that stops, a"
+                        " preemption that saved its checkpoint too", "leave launcher.restart_policy=OnFailure: a stop"
+                        " (exit >= 128) makes the pod anew, a real failure (exit < 128) still fails the job; to fail"
+                        " a TrainJob at the first real failure too, use launcher.backoff_limit=0")
     if launcher.get("image") in ("???", None, ""):
         raise PlanError("launcher.image", launcher.get("image"), "is required by launcher=kubernetes",
                         "give the image the pods run, with this package installed (ddp-run on its PATH), e.g."
@@ -98,6 +102,10 @@ def check(launcher: Mapping[str, Any], output_root: str) -> None:
     if not isinstance(env, Mapping) or any(not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", str(k)) for k in env):
         raise PlanError("launcher.env", env, "must map variable names to values",
                         "e.g. 'launcher.env={NCCL_DEBUG:INFO}'")
+    kube_checks.check_env(env)
+    # A secret typed into launcher.env (its name says so) is masked wherever the console shows it, a dry run too.
+    secrets.KNOWN.update(str(env[k]) for k in kube_checks.secret_names(env, None))
+    kube_checks.check_resources(launcher)
     check_root(launcher, output_root)
     if role(launcher) == POD:
         multinode.check(pod_launcher(launcher))
@@ -146,13 +154,14 @@ def pod_launcher(launcher: Mapping[str, Any], environ: Mapping[str, str] | None 
                         f"write the manifests again with launcher.nodes={nnodes}, or give the job"
                         f" {launcher.get('nodes')} nodes")
     endpoint = environ.get(PET_RDZV_ENDPOINT) or f"{need(PET_MASTER_ADDR)}:{need(PET_MASTER_PORT)}"
+    local_addr = launcher.get("local_addr") or (need(km.POD_IP) if km.POD_IP in environ else None)
     # An elastic v1 job (PET_RDZV_ENDPOINT) gives no node rank: torchrun assigns ranks, as with node_rank=null.
     rank = environ.get(PET_NODE_RANK) if environ.get(PET_RDZV_ENDPOINT) else need(PET_NODE_RANK)
     if rank not in (None, "") and not str(rank).isdigit():
         raise PlanError(PET_NODE_RANK, rank, "is not a node rank", "a pod of the job gets 0, 1, … from the operator")
     return {"name": "kubernetes", "nnodes": int(nnodes), "nproc_per_node": launcher.get("nproc_per_node"),
             "node_rank": int(rank) if rank not in (None, "") else None, "rdzv_endpoint": endpoint,
-            "rdzv_id": launcher["job_name"], "local_addr": launcher.get("local_addr") or environ.get(km.POD_IP),
+            "rdzv_id": launcher["job_name"], "local_addr": local_addr,
             "join_timeout_s": launcher.get("join_timeout_s", 600), "max_restarts": launcher.get("max_restarts", 0)}
 
 
@@ -180,7 +189,8 @@ def pod_args(overrides: list[str]) -> list[str]:
     """The pods' ``ddp-run`` arguments: this command line's, as a pod of the job (``launcher.role=pod``), with
     SIGTERM (what Kubernetes sends) as the pre-emption signal unless the command line names another."""
     keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides]
-    args = [o for o, k in zip(overrides, keys, strict=True) if k not in _NOT_FOR_PODS]
+    args = [o for o, k in zip(overrides, keys, strict=True)
+            if k not in _NOT_FOR_PODS and not k.startswith("launcher.env.")]
     for arg in args:
         if secrets.redact_urls(arg) != arg:
             raise PlanError(arg.split("=", 1)[0], secrets.redact_urls(arg.split("=", 1)[-1]),
@@ -199,7 +209,16 @@ def run_url(conf: Mapping[str, Any], plan: Plan) -> str:
     return layout.join(str(conf["output"]["root"]).rstrip("/") or "/", name)
 
 
-def pod_spec(conf: Mapping[str, Any], plan: Plan, args: list[str], device_given: str | None) -> km.PodSpec:
+def stop_exit_codes(conf: Mapping[str, Any], args: list[str]) -> tuple[int, ...]:
+    """The pods' exit codes after a saved stop: 128 + SIGTERM (Kubernetes' stop, the pods' stop signal unless the
+    command line names another, whose exit code is added)."""
+    named = any(a.split("=", 1)[0].lstrip("+~") == "checkpoint.stop_signal" for a in args)
+    signum = stops.of(conf.get("checkpoint"))[0] if named else None
+    return tuple(sorted({km.STOP_EXIT, *((128 + signum,) if signum else ())}))
+
+
+def pod_spec(conf: Mapping[str, Any], plan: Plan, args: list[str], device_given: str | None,
+             secret_env: tuple[str, ...] = ()) -> km.PodSpec:
     """What every pod of the job gets. GPUs per pod: ``launcher.gpus_per_node``, else one per rank unless the
     command line says ``device=cpu`` (this host's own devices say nothing of the pods')."""
     launcher = conf["launcher"]
@@ -213,10 +232,10 @@ def pod_spec(conf: Mapping[str, Any], plan: Plan, args: list[str], device_given:
         nproc_per_node=plan.nproc_per_node, namespace=launcher.get("namespace"), gpus_per_node=int(gpus),
         cpu_per_node=launcher.get("cpu_per_node"), memory_per_node=launcher.get("memory_per_node"),
         env={str(k): str(v) for k, v in (launcher.get("env") or {}).items()}, secret=launcher.get("secret"),
+        secret_env=tuple(secret_env), stop_exit_codes=stop_exit_codes(conf, args),
         service_account=launcher.get("service_account"), volume=launcher.get("volume"),
         mount_path=fsspec.core.split_protocol(str(conf["output"]["root"]))[1] if launcher.get("volume") else None,
         grace_s=int(launcher.get("termination_grace_s", 60)),
-        restart_policy=str(launcher.get("restart_policy", "OnFailure")),
         backoff_limit=int(launcher.get("backoff_limit", 3)))
 
 
@@ -242,30 +261,32 @@ def write_manifests(job: Job) -> int:
         if job.rd.lease is not None:
             job.rd.lease.release()
         raise PlanError("resume", job.conf.get("resume"), "launcher=kubernetes continues its own run directory: a"
-                        " restarted pod resumes it", "apply the job's manifests again (same launcher.job_name)")
+                        " restarted pod resumes it", "delete the finished job first (kubectl delete trainjob <name>,"
+                        " or pytorchjob <name>), then apply its manifests again (same launcher.job_name)")
     check_grace(job.conf)
     given = {o.split("=", 1)[0].lstrip("+~"): o.split("=", 1)[-1] for o in overrides}
-    args = pod_args(overrides)
-    spec = pod_spec(job.conf, job.plan, args, given.get("device"))
-    folder = Path(str(job.launcher.get("manifest_dir") or "kubernetes"), spec.name)
-    folder.mkdir(parents=True, exist_ok=True)
+    conf_dir = kube_config.given_dir()
+    config_files = kube_config.files(conf_dir) if conf_dir else {}
+    args = [*kube_config.pod_prefix(config_files), *pod_args(overrides)]
+    env = job.launcher.get("env") or {}
+    hidden = kube_checks.secret_names(env, ((job.written or {}).get("launcher") or {}).get("env"))
+    secrets.KNOWN.update(str(env[k]) for k in hidden)  # masked wherever the console might show them
+    spec = dataclasses.replace(pod_spec(job.conf, job.plan, args, given.get("device"), tuple(hidden)),
+                               config_files=config_files)
+    folder = kube_checks.manifest_folder(job.launcher, spec.name)
     url = run_url(job.conf, job.plan)
-    head = [f"Written by ddp-run (launcher=kubernetes) for the run directory {url}.", "Submit it with: kubectl"
-            " apply -f <this file>. Every pod runs ddp-run with launcher.role=pod."]
-    trainjob, pytorchjob = folder / TRAINJOB_FILE, folder / PYTORCHJOB_FILE
-    trainjob.write_text(km.to_yaml([km.training_runtime(spec), km.train_job(spec)],
-                                   [*head, "Kubeflow Trainer v2 (trainer.kubeflow.org/v1alpha1): TrainingRuntime +"
-                                    " TrainJob."]))
-    pytorchjob.write_text(km.to_yaml([km.pytorch_job(spec)], [*head, "Kubeflow Training Operator v1"
-                                                                      " (kubeflow.org/v1): PyTorchJob."]))
+    files = kube_submit.write(folder, spec, [
+        f"Written by ddp-run (launcher=kubernetes) for the run directory {url}.",
+        "Every pod runs ddp-run with launcher.role=pod; submit the job as ddp-run printed (also in"
+        " docs/kubernetes.md)."])
     import shlex
 
-    print(f"ddp-run: wrote {trainjob} (Kubeflow Trainer v2: TrainingRuntime + TrainJob) and {pytorchjob}"
-          " (Training Operator v1: PyTorchJob)", flush=True)
+    for line in kube_submit.written_lines(files, spec, conf_dir):
+        print(line, flush=True)
     print(f"ddp-run: {spec.nodes} pod(s) × {spec.nproc_per_node} rank(s), each runs: "
           + shlex.join([*spec.command, *args]), flush=True)
-    print(f"ddp-run: node 0's pod opens the run directory {url}. Submit the job with one of:\n"
-          f"  kubectl apply -f {trainjob}\n  kubectl apply -f {pytorchjob}", flush=True)
+    print(f"ddp-run: node 0's pod opens the run directory {url}.", flush=True)
+    print("\n".join(kube_submit.submit_lines(files, spec)), flush=True)
     return 0
 
 
@@ -288,7 +309,9 @@ class Kubernetes(BaseLauncher):
         """In a pod, this node's torchrun; on the workstation, what every pod runs."""
         if role(launcher) == POD:
             return multinode.command(plan, pod_launcher(launcher), run_url)
-        return ["ddp-run", *pod_args(_hydra_overrides()[0])]
+        conf_dir = kube_config.given_dir()
+        prefix = kube_config.pod_prefix(kube_config.files(conf_dir)) if conf_dir else []
+        return ["ddp-run", *prefix, *pod_args(_hydra_overrides()[0])]
 
     def env(self, launcher: Mapping[str, Any]) -> dict[str, str]:
         """A pod's: multinode's (its node name)."""

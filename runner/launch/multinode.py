@@ -496,11 +496,31 @@ def failed_node(nodes: Mapping[str, Mapping[str, Any]], facts_hosts: Mapping[int
     return {"node": node, "host": rec.get("host"), "message": f"node {node} (host {rec.get('host')}): {why(rec)}"}
 
 
-def blame(rd: RunDir, manifest: dict[str, Any], nodes: Mapping[str, Mapping[str, Any]]) -> None:
+def _tell_lost_nodes(rd: RunDir, manifest: dict[str, Any], nodes: Mapping[str, Mapping[str, Any]],
+                     interrupted: int | None) -> None:
+    """A node whose driver was lost, said on the console and in summary.json's ``lost_nodes`` (with the last step
+    each rank reached), so that a stop or failure it caused reads as what it was."""
+    from ddp_runner.diagnostics.watchdog import read_progress
+    from ddp_runner.launch import node_story
+
+    progress = read_progress(rd.local, int(manifest.get("plan", {}).get("world_size") or 0))
+    said = node_story.lines(nodes, str(manifest.get("status")), interrupted, progress)
+    if not said:
+        return
+    summary = rd.read_json(layout.SUMMARY)
+    summary["lost_nodes"] = {"nodes": node_story.lost_nodes(nodes), "last_steps": node_story.last_steps(progress)}
+    rd.write_json(layout.SUMMARY, summary)
+    for line in said:
+        print(line, file=sys.stderr, flush=True)
+
+
+def blame(rd: RunDir, manifest: dict[str, Any], nodes: Mapping[str, Mapping[str, Any]],
+          interrupted: int | None = None) -> None:
     """After node 0's finalisation: record every node in run.json and, for a failed run, name the node that failed
     in summary.json's ``failed_node`` and on the console."""
     manifest["nodes"] = dict(nodes)
     rd.write_json(layout.MANIFEST, manifest)
+    _tell_lost_nodes(rd, manifest, nodes, interrupted)
     if manifest.get("status") != layout.STATUS_FAILED:
         return
     culprit = failed_node(nodes, {})
@@ -631,7 +651,7 @@ class Multinode(BaseLauncher):
         plan = elastic_plan(rd, job.plan, launcher)
         code = finalize.finish(rd, manifest, plan, rc, session.interrupted, watch=session.observations(),
                                 preempt=session.preempt)
-        blame(rd, manifest, nodes)
+        blame(rd, manifest, nodes, session.interrupted)
         session.close()
         print(rd.url, flush=True)
         return code

@@ -74,7 +74,7 @@ def test_two_pods_train_together_and_resume_after_one_is_preempted(cli, tmp_path
     manifests = tmp_path / "k8s"
     r = cli([*POD_ARGS, f"launcher.manifest_dir={manifests}"], out_root)
     assert r.returncode == 0, r.stderr
-    [_, trainjob] = yaml.safe_load_all((manifests / "kube1" / "trainjob.yaml").read_text())
+    [trainjob] = yaml.safe_load_all((manifests / "kube1" / "trainjob.yaml").read_text())
     [pytorchjob] = yaml.safe_load_all((manifests / "kube1" / "pytorchjob.yaml").read_text())
     assert trainjob["spec"]["trainer"]["args"][-2:] == ["checkpoint.stop_signal=SIGTERM", "launcher.role=pod"]
 
@@ -106,6 +106,24 @@ def test_two_pods_train_together_and_resume_after_one_is_preempted(cli, tmp_path
     assert len(manifest["continued"]) == 1 and sorted(manifest["nodes"]) == ["0", "1"]
     assert f"resumed from step {stopped} of {run} (checkpoint step_{stopped})" in out0, out0
     assert len(summary["losses"]) == STEPS
+
+
+def test_a_pod_whose_ddp_run_is_killed_is_told_as_a_lost_peer_not_a_preemption(cli, tmp_path, out_root):
+    manifests = tmp_path / "k8s"
+    assert cli([*POD_ARGS, f"launcher.manifest_dir={manifests}"], out_root).returncode == 0
+    [trainjob] = yaml.safe_load_all((manifests / "kube1" / "trainjob.yaml").read_text())
+    port = free_port()
+    pods = [start_pod(trainjob, rank, port) for rank in (0, 1)]
+    run = out_root / "kube1_smoke_w2"
+    wait_for("step 2's checkpoint", lambda: (run / "checkpoints" / "step_2" / "meta.json").exists(), driver=pods[0])
+    pods[1].send_signal(signal.SIGKILL)  # pod 1's PID 1 killed: nothing sends SIGTERM to any pod
+    (_, out0, err0), _ = finish(*pods, timeout=90)
+    assert "a peer node was lost: node 1" in err0 and "sent no signal" in err0, out0 + err0
+    summary = load_json(run / "summary.json")
+    assert summary["lost_nodes"]["nodes"] == ["1"], summary
+    steps = summary["lost_nodes"]["last_steps"]
+    assert set(steps) == {"0", "1"} and all(isinstance(v, int) and v >= 2 for v in steps.values()), steps
+    assert f"rank 0 after step {steps['0']}" in err0
 
 
 def test_pod_env_is_what_the_operators_set():

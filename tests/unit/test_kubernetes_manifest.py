@@ -41,8 +41,7 @@ def spec(**over: Any) -> km.PodSpec:
     fields = {"name": "exp42", "image": "registry.example/ddp:1", "args": ARGS, "nodes": 2, "nproc_per_node": 8,
               "gpus_per_node": 8, "cpu_per_node": "32", "memory_per_node": "256Gi", "namespace": "ml",
               "env": {"NCCL_DEBUG": "INFO"}, "secret": "s3-creds", "service_account": "trainer",
-              "volume": "runs-pvc", "mount_path": "/runs", "grace_s": 60, "restart_policy": "OnFailure",
-              "backoff_limit": 3}
+              "volume": "runs-pvc", "mount_path": "/runs", "grace_s": 60, "backoff_limit": 3}
     return km.PodSpec(**{**fields, **over})
 
 
@@ -87,11 +86,15 @@ def test_trainjob_and_its_runtime_have_every_field_the_trainer_operator_needs():
     assert node["name"] == "node" and node["template"]["metadata"]["labels"] == {
         "trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
     assert node["template"]["spec"]["backoffLimit"] == 3
+    # A saved stop (exit 143) or a disruption is replaced without counting toward backoffLimit; needs Never.
+    assert node["template"]["spec"]["podFailurePolicy"] == {"rules": [
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        {"action": "Ignore", "onExitCodes": {"containerName": "node", "operator": "In", "values": [143]}}]}
     pod = node["template"]["spec"]["template"]["spec"]
     [container] = pod["containers"]
     assert container["name"] == "node" and container["image"] == "registry.example/ddp:1"
     # A preempted pod gets SIGTERM and this long to save before SIGKILL; a failed one is restarted.
-    assert pod["terminationGracePeriodSeconds"] == 60 and pod["restartPolicy"] == "OnFailure"
+    assert pod["terminationGracePeriodSeconds"] == 60 and pod["restartPolicy"] == "Never"
     assert pod["serviceAccountName"] == "trainer"
     assert pod["volumes"] == [{"name": "runs", "persistentVolumeClaim": {"claimName": "runs-pvc"}}]
     assert container["volumeMounts"] == [{"name": "runs", "mountPath": "/runs"}]
@@ -108,7 +111,7 @@ def test_pytorchjob_has_every_field_the_training_operator_needs():
     replicas = job["spec"]["pytorchReplicaSpecs"]
     assert {k: r["replicas"] for k, r in replicas.items()} == {"Master": 1, "Worker": 2}  # node 0, nodes 1 and 2
     for replica in replicas.values():
-        assert replica["restartPolicy"] == "OnFailure"
+        assert replica["restartPolicy"] == "ExitCode"  # >= 128 recreated, < 128 fails the job
         pod = replica["template"]["spec"]
         assert pod["terminationGracePeriodSeconds"] == 60 and pod["serviceAccountName"] == "trainer"
         [container] = pod["containers"]
@@ -146,14 +149,19 @@ def test_pod_spec_from_the_plan_and_the_command_line():
 
 def test_pod_args_are_the_command_line_as_a_pod_of_the_job():
     given = ["task=gpt", "launcher=kubernetes", "launcher.job_name=exp42", "dry_run=true",
-             "launcher.manifest_dir=/tmp/k", "+launcher.env.X=$(HOME)"]
+             "launcher.manifest_dir=/tmp/k", "+launcher.env.X=$(HOME)", "data.path=$(HOME)/d",
+             "launcher.env={HF_TOKEN:${oc.env:MYTOK}}"]
+    # launcher.env reaches the pods as their environment, never as an argument (a secret would be in plain text).
     assert kubernetes.pod_args(given) == ["task=gpt", "launcher=kubernetes", "launcher.job_name=exp42",
-                                          "+launcher.env.X=$$(HOME)", "checkpoint.stop_signal=SIGTERM",
+                                          "data.path=$$(HOME)/d", "checkpoint.stop_signal=SIGTERM",
                                           "launcher.role=pod"]
     assert "checkpoint.stop_signal=SIGTERM" not in kubernetes.pod_args(["checkpoint.stop_signal=SIGUSR2"])
     with pytest.raises(PlanError) as e:
         kubernetes.pod_args(["output.root=s3://AKIA:secret@bucket/runs"])
     assert e.value.key == "output.root" and "secret" not in str(e.value.value) and "launcher.secret" in e.value.fix
+    with pytest.raises(PlanError) as e:  # credentials in a query string, refused the same
+        kubernetes.pod_args(["output.root=s3://bucket/p?aws_secret_access_key=topsecret"])
+    assert e.value.key == "output.root" and "topsecret" not in str(e.value.value) and "launcher.secret" in e.value.fix
 
 
 def test_a_pod_runs_as_a_multinode_node_from_the_operators_environment():
@@ -200,6 +208,16 @@ def test_a_pod_of_another_shape_is_refused():
     ({"image": "???"}, "/runs", "launcher.image"),
     ({"role": "driver"}, "/runs", "launcher.role"),
     ({"restart_policy": "Always"}, "/runs", "launcher.restart_policy"),
+    ({"restart_policy": "Never"}, "/runs", "launcher.restart_policy"),
+    ({"env": {"PET_NNODES": "4"}}, "/runs", "launcher.env.PET_NNODES"),
+    ({"env": {"MASTER_ADDR": "x"}}, "/runs", "launcher.env.MASTER_ADDR"),
+    ({"env": {"MASTER_PORT": "1"}}, "/runs", "launcher.env.MASTER_PORT"),
+    ({"env": {"WORLD_SIZE": "8"}}, "/runs", "launcher.env.WORLD_SIZE"),
+    ({"env": {"RANK": "0"}}, "/runs", "launcher.env.RANK"),
+    ({"env": {"POD_IP": "1.2.3.4"}}, "/runs", "launcher.env.POD_IP"),
+    ({"cpu_per_node": -3}, "/runs", "launcher.cpu_per_node"),
+    ({"cpu_per_node": "0"}, "/runs", "launcher.cpu_per_node"),
+    ({"memory_per_node": "lots"}, "/runs", "launcher.memory_per_node"),
     ({"termination_grace_s": 0}, "/runs", "launcher.termination_grace_s"),
     ({"secret": "Bad Name"}, "/runs", "launcher.secret"),
     ({"env": {"1X": "y"}}, "/runs", "launcher.env"),
@@ -210,6 +228,31 @@ def test_launcher_refusals_name_the_key(over, root, key):
     with pytest.raises(PlanError) as e:
         kubernetes.check({**K8S, **over}, root)
     assert e.value.key == key, e.value
+
+
+def test_resources_that_are_kubernetes_quantities_pass():
+    for cpu, mem in ((16, "64Gi"), ("500m", "512M"), ("1.5", "1e9"), (None, None)):
+        kubernetes.check({**K8S, "cpu_per_node": cpu, "memory_per_node": mem}, "/runs")
+
+
+def test_an_empty_pod_ip_is_refused_as_the_docs_say():
+    with pytest.raises(PlanError) as e:
+        kubernetes.pod_launcher(K8S, {**POD_ENV, "POD_IP": ""})
+    assert e.value.key == "POD_IP" and "PET_NNODES" in e.value.fix
+    # launcher.local_addr given: the pod's own address is not needed.
+    assert kubernetes.pod_launcher({**K8S, "local_addr": "10.0.0.9"}, {**POD_ENV, "POD_IP": ""})["local_addr"] == (
+        "10.0.0.9")
+
+
+def test_a_secret_of_launcher_env_is_a_reference_to_the_jobs_secret():
+    s = spec(env={"NCCL_DEBUG": "INFO", "HF_TOKEN": "hf_abc123"}, secret_env=("HF_TOKEN",))
+    runtime, job, v1 = valid(km.training_runtime(s)), valid(km.train_job(s)), valid(km.pytorch_job(s))
+    ref = {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "exp42-env", "key": "HF_TOKEN"}}}
+    master = v1["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    assert ref in job["spec"]["trainer"]["env"] and ref in master["env"]
+    assert "hf_abc123" not in yaml.safe_dump([runtime, job, v1])
+    secret = valid(km.env_secret(s))
+    assert secret["metadata"]["name"] == "exp42-env" and secret["stringData"] == {"HF_TOKEN": "hf_abc123"}
 
 
 def test_an_object_store_root_needs_no_volume():
@@ -241,3 +284,14 @@ def test_a_stopped_agent_arrives_at_the_exit_barrier_without_waiting_the_full_ti
     before_rendezvous = _Agent(None, None)
     exit_barrier.arrive(before_rendezvous)
     assert before_rendezvous.arrived is None
+
+
+def test_credentials_in_a_query_string_are_a_urls_credentials():
+    from ddp_runner.contract import secrets
+
+    url = "s3://bucket/p?region=eu&aws_secret_access_key=topsecret"
+    assert secrets.redact_urls(url) == "s3://bucket/p?region=eu&aws_secret_access_key=***"
+    assert secrets.url_secrets(url) == ["topsecret"] and secrets.is_redacted(secrets.redact_urls(url))
+    assert secrets.redact_urls("https://h/o?X-Amz-Signature=abc&v=1") == "https://h/o?X-Amz-Signature=***&v=1"
+    assert secrets.redact_urls("s3://bucket/p?versionId=3") == "s3://bucket/p?versionId=3"
+    assert secrets.redact_urls("not a url?token=1") == "not a url?token=1"
