@@ -30,10 +30,10 @@ from ddp_runner.config.plan import Plan
 from ddp_runner.contract import layout
 from ddp_runner.contract.errors import PlanError
 from ddp_runner.contract.rules import flatten, global_batch
-from ddp_runner.launch import finalize
 from ddp_runner.launch.base import BaseLauncher, Job
 from ddp_runner.launch.local import LOOPBACK, agent_prefix, loopback_interface, worker_tail
 from ddp_runner.rundir.run_dir import RunDir
+from ddp_runner.supervise import finalize
 
 POLL_S = 0.5
 # After its own agent ends, how long node 0 waits for the other nodes' drivers to record their end.
@@ -372,8 +372,8 @@ def node_end(record: dict[str, Any], rc: int, interrupted: int | None) -> dict[s
 def follow(job: Job, rd: RunDir) -> int:
     """A node other than node 0: run this node's agent into the shared run directory, record its outcome in
     ``nodes/<node>.json`` and return the exit code. Node 0's driver writes run.json and summary.json."""
-    from ddp_runner.launch.session import Session, environment
     from ddp_runner.rundir import run_dir as rundir
+    from ddp_runner.supervise.session import Session, environment
 
     launcher, plan = job.launcher, job.plan
     node = node_name(launcher)

@@ -256,11 +256,11 @@ def job_main(run_url: str) -> int:
     """The job's driver (the batch step): run every node's agent through srun into ``run_url``, then finalise."""
     from omegaconf import OmegaConf
 
-    from ddp_runner.launch import finalize
     from ddp_runner.launch.multinode import env as multinode_env
-    from ddp_runner.launch.session import Session, environment
     from ddp_runner.rundir import run_dir as rundir
     from ddp_runner.rundir.status import this_driver
+    from ddp_runner.supervise import finalize
+    from ddp_runner.supervise.session import Session, environment
 
     t0 = time.time()
     rd = rundir.open_run_dir(run_url)

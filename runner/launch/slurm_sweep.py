@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import IO, Any
 
+from ddp_runner.console.live import clock, wanted
 from ddp_runner.contract import layout
-from ddp_runner.launch.live import clock, wanted
 from ddp_runner.launch.slurm import ENDED, POLL_S, await_final, job_state
 from ddp_runner.rundir.run_dir import RunDir
 

@@ -89,7 +89,8 @@ def test_every_node_computes_the_same_run_directory():
 def test_failed_node_prefers_a_lost_agent_over_a_peer_that_exited():
     nodes = {"0": {"host": "a", "ended": "t", "torchrun_exit_code": 1},
              "1": {"host": "b", "ended": "t", "torchrun_exit_code": -9}}
-    assert multinode.failed_node(nodes, {})["message"] == "node 1 (host b): its torchrun agent was killed by signal 9"
+    assert (multinode.failed_node(nodes, {})["message"]
+            == "node 1 (host b): its torchrun agent was killed by signal 9")
     nodes["1"] = {"host": "b"}  # its driver never recorded an end
     assert multinode.failed_node(nodes, {})["node"] == "1"
     assert multinode.failed_node({"0": {"ended": "t", "torchrun_exit_code": 0}}, {}) is None
@@ -179,13 +180,13 @@ def test_a_rank_stopped_while_writing_its_error_file_does_not_end_the_agent(tmp_
 
 def test_the_agents_folder_leaves_room_for_the_forkserver_socket(monkeypatch, tmp_path):
     # A deep TMPDIR (pytest's tmp_path under it) made the forkserver's bind fail: "AF_UNIX path too long".
-    from ddp_runner.launch import agent
+    from ddp_runner.supervise import agent_dir
 
     deep = tmp_path / ("d" * 60)
     deep.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(deep))
-    moved = agent.temp_dir(4194304)
+    moved = agent_dir.temp_dir(4194304)
     assert moved == "/tmp/ddp-run-agent-4194304"
     assert len(f"{moved}/pymp-abcdefgh/listener-abcdefgh") <= 107
     monkeypatch.setattr(tempfile, "tempdir", "/var/tmp")
-    assert agent.temp_dir(4194304) == "/var/tmp/ddp-run-agent-4194304"
+    assert agent_dir.temp_dir(4194304) == "/var/tmp/ddp-run-agent-4194304"

@@ -10,7 +10,6 @@ killed. A second signal stops everything at once, without waiting for the checkp
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -25,9 +24,10 @@ import psutil
 
 from ddp_runner.config import bytecode
 from ddp_runner.contract import layout, stops
-from ddp_runner.contract.osutil import descendant_pids, die_with_parent
-from ddp_runner.launch import driver_stop
-from ddp_runner.launch.agent import temp_dir as agent_temp_dir
+from ddp_runner.contract.osutil import die_with_parent
+from ddp_runner.supervise import reaper
+from ddp_runner.supervise.agent_dir import temp_dir as agent_temp_dir
+from ddp_runner.supervise.stop import guard
 
 GRACE_S = stops.DEFAULT_GRACE_S + stops.DRIVER_MARGIN_S  # after SIGTERM, before SIGKILL (inside torchrun's 30 s)
 
@@ -122,10 +122,10 @@ class Supervisor:
             os.remove(self.request_file)
         old = {s: signal.signal(s, self._on_signal) for s in handled}
         try:
-            if (early := driver_stop.take()) is not None:  # came as the launch was recorded: torchrun never starts
+            if (early := guard.take()) is not None:  # came as the launch was recorded: torchrun never starts
                 if early == signal.SIGHUP:
                     _detach_terminal()
-                driver_stop.say(f"ddp-run: stopped by {stops.signal_name(early)} before torchrun started")
+                guard.say(f"ddp-run: stopped by {stops.signal_name(early)} before torchrun started")
                 self.interrupted = early  # the run is recorded interrupted, as if its ranks had stopped at once
                 return -early
             with open(self.agent_log, "ab") as log:
@@ -139,13 +139,13 @@ class Supervisor:
                         rc = self.proc.wait(timeout=0.5)
                         break
                     except subprocess.TimeoutExpired:
-                        tree = self._snapshot(tree)
+                        tree = reaper.snapshot(self.proc.pid, tree)
                         if on_tick is not None:
                             on_tick()
                         if self.interrupted is not None:
                             rc = self._stop(tree)
                             break
-            self._reap(tree)
+            reaper.reap_tree(tree)
         except BaseException:  # the driver fails (an unwritable run directory): no process outlives it
             if self.proc is not None and self.proc.poll() is None:
                 self.proc.kill()
@@ -158,22 +158,6 @@ class Supervisor:
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
-
-    def _snapshot(self, tree: list[psutil.Process]) -> list[psutil.Process]:
-        """Remember torchrun's descendants (workers live in their own sessions, so killpg misses them)."""
-        pids = descendant_pids(self.proc.pid)
-        if pids is None:  # no per-thread children lists: psutil reads every process's status instead
-            try:
-                pids = [p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)]
-            except psutil.Error:
-                return tree
-        known = {p.pid for p in tree}
-        found = []
-        for pid in pids:
-            if pid not in known:
-                with contextlib.suppress(psutil.Error):  # ended since
-                    found.append(psutil.Process(pid))
-        return tree + found
 
     def _stop(self, tree: list[psutil.Process]) -> int:
         assert self.proc is not None
@@ -188,36 +172,3 @@ class Supervisor:
         if self.proc.poll() is None:
             self.proc.kill()
         return self.proc.wait()
-
-    @staticmethod
-    def _reap(tree: list[psutil.Process]) -> None:
-        """SIGTERM, then SIGKILL, any worker still alive after torchrun has gone."""
-        for p in reap(tree, timeout=5):
-            with contextlib.suppress(psutil.Error):
-                p.kill()
-
-
-def _running(p: psutil.Process) -> bool:
-    """Alive and not a zombie: a zombie has ended and waits only for its parent to read its status."""
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:  # ended between the two reads
-        return False
-
-
-def reap(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
-    """SIGTERM every process of ``procs`` still running and wait up to ``timeout`` s for them to end; return those
-    still running. A process that ends counts as gone at once, even while its zombie waits for its parent:
-    ``psutil.wait_procs`` would wait for the zombie of a process re-parented to init (torchrun's agent's
-    resource tracker), which some inits reap only seconds later."""
-    alive = [p for p in procs if _running(p)]
-    for p in alive:
-        with contextlib.suppress(psutil.Error):
-            p.terminate()
-    deadline = time.monotonic() + timeout
-    delay = 0.01
-    while alive and time.monotonic() < deadline:
-        time.sleep(delay)
-        delay = min(delay * 2, 0.2)
-        alive = [p for p in alive if _running(p)]
-    return alive
