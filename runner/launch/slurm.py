@@ -36,6 +36,7 @@ import fsspec
 from ddp_runner.config.plan import Gpu, Plan
 from ddp_runner.contract import layout, stops
 from ddp_runner.contract.errors import PlanError
+from ddp_runner.contract.osutil import handle_signals, restore_signals
 from ddp_runner.launch.base import BaseLauncher, Job
 from ddp_runner.launch.local import agent_prefix, worker_tail
 from ddp_runner.rundir.run_dir import RunDir
@@ -180,7 +181,7 @@ def follow(rd: RunDir, job_id: str) -> int:
             subprocess.run(["scancel", "--full", job_id], timeout=60, check=False)
         cancelled.append(signum)
 
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = handle_signals((signal.SIGINT, signal.SIGTERM), on_signal)
     tail = _Tail(Path(rd.local, layout.SLURM_LOG.replace("%j", job_id)))
     last = None
     try:
@@ -196,8 +197,7 @@ def follow(rd: RunDir, job_id: str) -> int:
                 break
             time.sleep(POLL_S)
     finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+        restore_signals(old)
     manifest = await_final(rd, state or "unknown")
     tail.pump()
     status = manifest.get("status")

@@ -24,7 +24,7 @@ import psutil
 
 from ddp_runner.config import bytecode
 from ddp_runner.contract import layout, stops
-from ddp_runner.contract.osutil import die_with_parent
+from ddp_runner.contract.osutil import die_with_parent, handle_signals, restore_signals
 from ddp_runner.supervise import reaper
 from ddp_runner.supervise.agent_dir import temp_dir as agent_temp_dir
 from ddp_runner.supervise.stop import guard
@@ -120,7 +120,7 @@ class Supervisor:
         handled = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP} | ({self.preempt} if self.preempt else set())
         if self.request_file is not None and os.path.exists(self.request_file):  # an earlier attempt's
             os.remove(self.request_file)
-        old = {s: signal.signal(s, self._on_signal) for s in handled}
+        old = handle_signals(handled, self._on_signal)
         try:
             if (early := guard.take()) is not None:  # came as the launch was recorded: torchrun never starts
                 if early == signal.SIGHUP:
@@ -156,8 +156,7 @@ class Supervisor:
             shutil.rmtree(agent_temp_dir(self.proc.pid), ignore_errors=True)
             return rc
         finally:
-            for s, h in old.items():
-                signal.signal(s, h)
+            restore_signals(old)
 
     def _stop(self, tree: list[psutil.Process]) -> int:
         assert self.proc is not None
