@@ -256,7 +256,7 @@ def job_main(run_url: str) -> int:
     """The job's driver (the batch step): run every node's agent through srun into ``run_url``, then finalise."""
     from omegaconf import OmegaConf
 
-    from ddp_runner.launch.multinode import env as multinode_env
+    from ddp_runner.launch.multinode_rdzv import env as multinode_env
     from ddp_runner.rundir import run_dir as rundir
     from ddp_runner.rundir.status import this_driver
     from ddp_runner.supervise import finalize
