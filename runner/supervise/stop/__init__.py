@@ -4,8 +4,9 @@
    come first thing (:func:`guard.guarded`); a stop ends in one line and exit 128 + the signal, or is noted while a
    run directory is made or recorded (:func:`guard.deferred`) and taken by the job or the supervisor
    (:func:`guard.take`).
-2. While torchrun runs: runner/supervise/supervisor.py (``Supervisor._on_signal``). The first signal asks the ranks
-   to save and stop (SIGTERM to torchrun, or the stop-request file), a second one stops everything at once.
+2. While torchrun runs: forward.py (the supervisor installs its handler). The first signal asks the ranks to save
+   and stop (SIGTERM to torchrun, or the stop-request file), a second one stops everything at once; a stop noted
+   as the launch was recorded means torchrun never starts.
 3. After torchrun ends: outcome.py says what the stop did (read from the ranks' records), and
    runner/supervise/finalize.py records and prints it.
 

@@ -12,7 +12,7 @@ supervisor's own handler, most of a second later.
   (:func:`take`) before it records the launch (a new run directory is removed, a continued one left as it was), the
   supervisor takes one that comes after (torchrun is not started; the run is recorded ``interrupted``), and one that
   comes while the run is finalised changes nothing (its records are written whole).
-- While torchrun runs, the supervisor's handlers take over (runner/supervise/supervisor.py): the ranks save.
+- While torchrun runs, the supervisor's handlers take over (runner/supervise/stop/forward.py): the ranks save.
 """
 
 from __future__ import annotations
