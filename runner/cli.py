@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from ddp_runner.contract import layout, secrets
 from ddp_runner.contract.errors import PlanError
-from ddp_runner.launch import driver_stop
+from ddp_runner.supervise.stop import guard
 
 if TYPE_CHECKING:
     from ddp_runner.job.sweeping import Sweep
@@ -172,7 +172,7 @@ def _hydra_args(args: list[str]) -> tuple[Any, list[str], str]:
     return cli, [*args, *quiet], config_path
 
 
-@driver_stop.guarded(lambda: _run.jobs)  # first thing: a stop before Hydra's imports is one line too
+@guard.guarded(lambda: _run.jobs)  # first thing: a stop before Hydra's imports is one line too
 def main() -> None:
     """Console entry point of ``ddp-run``."""
     from ddp_runner.config import overrides, task_module
@@ -212,7 +212,7 @@ def _main(args: list[str]) -> None:
     # into a refusal (exit 2) that names the key and the fix. _app restores stderr as soon as a job starts.
     _run.stderr, sys.stderr = sys.stderr, io.StringIO()
     try:
-        import hydra  # only now: the driver's stop handler comes first (runner/launch/driver_stop.py)
+        import hydra  # only now: the driver's stop handler comes first (runner/supervise/stop/guard.py)
         hydra.main(version_base=None, config_path=CONFIG_PATH, config_name="config")(_app)()
     except SystemExit as exc:
         held = _restore_stderr()

@@ -97,7 +97,7 @@ ENV_HEARTBEAT_S = "DDP_RUNNER_HEARTBEAT_S"
 ENV_FORKSERVER = "DDP_RUNNER_FORKSERVER"
 FORKSERVER_AGENT, FORKSERVER_SPAWNED = "agent", "1"
 
-# A live terminal (runner/launch/live.py): the driver draws rank 0's progress; rank 0 then writes its console as
+# A live terminal (runner/console/live.py): the driver draws rank 0's progress; rank 0 then writes its console as
 # JSON lines into this file (tasks/engine/reporting/progress.py) instead of onto the user's terminal. The env var
 # holds the file's path; unset, rank 0 writes plain lines to its stdout.
 CONSOLE_RECORDS = f"{LOGS}/console.jsonl"

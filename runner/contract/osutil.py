@@ -1,8 +1,9 @@
-"""Two small operating-system helpers both sides use (standard library only: workers import this at start-up).
+"""Small operating-system helpers both sides use (standard library only: workers import this at start-up).
 
 - :func:`atomic_write`: a local file appears whole or not at all (readers never see half of it).
 - :func:`die_with_parent`: a child process is signalled when its parent dies, so none is orphaned.
 - :func:`lasting_imports`: imports whose objects live as long as the process, out of the cyclic collector's way.
+- :func:`handle_signals` / :func:`restore_signals`: a block's own signal handlers, and the previous ones put back.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import gc
 import os
 import signal
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
@@ -126,3 +128,18 @@ def set_process_name(name: str) -> None:
     nothing elsewhere."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+
+
+def handle_signals(signals: Iterable[int], handler: Any) -> dict[int, Any]:
+    """Handle every one of ``signals`` with ``handler`` and return the handlers they had, for
+    :func:`restore_signals`: whoever takes a signal for a while (a sweep, a supervised run, a followed Slurm job)
+    gives it back as it found it. Python sets handlers on the main thread only (elsewhere: ValueError)."""
+    return {s: signal.signal(s, handler) for s in signals}
+
+
+def restore_signals(old: dict[int, Any]) -> None:
+    """Put back the handlers :func:`handle_signals` replaced (one set outside Python reads None, and Python cannot
+    set it again: that signal keeps the block's handler)."""
+    for s, h in old.items():
+        if h is not None:
+            signal.signal(s, h)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ddp_runner.diagnostics import textfit
+from ddp_runner.console import textfit
 
 # Below these, a phase is not worth a phrase in the bottleneck sentence.
 SHARE_WORTH_SAYING = 0.01

@@ -45,10 +45,10 @@ def shell_line(cmd: Sequence[str], env: Mapping[str, str]) -> str:
 
 def launch_variables(conf: Mapping[str, Any], plan: Plan, launcher: Any, task_dir: str | None) -> dict[str, str]:
     """The variables ddp-run sets for torchrun and its workers that this shell does not already have: the run
-    directory's names (as ``$RUN_DIR``), the launcher's, the diagnostics' (runner/launch/session.py)."""
+    directory's names (as ``$RUN_DIR``), the launcher's, the diagnostics' (runner/supervise/session.py)."""
     from types import SimpleNamespace
 
-    from ddp_runner.launch.session import environment
+    from ddp_runner.supervise.session import environment
 
     rd: Any = SimpleNamespace(url=RUN_DIR, local=RUN_DIR)
     env = environment(rd, conf, plan, 0.0, task_dir, launcher.env(conf["launcher"]))

@@ -17,10 +17,10 @@ from ddp_runner.contract.errors import PlanError
 from ddp_runner.data import prep as data_prep
 from ddp_runner.diagnostics.doctor import cheap_report
 from ddp_runner.job.invocation import Invocation, Outcome, refuse
-from ddp_runner.launch import driver_stop
 from ddp_runner.launch.base import Job
 from ddp_runner.rundir import run_dir as rundir
 from ddp_runner.rundir.manifest import initial_manifest
+from ddp_runner.supervise.stop import guard
 from ddp_runner.trackers import runs as tracker_runs
 
 
@@ -63,7 +63,7 @@ def launch(job: Job, launcher: Any, how: Invocation, started: datetime, mem: dic
     if how.real:
         os.environ[secrets.ENV_SECRETS] = secrets.encode(how.real)
     try:
-        with driver_stop.deferred():  # a stop from here on is taken whole, never half a run directory
+        with guard.deferred():  # a stop from here on is taken whole, never half a run directory
             return _open_and_launch(job, launcher, how, started, mem, probe)
     finally:
         os.environ.pop(secrets.ENV_SECRETS, None)
@@ -86,7 +86,7 @@ def _open_and_launch(job: Job, launcher: Any, how: Invocation, started: datetime
         else:
             rd.remove()  # no half-made run directory
         return refuse(err)
-    if (signum := driver_stop.take()) is not None:  # came while the directory was opened: nothing ran
+    if (signum := guard.take()) is not None:  # came while the directory was opened: nothing ran
         return _stopped_before_launch(job, rd, trackers, signum)
     if rd.continued:
         job.staged = rundir.prepare_continue(rd)
@@ -99,7 +99,7 @@ def _open_and_launch(job: Job, launcher: Any, how: Invocation, started: datetime
     except PlanError as err:  # refused by the launcher at launch (sbatch): it left no run directory
         return refuse(err)
     except OSError as exc:  # the run directory became unwritable while it ran: one line and a true status
-        from ddp_runner.launch.finalize import failed_while
+        from ddp_runner.supervise.finalize import failed_while
 
         return Outcome(failed_while(rd, manifest, "running (the run directory could not be written)", exc),
                        run_dir=rd.url)
@@ -118,7 +118,7 @@ def _stopped_before_launch(job: Job, rd: rundir.RunDir, trackers: dict[str, Any]
         rd.remove()
         left = "no run directory was left"
     _close_trackers(job.conf, rd, trackers)
-    driver_stop.say(f"ddp-run: stopped by {stops.signal_name(signum)} before launching: nothing was started; {left}")
+    guard.say(f"ddp-run: stopped by {stops.signal_name(signum)} before launching: nothing was started; {left}")
     return Outcome(128 + signum)
 
 

@@ -14,7 +14,7 @@ summary, its own checkpoint on a stop), so a concurrent job behaves exactly as t
   running job once: each one's ranks save a checkpoint and end ``interrupted``; a second Ctrl-C stops them at once.
   Jobs not started yet are recorded as not run.
 
-While jobs run, one view (:mod:`ddp_runner.job.sweep_view`) shows each one's progress.
+While jobs run, one view (:mod:`ddp_runner.console.sweep_view`) shows each one's progress.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddp_runner.console.sweep_view import View
 from ddp_runner.contract import layout
-from ddp_runner.contract.osutil import die_with_parent
+from ddp_runner.contract.osutil import die_with_parent, handle_signals, restore_signals
 from ddp_runner.job.slots import Slots, gpu_peers, limit
-from ddp_runner.job.sweep_view import View
 
 POLL_S = 0.5
 ENV_SWEEP_JOB, ENV_SWEEP_CONSOLE = layout.ENV_SWEEP_JOB, layout.ENV_SWEEP_CONSOLE
@@ -212,8 +212,7 @@ class Pool:
                     time.sleep(POLL_S)
         finally:
             self.view.close()
-            for s, h in self._old.items():
-                signal.signal(s, h)
+            restore_signals(self._old)
             self._old = {}
 
     def close(self) -> None:
@@ -226,7 +225,7 @@ class Pool:
 
     def _handle_signals(self) -> None:
         if not self._old:
-            self._old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+            self._old = handle_signals((signal.SIGINT, signal.SIGTERM), self._on_signal)
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         again = self.stopping is not None

@@ -13,27 +13,9 @@ import os
 import sys
 
 from ddp_runner.contract import layout, netbind, osutil
-from ddp_runner.launch import exit_barrier, forkserver
-
-# A Unix socket's path holds at most 107 bytes on Linux; the forkserver's listener goes in
-# <this folder>/pymp-XXXXXXXX/listener-XXXXXXXX.
-_SOCKET_PATH_MAX = 107
-_SOCKET_SUFFIX = len("/pymp-XXXXXXXX/listener-XXXXXXXX")
-
-
-def temp_dir(agent_pid: int) -> str:
-    """The agent's private temporary folder: torchrun makes a ``torchelastic_*`` folder of logs in the temporary
-    folder at every launch and never removes it (hundreds pile up); here it goes inside this one, which the agent
-    removes when it ends (and the driver, should the agent be killed). Under a temporary folder whose path is too
-    long for the forkserver's Unix socket (a deep TMPDIR), it goes in ``/tmp``, as Python 3.12's multiprocessing
-    does with its own."""
-    import tempfile
-
-    name = f"ddp-run-agent-{agent_pid}"
-    base = tempfile.gettempdir()
-    if len(os.path.join(base, name)) + _SOCKET_SUFFIX > _SOCKET_PATH_MAX and os.access("/tmp", os.W_OK):
-        base = "/tmp"
-    return os.path.join(base, name)
+from ddp_runner.launch import forkserver
+from ddp_runner.supervise import exit_barrier
+from ddp_runner.supervise.agent_dir import temp_dir
 
 
 def _private_debug_output() -> None:

@@ -3,7 +3,7 @@
 A launcher checks its own config before anything starts, says the torchrun command and the variables its workers
 need, opens (or joins) the run directory, and launches into it. :class:`BaseLauncher` is one host's way
 (``launcher=local``): a new run directory, or the continued one, and torchrun under the one supervision session
-(``runner/launch/session.py``). ``multinode`` and ``slurm`` change only what differs.
+(``runner/supervise/session.py``). ``multinode`` and ``slurm`` change only what differs.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ddp_runner.config.plan import Plan
-from ddp_runner.launch import finalize
-from ddp_runner.launch.session import Session, environment
 from ddp_runner.rundir.run_dir import RunDir
+from ddp_runner.supervise import finalize
+from ddp_runner.supervise.session import Session, environment
 
 
 @dataclass

@@ -11,6 +11,10 @@ given is this package's worker (``--no-python <python> -P -u -m ddp_runner.tasks
 launcher writes), the same rank is handed to torchrun as the function ``ddp_runner.tasks.forked.rank``. Any other
 command runs as plain torchrun would run it, and ``python -m ddp_runner.tasks <run dir>`` still works on its own.
 
+A launch mechanism, not supervision: it decides how torchrun's agent starts a rank (a fork of a preloaded server
+instead of a fresh interpreter) and the worker's command every launcher writes (:func:`worker_tail`); it runs inside
+the agent, never in the driver that supervises it, and a rank's stop and end are torchrun's as before.
+
 Standard library only at import: the agent imports torch through the worker's modules (start_server).
 """
 
@@ -180,7 +184,7 @@ def _every_rank_context(base: type) -> type:
     """torchrun's MultiprocessContext, reporting every rank that failed as its SubprocessContext does.
 
     On a failure MultiprocessContext stops the other ranks (SIGTERM; SIGKILL after 30 s) but reports only the
-    first; the driver reads each rank's exit code from torchrun's failure report (runner/launch/finalize.py), so
+    first; the driver reads each rank's exit code from torchrun's failure report (runner/supervise/finalize.py), so
     the ranks that the stop ended with a non-zero code are added, as SubprocessContext would list them."""
     import logging
 

@@ -36,6 +36,7 @@ import fsspec
 from ddp_runner.config.plan import Gpu, Plan
 from ddp_runner.contract import layout, stops
 from ddp_runner.contract.errors import PlanError
+from ddp_runner.contract.osutil import handle_signals, restore_signals
 from ddp_runner.launch.base import BaseLauncher, Job
 from ddp_runner.launch.local import agent_prefix, worker_tail
 from ddp_runner.rundir.run_dir import RunDir
@@ -180,7 +181,7 @@ def follow(rd: RunDir, job_id: str) -> int:
             subprocess.run(["scancel", "--full", job_id], timeout=60, check=False)
         cancelled.append(signum)
 
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = handle_signals((signal.SIGINT, signal.SIGTERM), on_signal)
     tail = _Tail(Path(rd.local, layout.SLURM_LOG.replace("%j", job_id)))
     last = None
     try:
@@ -196,8 +197,7 @@ def follow(rd: RunDir, job_id: str) -> int:
                 break
             time.sleep(POLL_S)
     finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+        restore_signals(old)
     manifest = await_final(rd, state or "unknown")
     tail.pump()
     status = manifest.get("status")
@@ -256,11 +256,11 @@ def job_main(run_url: str) -> int:
     """The job's driver (the batch step): run every node's agent through srun into ``run_url``, then finalise."""
     from omegaconf import OmegaConf
 
-    from ddp_runner.launch import finalize
-    from ddp_runner.launch.multinode import env as multinode_env
-    from ddp_runner.launch.session import Session, environment
+    from ddp_runner.launch.multinode_rdzv import env as multinode_env
     from ddp_runner.rundir import run_dir as rundir
     from ddp_runner.rundir.status import this_driver
+    from ddp_runner.supervise import finalize
+    from ddp_runner.supervise.session import Session, environment
 
     t0 = time.time()
     rd = rundir.open_run_dir(run_url)

@@ -16,8 +16,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import IO, Any
 
+from ddp_runner.console.live import clock, wanted
 from ddp_runner.contract import layout
-from ddp_runner.launch.live import clock, wanted
+from ddp_runner.contract.osutil import handle_signals, restore_signals
 from ddp_runner.launch.slurm import ENDED, POLL_S, await_final, job_state
 from ddp_runner.rundir.run_dir import RunDir
 
@@ -124,13 +125,12 @@ class Follower:
             if self.live is not None:
                 self.live.stop()
                 self.live = None
-            for s, h in self._old.items():
-                signal.signal(s, h)
+            restore_signals(self._old)
             self._old = {}
 
     def _handle_signals(self) -> None:
         if not self._old:
-            self._old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+            self._old = handle_signals((signal.SIGINT, signal.SIGTERM), self._on_signal)
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         if self.cancelled is None:

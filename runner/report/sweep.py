@@ -17,8 +17,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from ddp_runner.console import textfit
 from ddp_runner.contract import layout, secrets
-from ddp_runner.diagnostics import textfit
 from ddp_runner.report import sweep_table
 from ddp_runner.rundir import records
 

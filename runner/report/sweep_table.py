@@ -1,5 +1,5 @@
 """The table a sweep prints at its end, one row per job, fitted to the terminal (each finished job said one line
-as it ended: runner/diagnostics/closing.py's ``job_line``). Pure: from the jobs as sweep.json records them."""
+as it ended: runner/console/closing.py's ``job_line``). Pure: from the jobs as sweep.json records them."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ddp_runner.diagnostics import textfit
+from ddp_runner.console import textfit
 
 # The columns a narrow terminal loses first (sweep.md and sweep.json keep them all): the job, its swept values,
 # its status and the objective stay.

@@ -22,7 +22,7 @@ from conftest import GPT_DROPOUT_STEPS, ddp_run, load_json, rank0_sleeps, run_di
 from torch.utils.data import DistributedSampler
 
 from ddp_runner.contract import layout
-from ddp_runner.launch.supervisor import GRACE_S
+from ddp_runner.supervise.supervisor import GRACE_S
 from ddp_runner.tasks.engine import checkpoint as ckpt
 from ddp_runner.tasks.smoke import Regression, synthetic_dataset
 

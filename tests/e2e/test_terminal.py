@@ -1,4 +1,4 @@
-"""A live terminal (runner/launch/live.py): the real CLI under a pseudo-terminal draws a progress bar from its first
+"""A live terminal (runner/console/live.py): the real CLI under a pseudo-terminal draws a progress bar from its first
 second on, redrawn at least once a second while a step takes longer than that, with the step, the loss, the rate
 with its unit and the ETA; the driver's closing lines follow the bar. (Piped output keeps plain ``step N/M``
 lines: tests/e2e/test_smoke.py.)"""
@@ -132,7 +132,7 @@ def _replayed(records: list[dict], width: int) -> live_screen.Screen:
 
     from rich.console import Console
 
-    from ddp_runner.launch.live import Live
+    from ddp_runner.console.live import Live
 
     out = io.StringIO()
     with tempfile.TemporaryDirectory() as tmp:

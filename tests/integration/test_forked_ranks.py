@@ -119,7 +119,7 @@ def _rank_body(local_rank: int, ready: str) -> None:
 
 def test_a_failure_reports_every_ranks_exit_code(installed, tmp_path) -> None:
     """MultiprocessContext alone reports the first failed rank only; the driver reads every rank's code from
-    torchrun's report (runner/launch/finalize.py), so the rank that the stop ended is reported too (-15)."""
+    torchrun's report (runner/supervise/finalize.py), so the rank that the stop ended is reported too (-15)."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 
     _, elastic_mp = installed

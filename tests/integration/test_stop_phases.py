@@ -107,5 +107,5 @@ def test_after_the_final_checkpoint_and_validation_a_stop_cuts_nothing(tmp_path,
     assert trainer.stopped is None and summary["val_loss"] is not None and batches
     assert ck.latest(str(tmp_path / "run" / "checkpoints")).endswith("step_3")
     # Every step is committed: a SIGTERM from here on lets the process end by itself (the driver then records the
-    # run completed: runner/launch/stop_outcome.py).
+    # run completed: runner/supervise/stop/outcome.py).
     assert termination._done.is_set()  # noqa: SLF001

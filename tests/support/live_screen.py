@@ -1,4 +1,4 @@
-"""What a live bar (runner/launch/live.py, rich's Live) put on a terminal, read back from the bytes it wrote: the
+"""What a live bar (runner/console/live.py, rich's Live) put on a terminal, read back from the bytes it wrote: the
 frames it drew and the lines it printed above them, in order.
 
 rich redraws its live region with ``\\r`` and an erase of the line (``ESC[2K``), preceded by one "cursor up and

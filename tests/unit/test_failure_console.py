@@ -1,4 +1,4 @@
-"""A failed run's console (runner/launch/finalize.py): the one-line cause first, then whole frames of its traceback,
+"""A failed run's console (runner/supervise/finalize.py): the one-line cause first, then whole frames of its traceback,
 never a fragment that starts inside a frame; the closing lines still name the rank, the cause and the user's line.
 The record is a real one: a task whose ``forward`` takes ``(x)`` where the engine calls ``model(x, y)``."""
 
@@ -13,8 +13,8 @@ from fsspec.implementations.local import LocalFileSystem
 from ddp_runner.config.plan import Plan
 from ddp_runner.contract import layout
 from ddp_runner.diagnostics import rootcause
-from ddp_runner.launch import finalize
 from ddp_runner.rundir.run_dir import RunDir
+from ddp_runner.supervise import finalize
 
 TORCH = "/venv/lib/python3.11/site-packages/torch/nn"
 MESSAGE = "Net.forward() takes 2 positional arguments but 3 were given"

@@ -1,4 +1,4 @@
-"""The driver's closing lines for a completed run (runner/diagnostics/closing.py, runner/diagnostics/breakdown.py):
+"""The driver's closing lines for a completed run (runner/console/closing.py, runner/diagnostics/breakdown.py):
 one line for a short run, else one table of the ranks (GPU telemetry from summary.json's ``gpus`` in it), the
 sentence about the rank with the most work, the note on a slow GPU, units on every figure."""
 
@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from ddp_runner.diagnostics import breakdown, closing
+from ddp_runner.console import closing
+from ddp_runner.diagnostics import breakdown
 
 
 def _gpu(clock: float, capped: float = 100.0, thermal: float = 0.0) -> dict[str, float]:
@@ -130,7 +131,7 @@ def test_the_driver_closes_a_sweeps_job_with_its_one_line(tmp_path, capsys):
     """finalize.finish on a completed run whose manifest names its sweep: one line, and no table."""
     from types import SimpleNamespace
 
-    from ddp_runner.launch import finalize
+    from ddp_runner.supervise import finalize
 
     rd = SimpleNamespace(url=str(tmp_path), local=str(tmp_path))
     manifest = {"invocation": {"sweep": {"id": "s", "dir": "d", "job": 2}}}

@@ -16,9 +16,12 @@ TOP = "ddp_runner"
 WORKER = "ddp_runner.tasks"
 CONTRACT = "ddp_runner.contract"
 # Floors of the driver, lowest first: a room imports only from its own floor or below.
+# The console shares the diagnostics' floor (the closing account reads the time breakdown, whose table textfit fits);
+# supervision is under the launchers that run torchrun through it.
 FLOORS = {"ddp_runner.contract": 0, "ddp_runner.config": 1, "ddp_runner.data": 2, "ddp_runner.rundir": 2,
-          "ddp_runner.diagnostics": 3, "ddp_runner.trackers": 3, "ddp_runner.launch": 4, "ddp_runner.report": 4,
-          "ddp_runner.job": 5, "ddp_runner.cli": 6, "ddp_runner.__main__": 7}
+          "ddp_runner.diagnostics": 3, "ddp_runner.trackers": 3, "ddp_runner.console": 3, "ddp_runner.supervise": 4,
+          "ddp_runner.report": 4, "ddp_runner.launch": 5, "ddp_runner.job": 6, "ddp_runner.cli": 7,
+          "ddp_runner.__main__": 8}
 # Task-side modules that the driver runs before launch (a task's `task.checks` hook), not the workers.
 DRIVER_HOOKS = ("ddp_runner.tasks.smoke_checks", "ddp_runner.tasks.gpt.checks")
 

@@ -13,8 +13,9 @@ from test_plan import cfg
 
 from ddp_runner.config.plan import make_plan
 from ddp_runner.contract.errors import PlanError
-from ddp_runner.launch import exit_barrier, kubernetes, multinode
 from ddp_runner.launch import kube_manifest as km
+from ddp_runner.launch import kubernetes, multinode
+from ddp_runner.supervise import exit_barrier
 
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema validates the manifests (mlflow installs it)")
 

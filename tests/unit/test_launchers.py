@@ -13,7 +13,7 @@ from test_plan import cfg
 from ddp_runner.config.plan import make_plan, node_range
 from ddp_runner.contract import netbind
 from ddp_runner.contract.errors import PlanError
-from ddp_runner.launch import local, multinode, slurm
+from ddp_runner.launch import local, multinode, multinode_nodes, multinode_rdzv, slurm
 from ddp_runner.launch.registry import launcher_check
 
 MN = {"name": "multinode", "nnodes": 2, "nproc_per_node": None, "node_rank": 0, "rdzv_endpoint": "127.0.0.1:29400",
@@ -74,7 +74,7 @@ def test_an_elastic_range_passes_its_last_call_to_the_rendezvous():
     cmd = multinode.command(plan, {**MN, "nnodes": "1:2", "last_call_s": 3}, "/r")
     assert "--rdzv-conf=is_host=true,last_call_timeout=3" in cmd
     default = multinode.command(plan, {**MN, "nnodes": "1:2"}, "/r")
-    assert f"--rdzv-conf=is_host=true,last_call_timeout={multinode.LAST_CALL_S}" in default
+    assert f"--rdzv-conf=is_host=true,last_call_timeout={multinode_rdzv.LAST_CALL_S}" in default
     fixed = multinode.command(make_plan(cfg(launcher={"name": "multinode", "nnodes": 2}), []),
                               {**MN, "last_call_s": 3}, "/r")
     assert "--rdzv-conf=is_host=true" in fixed and not any("last_call" in a for a in fixed)  # no range: no last call
@@ -89,10 +89,11 @@ def test_every_node_computes_the_same_run_directory():
 def test_failed_node_prefers_a_lost_agent_over_a_peer_that_exited():
     nodes = {"0": {"host": "a", "ended": "t", "torchrun_exit_code": 1},
              "1": {"host": "b", "ended": "t", "torchrun_exit_code": -9}}
-    assert multinode.failed_node(nodes, {})["message"] == "node 1 (host b): its torchrun agent was killed by signal 9"
+    assert (multinode_nodes.failed_node(nodes, {})["message"]
+            == "node 1 (host b): its torchrun agent was killed by signal 9")
     nodes["1"] = {"host": "b"}  # its driver never recorded an end
-    assert multinode.failed_node(nodes, {})["node"] == "1"
-    assert multinode.failed_node({"0": {"ended": "t", "torchrun_exit_code": 0}}, {}) is None
+    assert multinode_nodes.failed_node(nodes, {})["node"] == "1"
+    assert multinode_nodes.failed_node({"0": {"ended": "t", "torchrun_exit_code": 0}}, {}) is None
 
 
 def test_slurm_script_and_command():
@@ -179,13 +180,13 @@ def test_a_rank_stopped_while_writing_its_error_file_does_not_end_the_agent(tmp_
 
 def test_the_agents_folder_leaves_room_for_the_forkserver_socket(monkeypatch, tmp_path):
     # A deep TMPDIR (pytest's tmp_path under it) made the forkserver's bind fail: "AF_UNIX path too long".
-    from ddp_runner.launch import agent
+    from ddp_runner.supervise import agent_dir
 
     deep = tmp_path / ("d" * 60)
     deep.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(deep))
-    moved = agent.temp_dir(4194304)
+    moved = agent_dir.temp_dir(4194304)
     assert moved == "/tmp/ddp-run-agent-4194304"
     assert len(f"{moved}/pymp-abcdefgh/listener-abcdefgh") <= 107
     monkeypatch.setattr(tempfile, "tempdir", "/var/tmp")
-    assert agent.temp_dir(4194304) == "/var/tmp/ddp-run-agent-4194304"
+    assert agent_dir.temp_dir(4194304) == "/var/tmp/ddp-run-agent-4194304"

@@ -1,5 +1,5 @@
 """The live terminal's pieces: rank 0's console (tasks/engine/reporting/progress.py) as plain lines or as records, and
-the driver's bar drawn from those records (runner/launch/live.py) into a terminal-like rich console."""
+the driver's bar drawn from those records (runner/console/live.py) into a terminal-like rich console."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import select
 
 import pytest
 
-from ddp_runner.launch import live
+from ddp_runner.console import live
 from ddp_runner.tasks.engine.reporting import progress
 from tests.support import live_screen
 
@@ -120,7 +120,7 @@ def test_the_judging_session_asks_rank_0_for_records_only_under_a_terminal_on_on
     from types import SimpleNamespace
 
     from ddp_runner.contract import layout
-    from ddp_runner.launch import session
+    from ddp_runner.supervise import session
 
     class Tty(io.StringIO):
         def isatty(self) -> bool:
@@ -223,7 +223,7 @@ def test_a_validation_line_moves_the_bar_to_its_step_at_once(tmp_path):
 def test_fields_drop_by_priority_step_and_loss_stay():
     """Item 1's rule, on the frame's fields alone: the ETA goes first, then the rate, the elapsed time, the extra
     metrics, the label, the validation loss, the spinner, and at last the bar; the step and the loss stay."""
-    from ddp_runner.launch import live_frame
+    from ddp_runner.console import live_frame
 
     state = {"step": 16, "total": 48, "loss": 0.1376, "rate": 12895.2, "unit": "samples/s", "val": 0.1153,
              "metrics": {"val/accuracy": 0.99609}}

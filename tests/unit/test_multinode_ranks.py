@@ -7,7 +7,7 @@ import json
 
 
 def test_the_ranks_that_ran_come_from_the_newest_launch_not_the_files_left_behind(tmp_path):
-    from ddp_runner.launch.multinode import ranks_that_ran
+    from ddp_runner.launch.multinode_nodes import ranks_that_ran
 
     def facts(rank: int, world: int, written: float) -> str:
         path = tmp_path / f"rank{rank}.json"

@@ -1,4 +1,4 @@
-"""The driver's record of torchrun's descendants (runner/launch/supervisor.py: ``_snapshot``), read from Linux's
+"""The driver's record of torchrun's descendants (runner/supervise/reaper.py: ``snapshot``), read from Linux's
 per-thread children lists (runner/contract/osutil.py: ``descendant_pids``), and psutil's scan where the kernel has
 none: the same processes either way, on a real tree of three generations."""
 
@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from ddp_runner.contract import osutil
-from ddp_runner.launch import supervisor
+from ddp_runner.supervise import reaper
 
 # A child that starts a grandchild from a thread that stays alive (the list is that thread's, not the main
 # thread's: every thread's list must be read), then waits.
@@ -61,15 +61,13 @@ def test_a_gone_process_has_no_descendants_and_no_lists_means_psutil(monkeypatch
 def test_the_supervisor_remembers_every_descendant_once(tree: subprocess.Popen[str], lists: bool,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     if not lists:
-        monkeypatch.setattr(supervisor, "descendant_pids", lambda pid: None)
+        monkeypatch.setattr(reaper, "descendant_pids", lambda pid: None)
     elif not osutil._children_lists():
         pytest.skip("this kernel keeps no per-thread children lists")
-    sup = supervisor.Supervisor(["true"], {}, "/dev/null")
-    sup.proc = tree  # type: ignore[assignment]
     expected = {p.pid for p in psutil.Process(tree.pid).children(recursive=True)}
-    first = sup._snapshot([])
+    first = reaper.snapshot(tree.pid, [])
     assert {p.pid for p in first} == expected
-    again = sup._snapshot(first)
+    again = reaper.snapshot(tree.pid, first)
     assert [p.pid for p in again] == [p.pid for p in first], "nothing twice"
 
 
@@ -89,10 +87,10 @@ def test_the_reaper_counts_an_ended_process_as_gone_while_its_zombie_waits_for_i
     try:
         assert parent.stdout is not None
         child = psutil.Process(int(parent.stdout.readline()))
-        still = supervisor.reap([child], timeout=30)
+        still = reaper.reap([child], timeout=30)
         assert still == []
         assert child.status() == psutil.STATUS_ZOMBIE, "its parent has not read its status: only it can"
-        assert supervisor.reap([child], timeout=30) == [], "a zombie is not signalled or waited for again"
+        assert reaper.reap([child], timeout=30) == [], "a zombie is not signalled or waited for again"
     finally:
         parent.kill()
         parent.wait()

@@ -14,8 +14,8 @@ from fsspec.implementations.local import LocalFileSystem
 from ddp_runner.config.plan import Plan
 from ddp_runner.contract import layout
 from ddp_runner.diagnostics import rootcause
-from ddp_runner.launch import finalize
 from ddp_runner.rundir.run_dir import RunDir
+from ddp_runner.supervise import finalize
 
 T0 = 1_760_000_000.0  # Unix seconds: the records carry wall-clock times
 

@@ -1,5 +1,5 @@
 """The stop vocabulary both sides share (runner/contract/stops.py), the driver's reading of a stop the ranks agreed
-on (runner/launch/finalize.py) and relative data paths made absolute (runner/job/execute.py)."""
+on (runner/supervise/finalize.py) and relative data paths made absolute (runner/job/execute.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 
 from ddp_runner.contract import layout, stops
 from ddp_runner.job.execute import absolute_paths
-from ddp_runner.launch import finalize, stop_outcome
+from ddp_runner.supervise import finalize
+from ddp_runner.supervise.stop import outcome as stop_outcome
 
 
 @pytest.mark.parametrize("value, num", [("SIGUSR2", signal.SIGUSR2), ("usr2", signal.SIGUSR2), ("TERM", signal.SIGTERM),

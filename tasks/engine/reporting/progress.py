@@ -1,6 +1,6 @@
 """Rank 0's progress on the user's console: plain step lines, or records that the driver draws as a live bar.
 
-Under a terminal the driver draws the bar (runner/launch/live.py) and tells rank 0 so through
+Under a terminal the driver draws the bar (runner/console/live.py) and tells rank 0 so through
 ``DDP_RUNNER_CONSOLE_RECORDS``: rank 0's console is then a :class:`RecordConsole`, whose every line and progress
 update is one JSON line in ``logs/console.jsonl``. Otherwise (output piped to a file or a CI log) rank 0 writes a
 few plain ``step N/M`` lines itself.
@@ -74,7 +74,7 @@ def stage(console: IO[str] | None, text: str) -> None:
 
 def metric_text(name: str, value: float) -> str:
     """A task's extra validation metric on the console: ``val accuracy 0.9961`` (the driver's bar words it the
-    same: runner/launch/live_frame.py)."""
+    same: runner/console/live_frame.py)."""
     shown = f"{value:.4f}" if abs(value) < 1000 else f"{value:,.1f}"
     return f"val {name.removeprefix('val/')} {shown}"
 

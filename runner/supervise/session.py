@@ -16,16 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from ddp_runner.config.plan import Plan
+from ddp_runner.console.live import Live
+from ddp_runner.console.live import wanted as live_wanted
 from ddp_runner.contract import layout, stops
 from ddp_runner.diagnostics import setup
 from ddp_runner.diagnostics.peers import PeerRanks, Relay
 from ddp_runner.diagnostics.watchdog import Watchdog
-from ddp_runner.launch.live import Live
-from ddp_runner.launch.live import wanted as live_wanted
-from ddp_runner.launch.supervisor import Supervisor, worker_env
 from ddp_runner.rundir.heartbeat import Heartbeat
 from ddp_runner.rundir.mirror import Mirror
 from ddp_runner.rundir.run_dir import RunDir
+from ddp_runner.supervise.supervisor import Supervisor, worker_env
 
 
 def environment(rd: RunDir, conf: Mapping[str, Any], plan: Plan, t0: float, task_dir: str | None,

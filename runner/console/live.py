@@ -6,7 +6,7 @@ from the driver's first second on, start-up included, and redrawn four times a s
 ended: the elapsed time moves even while one step takes a minute. Rank 0's messages (validation losses and
 metrics, warnings) and the driver's own lines are printed above the bar.
 
-Every frame is one line that fits the terminal (runner/launch/live_frame.py chooses its fields), redrawn at once
+Every frame is one line that fits the terminal (runner/console/live_frame.py chooses its fields), redrawn at once
 when the terminal is resized (SIGWINCH). Each record moves the bar before anything is printed, so that a printed
 validation line is never ahead of the bar below it. Piped output gets no bar: rank 0 writes plain ``step N/M``
 lines itself.
@@ -25,9 +25,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from ddp_runner.console import live_frame
+from ddp_runner.console.live_frame import clock, figures, steps_text, times_text  # noqa: F401 - the bar's words
 from ddp_runner.contract import layout
-from ddp_runner.launch import live_frame
-from ddp_runner.launch.live_frame import clock, figures, steps_text, times_text  # noqa: F401 - the bar's words
+from ddp_runner.contract.osutil import handle_signals, restore_signals
 
 REFRESH_PER_S = 4
 
@@ -113,7 +114,7 @@ class Live:
         self._fit_terminal()
         self.live.start(refresh=True)
         try:
-            self._previous_winch = signal.signal(signal.SIGWINCH, lambda *_: self._resized.set())
+            self._previous_winch = handle_signals((signal.SIGWINCH,), lambda *_: self._resized.set())
         except (ValueError, AttributeError):  # not the main thread, or no SIGWINCH (Windows): the next redraw
             self._previous_winch = None
         else:
@@ -124,7 +125,7 @@ class Live:
         self.tick()
         self.finished = True
         if self._previous_winch is not None:  # first: the handler must not interrupt the set() below
-            signal.signal(signal.SIGWINCH, self._previous_winch)
+            restore_signals(self._previous_winch)
         self._ended = True
         self._resized.set()
         self.live.stop()

@@ -1,4 +1,4 @@
-"""One frame of the live bar (runner/launch/live.py draws it): its fields, and which of them fit the terminal's width
+"""One frame of the live bar (runner/console/live.py draws it): its fields, and which of them fit the terminal's width
 on one line. Pure functions over the bar's state.
 
 A frame reads ``⠴ mytask · 2 ranks ━━━━━━━╸━━━━ step 16/48 loss 0.1376 · 12,895 samples/s · val loss 0.1153 ·

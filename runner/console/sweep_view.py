@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable
 from typing import IO, Any
 
-from ddp_runner.launch.live import clock, figures, steps_text, wanted
+from ddp_runner.console.live import clock, figures, steps_text, wanted
 
 
 class Records:

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ddp_runner.diagnostics import breakdown, textfit
+from ddp_runner.console import textfit
+from ddp_runner.diagnostics import breakdown
 
 # A run this short gets one closing line: its timing figures are mostly start-up and warm-up. By steps only, so
 # that the same config always closes the same way (a wall-clock bound would depend on the machine's load).

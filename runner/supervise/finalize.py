@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from ddp_runner.config.plan import Plan
+from ddp_runner.console import closing, textfit
 from ddp_runner.contract import layout, stops
-from ddp_runner.diagnostics import closing, textfit
-from ddp_runner.launch import stop_outcome
 from ddp_runner.rundir.manifest import completion_check, read_rank_files
 from ddp_runner.rundir.run_dir import RunDir
+from ddp_runner.supervise.stop import outcome as stop_outcome
 
 # torchrun's failure report: "rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 123)"
 _AGENT_FAILURE = re.compile(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")

@@ -1,4 +1,4 @@
-"""What a stop did to a run, read from its ranks' records after torchrun ends (pure: runner/launch/finalize.py
+"""What a stop did to a run, read from its ranks' records after torchrun ends (pure: runner/supervise/finalize.py
 prints and records it).
 
 - A stop the ranks agreed on (every rank's facts say ``stopped``): the run ends ``interrupted`` (``preempted``) with

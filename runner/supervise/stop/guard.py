@@ -12,7 +12,7 @@ supervisor's own handler, most of a second later.
   (:func:`take`) before it records the launch (a new run directory is removed, a continued one left as it was), the
   supervisor takes one that comes after (torchrun is not started; the run is recorded ``interrupted``), and one that
   comes while the run is finalised changes nothing (its records are written whole).
-- While torchrun runs, the supervisor's handlers take over (runner/launch/supervisor.py): the ranks save.
+- While torchrun runs, the supervisor's handlers take over (runner/supervise/stop/forward.py): the ranks save.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ddp_runner.contract import stops
+from ddp_runner.contract.osutil import handle_signals, restore_signals
 
 _pending: list[int] = []  # the first signal noted while deferred
 _deferring = [0]          # depth of nested deferred() blocks
@@ -50,13 +51,12 @@ def install() -> dict[int, Any]:
     if threading.current_thread() is not threading.main_thread():
         return {}
     _pending.clear()
-    return {s: signal.signal(s, _handler) for s in stop_signals()}
+    return handle_signals(stop_signals(), _handler)
 
 
 def restore(old: dict[int, Any]) -> None:
     """Put back the handlers :func:`install` replaced."""
-    for s, h in old.items():
-        signal.signal(s, h)
+    restore_signals(old)
 
 
 def guarded(jobs: Callable[[], int]) -> Callable[[Callable[[], None]], Callable[[], None]]:
