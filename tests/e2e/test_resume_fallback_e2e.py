@@ -6,17 +6,14 @@ deletes the checkpoint just written for a newer one that may be corrupt.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import torch
-from conftest import SMOKE_CKPT2, copy_run, ddp_run, load_json
-
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from ddp_runner.tasks.engine import checkpoint as ck  # noqa: E402
+from tests.support.driver import ddp_run
+from tests.support.recipes import SMOKE_CKPT2
+from tests.support.run_tree import copy_run, load_json
 
 
 def truncate(ckpt: Path) -> None:
@@ -35,7 +32,7 @@ def names(root: Path) -> list[str]:
 # ------------------------------------------------------------------------------------------------ end to end
 
 # As in test_resume.py: 8 steps on 2 gloo ranks, a checkpoint every 2 (keep_last 2); rank 1 killed after step 7
-# leaves step_4 and step_6 (conftest.smoke_crashed, made once per session: this test damages a copy of it).
+# leaves step_4 and step_6 (the e2e conftest's smoke_crashed, made once per session: this test damages a copy of it).
 SMOKE = SMOKE_CKPT2
 
 
