@@ -10,7 +10,6 @@ the replaced step remains.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,11 +17,6 @@ from typing import Any
 import fsspec
 import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
 
 from ddp_runner.tasks.engine import checkpoint as ck  # noqa: E402
 from ddp_runner.tasks.engine.checkpoint import storage  # noqa: E402

@@ -6,15 +6,10 @@ deletes the checkpoint just written for a newer one that may be corrupt.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from ddp_runner.tasks.engine import checkpoint as ck  # noqa: E402
 

@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-
-import scaling_study  # noqa: E402
+from bench import scaling_study
 
 
 def test_summary_states_the_goals_against_the_reference():

@@ -6,17 +6,12 @@ to make the workers' listing raise NotADirectoryError (rank 0 died on resume=las
 
 from __future__ import annotations
 
-import sys
 import uuid
 from pathlib import Path
 
 import fsspec
 import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from ddp_runner.contract import checkpoints as rules  # noqa: E402
 from ddp_runner.rundir import checkpoint_list  # noqa: E402
