@@ -5,29 +5,13 @@ deletes the checkpoint just written for a newer one that may be corrupt.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import torch
 
 from ddp_runner.tasks.engine import checkpoint as ck  # noqa: E402
+from tests.support.checkpoint_damage import complete_names, truncate
 from tests.support.driver import ddp_run
 from tests.support.recipes import SMOKE_CKPT2
 from tests.support.run_tree import copy_run, load_json
-
-
-def truncate(ckpt: Path) -> None:
-    state = ckpt / ck.STATE_FILE
-    os.truncate(state, state.stat().st_size // 2)
-
-
-def state(step: int) -> dict:
-    return {"step": step, "w": torch.full((64,), float(step))}
-
-
-def names(root: Path) -> list[str]:
-    return [Path(u).name for _, u in ck.list_complete(str(root))]
-
 
 # ------------------------------------------------------------------------------------------------ end to end
 
@@ -41,7 +25,7 @@ def test_corrupt_newest_checkpoint_resume_falls_back_bit_identically(tmp_path, s
 
     crashed = copy_run(smoke_crashed, tmp_path / "crash")  # (its exit code: asserted non-zero by the fixture)
     assert load_json(crashed / "run.json")["status"] == "failed"
-    assert names(crashed / "checkpoints") == ["step_4", "step_6"]
+    assert complete_names(crashed / "checkpoints") == ["step_4", "step_6"]
     truncate(crashed / "checkpoints/step_6")
 
     # Named explicitly: refused before launch, with the reason.
@@ -60,4 +44,4 @@ def test_corrupt_newest_checkpoint_resume_falls_back_bit_identically(tmp_path, s
     assert summary["losses"] == load_json(clean / "summary.json")["losses"]
     ours, theirs = (ck.load(ck.latest(f"{run}/checkpoints"))["model"] for run in (crashed, clean))
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
-    assert names(crashed / "checkpoints") == ["step_4", "step_6", "step_8"], "step_6 rewritten, step_4 kept"
+    assert complete_names(crashed / "checkpoints") == ["step_4", "step_6", "step_8"], "step_6 rewritten, step_4 kept"
