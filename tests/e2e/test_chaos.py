@@ -22,12 +22,14 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import ddp_run, load_json, run_dirs, wait_for
 
 from ddp_runner.contract import layout
 from ddp_runner.rundir.status import status_of
+from tests.support.driver import ddp_run
 from tests.support.ports import free_port
+from tests.support.run_tree import load_json, run_dirs
 from tests.support.s3_server import _wait_until_up
+from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = int(os.environ.get("CHAOS_SEED", "16"))

@@ -15,7 +15,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import cli_in_process, ddp_run, run_dirs, shared_console
+
+from tests.support.driver import cli_in_process, ddp_run
+from tests.support.run_tree import run_dirs
+from tests.support.shared_runs import shared_console
 
 
 @pytest.mark.parametrize("args, key, value, real", [
@@ -77,7 +80,7 @@ def test_task_module_problems_are_refused_before_launch(out_root, tmp_path, monk
 
 def test_a_run_directory_reruns_its_exact_config(smoke_w1_typed, tmp_path):
     """The run's saved config.yaml, given back with --config-dir, is not shadowed by the package's own. The first
-    run: test_dry_run_e2e.py's launch (1 rank, train.max_steps=2, not the package's 8 steps; tests/conftest.py)."""
+    run: test_dry_run_e2e.py's launch (1 rank, train.max_steps=2, not the package's 8 steps; tests/e2e/conftest.py)."""
     import json
 
     first = shared_console(smoke_w1_typed)

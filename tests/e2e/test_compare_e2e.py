@@ -10,11 +10,13 @@ import json
 import re
 
 import pytest
-from conftest import load_json, run_dirs, shared_console
+
+from tests.support.run_tree import load_json, run_dirs
+from tests.support.shared_runs import shared_console
 
 
 def test_report_over_a_fixed_global_batch_sweep_and_a_failed_run(tmp_path, gpt_world_sweep, gpt_failed_run):
-    sweep = gpt_world_sweep  # 1, 2, 3 and 4 ranks at a global batch of 24, 12 steps (tests/conftest.py)
+    sweep = gpt_world_sweep  # 1, 2, 3 and 4 ranks at a global batch of 24, 12 steps (tests/e2e/conftest.py)
     console = (sweep.parent / "console.txt").read_text()
     # The sweep's settings at world_size=2, another learning rate and rank 1 raising at step 3 (GPT_FAILED).
     failed = gpt_failed_run
@@ -76,7 +78,7 @@ def test_report_over_a_fixed_global_batch_sweep_and_a_failed_run(tmp_path, gpt_w
 
 
 def test_a_sweep_records_every_job_even_a_refused_one(smoke_lr_sweep):
-    # world_size=1,2 × train.lr=0.01,0.05 at batch.global=24 (tests/conftest.py: SMOKE_LR_SWEEP)
+    # world_size=1,2 × train.lr=0.01,0.05 at batch.global=24 (tests/support/recipes.py: SMOKE_LR_SWEEP)
     sweep_dir, r = smoke_lr_sweep, shared_console(smoke_lr_sweep)
     assert r["rc"] == 2, r["stderr"]  # some job was refused: the sweep says so in its exit code
     record = json.loads((sweep_dir / "sweep.json").read_text())

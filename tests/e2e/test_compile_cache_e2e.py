@@ -10,9 +10,10 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import ddp_run, load_json, run_dirs
 
 from ddp_runner.contract import layout
+from tests.support.driver import ddp_run
+from tests.support.run_tree import load_json, run_dirs
 
 
 @pytest.mark.timeout(1500)  # two CPU compiles through the CLI (minutes on a busy 2-core machine)

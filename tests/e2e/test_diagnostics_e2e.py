@@ -3,7 +3,7 @@ attributed to the right rank and class, a rank stopped from outside (SIGSTOP) is
 disk, debug mode names a collective mismatch and keeps its logs private, and no process is left behind.
 
 Most launches are shared: the exception fault is the tiny GPT's failed run that test_compare_e2e.py also reports on
-(tests/conftest.py: ``gpt_failed_run``); the OOM and the SIGKILLs are the failed runs that the recovery tests
+(tests/e2e/conftest.py: ``gpt_failed_run``); the OOM and the SIGKILLs are the failed runs that the recovery tests
 continue or read (``smoke_oom_in_flight``, ``smoke_crashed``, ``gpt_zero1_crashed``); and a slow rank below the
 watchdog is checked on the slow run that tests/e2e/test_terminal.py draws under a terminal."""
 
@@ -20,9 +20,11 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import ddp_run, load_json, run_dirs, shared_console
 
 from ddp_runner.contract import layout
+from tests.support.driver import ddp_run
+from tests.support.run_tree import load_json, run_dirs
+from tests.support.shared_runs import shared_console
 
 WATCHDOG_S = 5
 # A collective timeout far above the watchdog's: a hang must be named by the watchdog, not by a timeout.
@@ -72,7 +74,7 @@ def test_a_hang_is_attributed_to_its_rank_and_class(tmp_path):
     _attributed(run, tmp_path, r.returncode, r.stderr, elapsed, "hang", 1, "hang", max_steps=6)
 
 
-# The other rehearsal faults are read from failed runs the recovery tests make anyway (tests/conftest.py; each
+# The other rehearsal faults are read from failed runs the recovery tests make anyway (tests/e2e/conftest.py; each
 # launched once per session): an OOM on rank 1 while rank 0's checkpoint write is in flight (test_resume.py), rank 1
 # SIGKILLed (test_resume.py, test_resume_fallback_e2e.py), rank 0 SIGKILLed under zero1 (test_strategies.py): rank 0
 # SIGKILLed leaves rank 1 waiting on it, which must not be named.

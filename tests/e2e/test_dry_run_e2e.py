@@ -1,11 +1,13 @@
 """The dry run's printed command launches the plan it printed, typed as printed into a shell (the launch is shared
-with test_cli.py's re-run from a run directory: tests/conftest.py, ``smoke_w1_typed``)."""
+with test_cli.py's re-run from a run directory: tests/e2e/conftest.py, ``smoke_w1_typed``)."""
 
 from __future__ import annotations
 
 import shlex
 
-from conftest import DRY_RUN_SAYS, load_json, shared_console
+from tests.support.recipes import DRY_RUN_SAYS
+from tests.support.run_tree import load_json
+from tests.support.shared_runs import shared_console
 
 
 def test_the_command_a_dry_run_prints_launches_that_plan(smoke_w1_typed) -> None:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import load_json, run_dirs
 
 from ddp_runner.tasks.engine import checkpoint as ckpt
+from tests.support.run_tree import load_json, run_dirs
 
 # -- accumulation ≡ world size at a fixed global batch (real CLI, real gloo) -------------------------------
 #
@@ -42,7 +42,7 @@ def _assert_same_params(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
 
 
 def test_one_to_four_ranks_with_accumulation_reach_the_same_gpt(gpt_world_sweep: Path) -> None:
-    # The session's tiny-GPT sweep (tests/conftest.py) with its recipe (AdamW, grad clip 1.0, warmup + cosine):
+    # The session's tiny-GPT sweep (tests/e2e/conftest.py) with its recipe (AdamW, grad clip 1.0, warmup + cosine):
     # 12 optimizer steps at a global batch of 24 from micro-batches of 2, as 1 rank × 12 micro-steps, 2 × 6, 3 × 4
     # and 4 × 3. With ranks and micro-steps both, a step has both kinds of micro-step: no_sync with a foreach add
     # into the gradients, then DDP's all-reduce of the sum.

@@ -16,9 +16,10 @@ import time
 from pathlib import Path
 
 import psutil
-from conftest import load_json, wait_for
 
 from ddp_runner.contract import layout
+from tests.support.run_tree import load_json
+from tests.support.waiting import wait_for
 
 
 def _children(p: psutil.Process) -> list[psutil.Process]:

@@ -1,7 +1,7 @@
 """summary.json's goodput (tasks/engine/reporting/summary.py, tasks/engine/reporting/metrics.py) counts the whole job,
 every rank: on a 2-rank run, samples/s × wall seconds is the steps × the GLOBAL batch, and tokens/s × wall seconds
 that many samples' tokens. A per-rank figure (half of it) must fail. One real 2-rank gloo launch of the tiny GPT,
-shared with test_gpt.py and test_profiling_e2e.py (tests/conftest.py: ``gpt_w2_reference``)."""
+shared with test_gpt.py and test_profiling_e2e.py (tests/e2e/conftest.py: ``gpt_w2_reference``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,10 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import GPT_W2_STEPS, load_json, shared_console
+
+from tests.support.recipes import GPT_W2_STEPS
+from tests.support.run_tree import load_json
+from tests.support.shared_runs import shared_console
 
 # 4 per rank × 2 ranks × 2 accumulation = 16 samples per optimizer step; a per-rank count would be 8.
 GLOBAL_BATCH = 16

@@ -2,7 +2,7 @@
 
 Runs are short (the tiny preset is ~0.1M parameters) and validate on a sliver of the default corpus
 (``data.val_fraction``): a full 10 % tail is ~19k windows, seconds per validation on a CPU. Two launches, each
-shared with other files (tests/conftest.py): ``gpt_w2_reference`` (30 steps under accumulation 2) and
+shared with other files (tests/e2e/conftest.py): ``gpt_w2_reference`` (30 steps under accumulation 2) and
 ``gpt_bin_bf16_run`` (a uint16 token file, bf16 autocast).
 """
 
@@ -15,8 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import GPT_BIN_STEPS, GPT_BIN_VOCAB, GPT_W2_STEPS, load_json, shared_console
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from tests.support.recipes import GPT_BIN_STEPS, GPT_BIN_VOCAB, GPT_W2_STEPS
+from tests.support.run_tree import load_json
+from tests.support.shared_runs import shared_console
 
 SCALARS = ("train/loss", "val/loss", "lr", "grad_norm", "perf/tokens_per_s", "perf/tokens_per_s_per_device",
            "perf/samples_per_s", "perf/step_time_s", "perf/data_wait_s", "memory/peak_gb")

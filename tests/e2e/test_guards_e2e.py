@@ -18,13 +18,16 @@ from typing import TypeVar
 import psutil
 import pytest
 import torch
-from conftest import GPT_DROPOUT_STEPS, ddp_run, load_json, rank0_sleeps, run_dirs, wait_for
 from torch.utils.data import DistributedSampler
 
 from ddp_runner.contract import layout
 from ddp_runner.supervise.supervisor import GRACE_S
 from ddp_runner.tasks.engine import checkpoint as ckpt
 from ddp_runner.tasks.smoke import Regression, synthetic_dataset
+from tests.support.driver import ddp_run
+from tests.support.recipes import GPT_DROPOUT_STEPS, rank0_sleeps
+from tests.support.run_tree import load_json, run_dirs
+from tests.support.waiting import wait_for
 
 T = TypeVar("T")
 
@@ -107,7 +110,7 @@ def test_sgd_one_rank_times_four_equals_two_ranks_times_two_and_by_hand(tmp_path
 #        ::test_kill_then_resume_run_dir_is_bit_identical resumes the tiny GPT with dropout, bit for bit.
 # -- 4. samples/s and tokens/s are global (× world size), from the recorded figures ----------------------------
 
-# The uninterrupted tiny-GPT run of conftest.gpt_dropout_args: context 64, 4 per rank on 2 ranks, 16 steps.
+# The uninterrupted tiny-GPT run of recipes.gpt_dropout_args: context 64, 4 per rank on 2 ranks, 16 steps.
 GPT_STEPS, GPT_CONTEXT = GPT_DROPOUT_STEPS, 64
 
 

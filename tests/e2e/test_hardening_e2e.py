@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import load_json, rank0_sleeps, run_dirs
+from tests.support.recipes import rank0_sleeps
+from tests.support.run_tree import load_json, run_dirs
 
 ARGS = ["task=smoke", "device=cpu", "world_size=2", "debug=true", "checkpoint.every_steps=0",
         *rank0_sleeps(0.4)]

@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import shared_run
+
+from tests.support.shared_runs import shared_run
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,11 +14,13 @@ import tempfile
 from typing import Any
 
 import yaml
-from conftest import load_json, rank0_sleeps, run_dirs, wait_for
 from test_multinode import finish
 
 from ddp_runner.contract import layout
 from tests.support.ports import free_port
+from tests.support.recipes import rank0_sleeps
+from tests.support.run_tree import load_json, run_dirs
+from tests.support.waiting import wait_for
 
 STEPS = 16
 # Rank 0 sleeps 0.25 s after every step: the preemption lands mid-run, whatever the machine's load.

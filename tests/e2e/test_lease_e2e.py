@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 
 import fsspec
-from conftest import ddp_run
 
 from ddp_runner.contract import layout
 from ddp_runner.rundir import lease
+from tests.support.driver import ddp_run
 from tests.support.lease_taker import TAKER
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 
 import pytest
-from conftest import ddp_run, load_json, run_dirs
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-
+from tests.support.driver import ddp_run
+from tests.support.run_tree import load_json, run_dirs
 
 # 4 blocks: the fewest at which FSDP's estimate, with the planner's 15% to spare, fits below the midpoint of FSDP's
 # and ZeRO-1's (at 2, FSDP's unsharded block and activations make it too close to ZeRO-1's). 8 validation samples:

@@ -16,11 +16,13 @@ from pathlib import Path
 import fsspec
 import psutil
 import pytest
-from conftest import load_json, rank0_sleeps, run_dirs, wait_for
 
 from ddp_runner.contract import layout
 from ddp_runner.rundir.lease import Taken, take
 from tests.support.ports import free_port
+from tests.support.recipes import rank0_sleeps
+from tests.support.run_tree import load_json, run_dirs
+from tests.support.waiting import wait_for
 
 GPT = ["task=gpt", "train.max_steps=4", "data.val_fraction=0.01", "checkpoint.async_save=false"]
 

@@ -15,11 +15,8 @@ USER_TASKS = Path(__file__).resolve().parents[1] / "support" / "user_tasks"
 
 
 def test_a_task_with_its_own_dataset_runs_with_the_plan_made_on_its_real_size(tmp_path: Path):
-    sys.path.insert(0, str(USER_TASKS))
-    try:
-        import own_file_regression
-    finally:
-        sys.path.remove(str(USER_TASKS))
+    from tests.support.user_tasks import own_file_regression
+
     records = tmp_path / "records.bin"
     own_file_regression.write(str(records), 32768)
     r = subprocess.run([sys.executable, "-P", "-m", "ddp_runner", "task.module=own_file_regression",

@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import load_json, run_dirs
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.support.doc_commands import shown_files
+from tests.support.run_tree import load_json, run_dirs
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "own-task.md"

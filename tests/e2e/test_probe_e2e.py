@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import re
 
-from conftest import cli_in_process, ddp_run, run_dirs
-
 from ddp_runner.config import probe as probe_mod
+from tests.support.driver import cli_in_process, ddp_run
+from tests.support.run_tree import run_dirs
 
 # The smoke task computes no memory_facts of its own: torch's probe counts its model.
 TINY = ["task=smoke", "device=cpu", "world_size=1", "train.max_steps=1", "strategy.memory_cap_gb=100",

@@ -1,5 +1,5 @@
 """train.profile through the CLI: traced CPU runs of the tiny GPT on 2 ranks (the trace summary's arithmetic on
-hand-made events is pure). Both runs are shared with other files (tests/conftest.py): ``gpt_bin_bf16_run`` traces
+hand-made events is pure). Both runs are shared with other files (tests/e2e/conftest.py): ``gpt_bin_bf16_run`` traces
 steps 3 and 4 of 20, ``gpt_w2_reference`` asks for 5 steps after step 28 of 30."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ from __future__ import annotations
 import gzip
 import json
 
-from conftest import GPT_BIN_STEPS, load_json
+from tests.support.recipes import GPT_BIN_STEPS
+from tests.support.run_tree import load_json
 
 
 def test_traced_steps_write_a_trace_and_a_summary_per_rank(gpt_bin_bf16_run):

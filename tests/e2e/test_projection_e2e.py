@@ -1,5 +1,5 @@
 """``ddp-compare --project`` over real runs: the session's 1-2-3-4-rank fixed-global-batch sweep of the tiny GPT
-(tests/conftest.py's ``gpt_world_sweep``, which test_world_sizes.py and test_compare_e2e.py read too) is fitted on 1
+(tests/e2e/conftest.py's ``gpt_world_sweep``, which test_world_sizes.py and test_compare_e2e.py read too) is fitted on 1
 and 2 ranks, and the report gives its own error on 3 and 4. The figures on a quiet host are in BENCHMARKS.md; here,
 on a loaded 2-core machine where 3 and 4 ranks share 2 cores, the error is whatever it is, and the report says why.
 docs/scaling.md's promise, measure 1 and 2 ranks and project the rest, runs as written on the sweep's 1- and 2-rank
@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import load_json, run_dirs
 
 from ddp_runner.report import compare
 from tests.support.doc_commands import ROOT, commands
+from tests.support.run_tree import load_json, run_dirs
 
 
 def test_the_sweep_projects_three_and_four_ranks_from_one_and_two_and_reports_the_error(tmp_path, gpt_world_sweep):

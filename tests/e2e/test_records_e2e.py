@@ -6,7 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import GPT_DROPOUT_STEPS, load_json
+
+from tests.support.recipes import GPT_DROPOUT_STEPS
+from tests.support.run_tree import load_json
 
 
 def test_summary_names_each_points_step_and_the_validations_cost(gpt_dropout_reference: Path):

@@ -8,21 +8,18 @@ tests. The server's endpoint and fake credentials reach the driver and the worke
 
 from __future__ import annotations
 
-import sys
 import uuid
 from pathlib import Path
 
 import fsspec
 import pytest
 import torch
-from conftest import SMOKE_CKPT2, ddp_run, load_json
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from ddp_runner.tasks.engine import checkpoint as ck  # noqa: E402
-from tests.support.s3_server import files, only_remote_run, read_json, s3  # noqa: E402
+from ddp_runner.tasks.engine import checkpoint as ck
+from tests.support.driver import ddp_run
+from tests.support.recipes import SMOKE_CKPT2
+from tests.support.run_tree import load_json
+from tests.support.s3_server import files, only_remote_run, read_json, s3
 
 SMOKE = SMOKE_CKPT2
 

@@ -11,20 +11,14 @@
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import fsspec
 import pytest
 import torch
-from conftest import ddp_run
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from ddp_runner.tasks.engine import checkpoint as ck  # noqa: E402
-from tests.support.s3_server import files, only_remote_run, read_json  # noqa: E402
+from ddp_runner.tasks.engine import checkpoint as ck
+from tests.support.driver import ddp_run
+from tests.support.s3_server import files, only_remote_run, read_json
 
 
 @pytest.mark.timeout(600)  # two CLI runs of the tiny GPT on CPU

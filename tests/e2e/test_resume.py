@@ -8,35 +8,28 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from conftest import (
+
+from ddp_runner.tasks.engine import checkpoint as ck
+from tests.support.driver import ddp_run
+from tests.support.recipes import (
     GPT_DROPOUT_STEPS,
     KILL_SMOKE,
     SLOW_SAVE_STEP4,
     SMOKE_CKPT2,
     SMOKE_OOM_IN_FLIGHT,
-    ddp_run,
     gpt_dropout_args,
-    load_json,
-    run_dirs,
-    shared_console,
-    shared_run,
 )
-
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from ddp_runner.tasks.engine import checkpoint as ck  # noqa: E402
+from tests.support.run_tree import load_json, run_dirs
+from tests.support.shared_runs import shared_console, shared_run
 
 # smoke: 64 samples / (8 per rank × 2 ranks) = 4 optimizer steps per epoch, 2 epochs = 8 steps. With a
 # checkpoint every 2 steps, killing rank 1 after step 7 leaves step_6 (epoch 1, 2 of 4 micro-batches done).
-# (conftest.KILL_SMOKE: ["fault.kind=sigkill", "fault.rank=1", "fault.step=7"])
+# (recipes.KILL_SMOKE: ["fault.kind=sigkill", "fault.rank=1", "fault.step=7"])
 SMOKE = SMOKE_CKPT2
 
 
@@ -88,7 +81,7 @@ def smoke_every_step(tmp_path_factory: pytest.TempPathFactory, smoke_reference: 
 
 
 def test_kill_then_resume_run_dir_is_bit_identical(tmp_path, text_file, gpt_dropout_reference):
-    """The tiny GPT with AdamW, cosine schedule, clipping and dropout (conftest.gpt_dropout_args), killed mid-epoch
+    """The tiny GPT with AdamW, cosine schedule, clipping and dropout (recipes.gpt_dropout_args), killed mid-epoch
     and continued in place: the same per-step losses and parameters as the uninterrupted run.
 
     Also guards against a resume that does not restore the RNG state exactly (``set_rng_state`` skipped in
@@ -155,7 +148,7 @@ def test_rank0_finishes_the_checkpoint_in_flight_when_its_collective_fails(smoke
     # As above, but rank 0 goes on into the next step's collective. Which comes first is a race: the collective
     # failing because rank 1 is gone (rank 0 then finishes the write on its way out, tasks/__main__.py), or
     # torchrun's SIGTERM. Either way the write completes and the log says so. Rank 1's failure is the rehearsal
-    # OOM (an exception on CPU): the session's run conftest.smoke_oom_in_flight, whose root cause
+    # OOM (an exception on CPU): the session's run smoke_oom_in_flight (tests/e2e/conftest.py), whose root cause
     # test_diagnostics_e2e.py checks (one launch for both).
     run = smoke_oom_in_flight
     assert SMOKE_OOM_IN_FLIGHT == [*SMOKE, "checkpoint.async_save=true", "fault.kind=oom", "fault.rank=1",

@@ -5,37 +5,18 @@ deletes the checkpoint just written for a newer one that may be corrupt.
 
 from __future__ import annotations
 
-import os
-import sys
-from pathlib import Path
-
 import torch
-from conftest import SMOKE_CKPT2, copy_run, ddp_run, load_json
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from ddp_runner.tasks.engine import checkpoint as ck  # noqa: E402
-
-
-def truncate(ckpt: Path) -> None:
-    state = ckpt / ck.STATE_FILE
-    os.truncate(state, state.stat().st_size // 2)
-
-
-def state(step: int) -> dict:
-    return {"step": step, "w": torch.full((64,), float(step))}
-
-
-def names(root: Path) -> list[str]:
-    return [Path(u).name for _, u in ck.list_complete(str(root))]
-
+from ddp_runner.tasks.engine import checkpoint as ck
+from tests.support.checkpoint_damage import complete_names, truncate
+from tests.support.driver import ddp_run
+from tests.support.recipes import SMOKE_CKPT2
+from tests.support.run_tree import copy_run, load_json
 
 # ------------------------------------------------------------------------------------------------ end to end
 
 # As in test_resume.py: 8 steps on 2 gloo ranks, a checkpoint every 2 (keep_last 2); rank 1 killed after step 7
-# leaves step_4 and step_6 (conftest.smoke_crashed, made once per session: this test damages a copy of it).
+# leaves step_4 and step_6 (the e2e conftest's smoke_crashed, made once per session: this test damages a copy of it).
 SMOKE = SMOKE_CKPT2
 
 
@@ -44,7 +25,7 @@ def test_corrupt_newest_checkpoint_resume_falls_back_bit_identically(tmp_path, s
 
     crashed = copy_run(smoke_crashed, tmp_path / "crash")  # (its exit code: asserted non-zero by the fixture)
     assert load_json(crashed / "run.json")["status"] == "failed"
-    assert names(crashed / "checkpoints") == ["step_4", "step_6"]
+    assert complete_names(crashed / "checkpoints") == ["step_4", "step_6"]
     truncate(crashed / "checkpoints/step_6")
 
     # Named explicitly: refused before launch, with the reason.
@@ -63,4 +44,4 @@ def test_corrupt_newest_checkpoint_resume_falls_back_bit_identically(tmp_path, s
     assert summary["losses"] == load_json(clean / "summary.json")["losses"]
     ours, theirs = (ck.load(ck.latest(f"{run}/checkpoints"))["model"] for run in (crashed, clean))
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
-    assert names(crashed / "checkpoints") == ["step_4", "step_6", "step_8"], "step_6 rewritten, step_4 kept"
+    assert complete_names(crashed / "checkpoints") == ["step_4", "step_6", "step_8"], "step_6 rewritten, step_4 kept"

@@ -16,9 +16,11 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, load_json
 
 from ddp_runner.contract import layout
+from tests.support.run_tree import load_json
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _variant(reference: Path, root: Path, name: str, status: str, minutes_ago: int) -> Path:

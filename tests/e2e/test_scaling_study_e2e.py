@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
 
 
 # Prints the reference's JSON line, as gpt_ddp_reference.py does on rank 0.

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_dirs
+from tests.support.run_tree import run_dirs
 
 ENV_PASSWORD = "envpass-7d1e0c"
 URL_PASSWORD = "urlpass-93b2aa"

@@ -17,13 +17,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import conftest
 import psutil
 import pytest
-from conftest import ddp_run, load_json, rank0_sleeps, run_dirs
 
 from ddp_runner.contract import layout
-from tests.support import ports, slurm_cluster
+from tests.support import ports, slurm_cluster, waiting
+from tests.support.driver import ddp_run
+from tests.support.recipes import rank0_sleeps
+from tests.support.run_tree import load_json, run_dirs
 
 # One local Slurm per session: every test of this file on the same xdist worker (--dist loadgroup).
 pytestmark = pytest.mark.xdist_group("slurm")
@@ -45,7 +46,7 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
         slurm_cluster.stop(Path(env["SLURM_CONF"]).parent)
 
 
-wait_for = functools.partial(conftest.wait_for, timeout=240, interval=0.5)  # Slurm's commands are slow to ask
+wait_for = functools.partial(waiting.wait_for, timeout=240, interval=0.5)  # Slurm's commands are slow to ask
 
 
 def rdzv_base() -> int:

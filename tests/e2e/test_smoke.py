@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import load_json, run_dirs
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from tests.support.run_tree import load_json, run_dirs
 
 
 def scalars(run: Path, tag: str) -> list[tuple[int, float]]:

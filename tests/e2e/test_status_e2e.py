@@ -20,10 +20,12 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import cli_in_process, ddp_run, load_json, run_dirs, wait_for
 
 from ddp_runner.contract import layout
 from ddp_runner.rundir.status import status_of
+from tests.support.driver import cli_in_process, ddp_run
+from tests.support.run_tree import load_json, run_dirs
+from tests.support.waiting import wait_for
 
 # ------------------------------------------------------------------------------------------------ end to end
 

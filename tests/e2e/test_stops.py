@@ -24,24 +24,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import (
-    GPT_DROPOUT_STEPS,
-    copy_run,
-    ddp_run,
-    gpt_dropout_args,
-    gpt_fsdp_args,
-    load_json,
-    rank0_sleeps,
-    run_dirs,
-    shared_run,
-    wait_for,
-)
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from ddp_runner.tasks.engine import checkpoint as ck  # noqa: E402
+from ddp_runner.tasks.engine import checkpoint as ck
+from tests.support.driver import ddp_run
+from tests.support.recipes import GPT_DROPOUT_STEPS, gpt_dropout_args, gpt_fsdp_args, rank0_sleeps
+from tests.support.run_tree import copy_run, load_json, run_dirs
+from tests.support.shared_runs import shared_run
+from tests.support.waiting import wait_for
 
 DEFAULT_CKPT = {"checkpoint.every_steps": "0", "checkpoint.keep_last": "2", "checkpoint.async_save": "true"}
 SLOW = rank0_sleeps(0.4)
@@ -225,8 +214,8 @@ def test_a_completed_run_trains_longer_when_max_steps_is_raised(tmp_path, smoke_
 
 
 def test_sigint_under_fsdp_saves_every_shard_and_the_resume_is_exact(tmp_path, text_file, gpt_fsdp_reference):
-    """In bf16 with dropout: conftest.gpt_fsdp_reference, which test_strategies.py's SIGKILL under fsdp resumes to
-    as well."""
+    """In bf16 with dropout: the e2e conftest's gpt_fsdp_reference, which test_strategies.py's SIGKILL under fsdp
+    resumes to as well."""
     at = random.randint(3, 11)
     code, out, err = stop_mid_run([*with_default_checkpoints(gpt_fsdp_args(text_file)), *SLOW], tmp_path / "out", at,
                                   "driver")

@@ -17,34 +17,22 @@ that the zero1 kill and the one-rank resumes are checked against.
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import (
-    GPT_DROPOUT_STEPS,
-    GPT_WORLD_SWEEP,
-    GPT_ZERO1_KILL0,
-    copy_run,
-    ddp_run,
-    gpt_fsdp_args,
-    load_json,
-    run_dirs,
-    shared_run,
-)
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from ddp_runner.tasks.engine import checkpoint as ck  # noqa: E402
+from ddp_runner.tasks.engine import checkpoint as ck
+from tests.support.driver import ddp_run
+from tests.support.recipes import GPT_DROPOUT_STEPS, GPT_WORLD_SWEEP, GPT_ZERO1_KILL0, gpt_fsdp_args
+from tests.support.run_tree import copy_run, load_json, run_dirs
+from tests.support.shared_runs import shared_run
 
 VAL_SAMPLES = 16  # what a run of the world sweep's recipe validates on here (the losses compared do not depend on it)
 
 
 def _args(strategy: str, *extra: str) -> list[str]:
-    """The session's world-sweep recipe (conftest.GPT_WORLD_SWEEP: the tiny GPT, fp32, micro-batches of 2 at a
+    """The session's world-sweep recipe (recipes.GPT_WORLD_SWEEP: the tiny GPT, fp32, micro-batches of 2 at a
     global batch of 24, 12 steps, a loss logged every 2, a synchronous checkpoint every 2) on 2 ranks (accumulation
     6), every checkpoint kept (step_8 stays for the one-rank resume). Under ``strategy=ddp`` it is the sweep's
     2-rank job."""
@@ -92,7 +80,7 @@ def test_kill_resume_is_bit_identical_and_resumes_on_one_rank(tmp_path, text_fil
         assert f"train.precision={precision}" in args
         assert len(_losses(clean)) == GPT_DROPOUT_STEPS == 16
         crashed = _run([*args, "fault.kind=sigkill", "fault.rank=1", "fault.step=7"], tmp_path / "crash", ok=False)
-    else:  # rank 0 killed: the session's failed zero1 run (conftest.gpt_zero1_crashed, its exit code asserted
+    else:  # rank 0 killed: the session's failed zero1 run (the e2e conftest's gpt_zero1_crashed, its exit code asserted
         # non-zero there; test_diagnostics_e2e.py reads its attribution), continued here as a copy
         args, clean, newest = _args(strategy, f"train.precision={precision}"), strategy_run(strategy), "step_6"
         assert len(_losses(clean)) == 6

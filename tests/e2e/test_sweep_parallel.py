@@ -20,12 +20,16 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from conftest import SMOKE_LR_SWEEP, SMOKE_LR_SWEEP_LRS, ddp_run, load_json, rank0_sleeps, shared_run, wait_for
 
 from ddp_runner.contract import layout
 from ddp_runner.report.compare import sweep_trials
+from tests.support.driver import ddp_run
+from tests.support.recipes import SMOKE_LR_SWEEP, SMOKE_LR_SWEEP_LRS, rank0_sleeps
+from tests.support.run_tree import load_json
+from tests.support.shared_runs import shared_run
+from tests.support.waiting import wait_for
 
-# The 1-rank jobs of the shared sequential sweep (tests/conftest.py: SMOKE_LR_SWEEP), run concurrently.
+# The 1-rank jobs of the shared sequential sweep (tests/support/recipes.py: SMOKE_LR_SWEEP), run concurrently.
 TINY = [*SMOKE_LR_SWEEP, "world_size=1"]
 LRS = SMOKE_LR_SWEEP_LRS
 

@@ -21,10 +21,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from conftest import load_json, rank0_sleeps, run_dirs
-
 from ddp_runner.contract import layout
 from tests.support import live_screen
+from tests.support.recipes import rank0_sleeps
+from tests.support.run_tree import load_json, run_dirs
 
 FRAME = re.compile(rb"\r\x1b\[2K")  # rich redraws its line: carriage return, erase the line
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

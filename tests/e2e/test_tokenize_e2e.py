@@ -7,8 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ddp_run, load_json, run_dirs
 
+from tests.support.driver import ddp_run
+from tests.support.run_tree import load_json, run_dirs
 from tests.support.tokenized import CHECKOUT_ENV
 
 

@@ -20,10 +20,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ddp_run, load_json, run_dirs, shared_run, wait_for
 
 from ddp_runner.tasks.engine.diagnostics import faults
+from tests.support.driver import ddp_run
 from tests.support.mlflow_server import MlflowRest
+from tests.support.run_tree import load_json, run_dirs
+from tests.support.shared_runs import shared_run
+from tests.support.waiting import wait_for
 from tests.support.wandb_offline import read_run
 
 TINY = ["task=gpt", "task.model.layers=1", "device=cpu", "batch.per_rank=4", "train.val_samples=8",

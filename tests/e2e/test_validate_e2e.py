@@ -12,7 +12,9 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import ddp_run, load_json, run_dirs
+
+from tests.support.driver import ddp_run
+from tests.support.run_tree import load_json, run_dirs
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "image_classifier"

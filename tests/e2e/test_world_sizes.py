@@ -1,7 +1,7 @@
 """Nothing assumes two ranks: a 1-2-3-4 fixed-global-batch sweep of the tiny GPT (every rank of every job ran,
 logged and exited 0) read back by the compare report, and its 1-, 3- and 4-rank jobs killed on the last rank, resumed
 to the same losses and final parameters bit for bit. The sweep is the session's `gpt_world_sweep`
-(tests/conftest.py), which test_compare_e2e.py reads too."""
+(tests/e2e/conftest.py), which test_compare_e2e.py reads too."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import GPT_WORLD_SWEEP, ddp_run, load_json, run_dirs
 
 from ddp_runner.report import compare
 from ddp_runner.tasks.engine import checkpoint as ck
+from tests.support.driver import ddp_run
+from tests.support.recipes import GPT_WORLD_SWEEP
+from tests.support.run_tree import load_json, run_dirs
 
 VAL_SAMPLES = 16
 

@@ -3,7 +3,6 @@ saves, refusal of unsafe pickles, RNG state."""
 
 from __future__ import annotations
 
-import sys
 import textwrap
 from pathlib import Path
 
@@ -11,12 +10,8 @@ import fsspec
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # the repo root, so that `tasks` and `tests` import however pytest is started
-    sys.path.insert(0, str(ROOT))
-
-from ddp_runner.tasks.engine import checkpoint as ck  # noqa: E402
-from tests.support.checkpoints import kill_at_commit_pause  # noqa: E402
+from ddp_runner.tasks.engine import checkpoint as ck
+from tests.support.checkpoints import kill_at_commit_pause
 
 
 def _names(root: str) -> set[str]:

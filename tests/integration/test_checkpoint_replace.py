@@ -10,7 +10,6 @@ the replaced step remains.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,13 +18,8 @@ import fsspec
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-
-from ddp_runner.tasks.engine import checkpoint as ck  # noqa: E402
-from ddp_runner.tasks.engine.checkpoint import storage  # noqa: E402
+from ddp_runner.tasks.engine import checkpoint as ck
+from ddp_runner.tasks.engine.checkpoint import storage
 
 OLD_SHARDS = {"shards/__0_0.distcp": b"old rank 0 shard", "shards/__1_0.distcp": b"old rank 1 shard"}
 NEW_SHARDS = {"shards/__0_0.distcp": b"new rank 0 shard, one rank only"}

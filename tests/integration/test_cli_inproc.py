@@ -8,7 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import run_dirs
+
+from tests.support.run_tree import run_dirs
 
 
 @pytest.mark.parametrize("args, key, value", [

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import shared_run
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddp_runner.tasks.engine.strategy.ddp_compile import compiled_forwards
 from ddp_runner.tasks.gpt.model import GPT
+from tests.support.shared_runs import shared_run
 from tests.support.spawn import spawn
 
 # The three cases, (split, with_buffer), each traced in both ranks of ONE process group (a spawn of two processes

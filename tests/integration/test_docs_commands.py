@@ -24,9 +24,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import cli_in_process
 
 from tests.support.doc_commands import ROOT, Command, commands, make_targets, pages, scripts, shown_files
+from tests.support.driver import cli_in_process
 
 INFO = ("--help", "-h", "--cfg", "--info", "-sc", "--shell-completion", "--version", "--hydra-help")
 

@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import cli_in_process, load_json, run_dirs
 
 from ddp_runner.job import execute, launching
 from ddp_runner.rundir import run_dir
+from tests.support.driver import cli_in_process
+from tests.support.run_tree import load_json, run_dirs
 
 SMOKE = ["task=smoke", "device=cpu", "world_size=1", "train.max_steps=2"]
 

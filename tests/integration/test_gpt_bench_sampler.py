@@ -8,7 +8,8 @@ import stat
 from pathlib import Path
 
 import psutil
-from conftest import wait_for
+
+from tests.support.waiting import wait_for
 
 _spec = importlib.util.spec_from_file_location("gpt_bench", Path(__file__).parents[2] / "bench" / "gpt_bench.py")
 gpt_bench = importlib.util.module_from_spec(_spec)

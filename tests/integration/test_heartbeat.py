@@ -7,11 +7,12 @@ import stat
 import subprocess
 import sys
 import textwrap
-
-from conftest import ROOT
+from pathlib import Path
 
 from ddp_runner.contract import layout
 from ddp_runner.diagnostics.watchdog import read_progress, top_frame
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # ------------------------------------------------------------------------------------------------ worker side
 

@@ -9,12 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import ROOT, run_dirs
-
 from ddp_runner.config import reference
 from ddp_runner.config.cli_help import compose_values, conf_dirs
 from ddp_runner.config.key_docs import KEY_DOCS
 from ddp_runner.contract import layout
+from tests.support.run_tree import run_dirs
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_help_covers_every_key_of_the_validation_table_and_every_preset(out_root, cli) -> None:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import run_dirs
+
+from tests.support.run_tree import run_dirs
 
 
 def _unfinished(smoke_reference: Path, root: Path, name: str, seed: int) -> Path:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import SMOKE_CKPT2, gpt_dropout_args
+from tests.support.recipes import SMOKE_CKPT2, gpt_dropout_args
 
 
 def test_incompatible_resume_is_refused(tmp_path, text_file, gpt_dropout_reference, cli):

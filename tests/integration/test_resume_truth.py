@@ -11,7 +11,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import run_dirs
+
+from tests.support.run_tree import run_dirs
 
 
 def tree_digest(run: Path) -> dict[str, str]:

@@ -20,8 +20,6 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from ddp_runner.tasks.engine import checkpoint as ck  # noqa: E402
 from ddp_runner.tasks.engine.checkpoint import listing, paths, sharded  # noqa: E402

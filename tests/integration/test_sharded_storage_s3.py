@@ -3,20 +3,13 @@ ranks' files committed with the state, sizes checked on load, uncommitted stages
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import fsspec
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from ddp_runner.tasks.engine.checkpoint import listing, paths, storage  # noqa: E402
-from tests.support.checkpoints import staged_save  # noqa: E402
+from ddp_runner.tasks.engine.checkpoint import listing, paths, storage
+from tests.support.checkpoints import staged_save
 
 
-def test_an_object_store_stage_drops_an_earlier_attempts_files(s3_url):  # noqa: F811 - fixture
+def test_an_object_store_stage_drops_an_earlier_attempts_files(s3_url):
     root = s3_url + "/ck"
     tmp = storage.stage_dir(root, 5)
     with fsspec.open(f"{tmp}/shards/__3_0.distcp", "wb") as f:

@@ -12,11 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import cli_in_process, wait_for
 
 from ddp_runner.config.plan import Gpu
 from ddp_runner.console.sweep_view import View
 from ddp_runner.job.pool import Pool
+from tests.support.driver import cli_in_process
+from tests.support.waiting import wait_for
 
 # A stand-in job: reports its devices as its outcome, after `hold` seconds (or at once on SIGINT, saying so, and
 # whether its hold had run out by then). Its console records come after its SIGINT handler: a test that sees them

@@ -7,9 +7,9 @@ import hashlib
 from pathlib import Path
 
 import numpy as np
-from conftest import load_json
 
 from ddp_runner.data import tokenize
+from tests.support.run_tree import load_json
 from tests.support.tokenized import MODULES, STDLIB, tokenize_cli
 
 

@@ -20,11 +20,11 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import wait_for
 
 from ddp_runner.contract import layout
 from ddp_runner.diagnostics import rootcause
 from ddp_runner.diagnostics.watchdog import Watchdog
+from tests.support.waiting import wait_for
 
 TIMEOUT_S = 0.3
 # A rank: ignores the watchdog's SIGUSR1 (its stack is written by the test), ends on SIGTERM.

@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 from tests.support.ports import free_port
+from tests.support.shared_runs import shared_base
 
 
 class MlflowRest:
@@ -89,12 +90,6 @@ def _wait_until_up(proc: subprocess.Popen, url: str, log: Path, timeout: float =
     raise RuntimeError(f"mlflow server at {url} did not answer within {timeout:.0f}s:\n{log.read_text()[-3000:]}")
 
 
-def _shared_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The folder every xdist worker of this session sees (as tests/conftest.py finds it)."""
-    base = tmp_path_factory.getbasetemp()
-    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-
-
 def _answers(url: str) -> bool:
     try:
         with urllib.request.urlopen(url + "/health", timeout=5):  # noqa: S310 - loopback only
@@ -153,7 +148,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         pytest.skip("mlflow is not installed (pip install 'ddp-runner[test]')")
     from filelock import FileLock
 
-    base = _shared_base(tmp_path_factory) / "mlflow"
+    base = shared_base(tmp_path_factory) / "mlflow"
     base.mkdir(parents=True, exist_ok=True)
     record = base / "server.json"
     with FileLock(str(record) + ".lock"):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import random
-import sys
 import uuid
 from pathlib import Path
 
@@ -14,12 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # the repo root, so that `tasks` and `tests` import however pytest is started
-    sys.path.insert(0, str(ROOT))
-
-from ddp_runner.tasks.engine import checkpoint as ck  # noqa: E402
-from ddp_runner.tasks.engine.checkpoint import storage  # noqa: E402
+from ddp_runner.tasks.engine import checkpoint as ck
+from ddp_runner.tasks.engine.checkpoint import storage
 
 
 @pytest.fixture(params=["local", "memory", "s3"])

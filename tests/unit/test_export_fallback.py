@@ -6,18 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from ddp_runner.tasks import export as export_cli  # noqa: E402
-from ddp_runner.tasks.engine.checkpoint import storage  # noqa: E402
+from ddp_runner.tasks import export as export_cli
+from ddp_runner.tasks.engine.checkpoint import storage
 
 
 def _state(step: int) -> dict:

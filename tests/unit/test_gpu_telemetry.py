@@ -11,10 +11,10 @@ import threading
 
 import pytest
 import torch
-from conftest import wait_for
 
 from ddp_runner.tasks.engine.diagnostics import telemetry as gt
 from ddp_runner.tasks.engine.diagnostics.telemetry import Sample
+from tests.support.waiting import wait_for
 
 
 def test_window_means_and_shares():

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from ddp_runner.config import memory_plan as mp  # noqa: E402
 from ddp_runner.config.plan import Plan  # noqa: E402

@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-
-import scaling_study  # noqa: E402
+from bench import scaling_study
 
 
 def test_summary_states_the_goals_against_the_reference():
@@ -31,7 +25,7 @@ def test_summary_states_the_goals_against_the_reference():
 def test_the_strategy_bench_states_scaling_per_strategy_and_for_the_best():
     """bench/strategy_bench.py compares each strategy at N GPUs with itself on one GPU, and the best at N with the
     best on one; worlds without a 1-GPU run get no line."""
-    import strategy_bench
+    from bench import strategy_bench
 
     rows = [{"run": "gpt2_small", "strategy": s, "world": w, "tok_s": t}
             for s, w, t in (("ddp", 1, 500.0), ("fsdp", 1, 400.0), ("ddp", 2, 960.0), ("fsdp", 2, 800.0),

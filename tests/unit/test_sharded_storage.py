@@ -3,19 +3,14 @@ ranks' files committed with the state, sizes checked on load, uncommitted stages
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import fsspec
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from ddp_runner.tasks.engine import checkpoint as ck  # noqa: E402
-from ddp_runner.tasks.engine.checkpoint import storage  # noqa: E402
-from tests.support.checkpoints import staged_save  # noqa: E402
+from ddp_runner.tasks.engine import checkpoint as ck
+from ddp_runner.tasks.engine.checkpoint import storage
+from tests.support.checkpoints import staged_save
 
 
 @pytest.fixture(params=["local", "s3"])

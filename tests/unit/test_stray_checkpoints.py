@@ -6,7 +6,6 @@ to make the workers' listing raise NotADirectoryError (rank 0 died on resume=las
 
 from __future__ import annotations
 
-import sys
 import uuid
 from pathlib import Path
 
@@ -14,16 +13,12 @@ import fsspec
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from ddp_runner.contract import checkpoints as rules  # noqa: E402
-from ddp_runner.rundir import checkpoint_list  # noqa: E402
-from ddp_runner.rundir import resume as driver_resume  # noqa: E402
-from ddp_runner.tasks import export as export_cli  # noqa: E402
-from ddp_runner.tasks.engine.checkpoint import storage  # noqa: E402
-from ddp_runner.tasks.engine.checkpoint.manager import resume_sources  # noqa: E402
+from ddp_runner.contract import checkpoints as rules
+from ddp_runner.rundir import checkpoint_list
+from ddp_runner.rundir import resume as driver_resume
+from ddp_runner.tasks import export as export_cli
+from ddp_runner.tasks.engine.checkpoint import storage
+from ddp_runner.tasks.engine.checkpoint.manager import resume_sources
 
 
 def _state(step: int) -> dict:

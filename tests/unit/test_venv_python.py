@@ -9,10 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
-
-import venv_python  # noqa: E402
+from tools import venv_python
 
 
 def test_the_choice_is_this_python_version_and_makes_a_venv() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from conftest import load_json
+from tests.support.run_tree import load_json
 
 
 def test_error_record_keeps_the_time_of_failure_not_of_writing(tmp_path):
