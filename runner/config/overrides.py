@@ -281,8 +281,11 @@ def _check_key(o: Any, keys: set[str]) -> None:
             raise PlanError(f"~{key}", value or None, "removes a key the workers need",
                             f"set a value instead: {key}=<value>")
         return
+    if o.is_add() and key in keys:  # Hydra's own refusal names neither the key nor the fix
+        raise PlanError(key, value, "already exists, and `+` adds a new key only",
+                        f"drop the +: {key}={value} (or ++{key}={value} to set it whether it exists or not)")
     if o.is_add() or o.is_force_add():
-        if _owned(key) and key not in keys:  # (an existing key cannot be added: Hydra refuses that itself)
+        if _owned(key) and key not in keys:
             near = _nearest(key, keys)
             raise PlanError(key, value, f"not a {key.split('.')[0]} setting ddp-run knows"
                             + (f" (did you mean {near}?)" if near else ""),

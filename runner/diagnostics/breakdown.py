@@ -4,14 +4,18 @@ tasks/engine/timing.py)."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping
 from typing import Any
 
 from ddp_runner.console import textfit
 
-# Below these, a phase is not worth a phrase in the bottleneck sentence.
+# Below this, a phase is not worth a phrase in the bottleneck sentence.
 SHARE_WORTH_SAYING = 0.01
-GAP_WORTH_SAYING = 1.0  # percent
+# The rank with the most work is an imbalance only this far over the ranks' median work per step, in per cent and
+# in ms: below, the difference is run-to-run noise (a median: one slow rank cannot hide behind another).
+IMBALANCE_PCT = 3.0
+IMBALANCE_FLOOR_MS = 0.02  # timer and launch jitter
 
 
 PHASE_COLUMNS = (("data_ms", "data"), ("compute_ms", "compute"), ("exposed_sync_ms", "exposed sync"),
@@ -74,6 +78,18 @@ def table(tb: Mapping[str, Any] | None, devices: Mapping[str, str] | None = None
     return textfit.columns(rows, width, DROP_FIRST, indent)
 
 
+def imbalanced(tb: Mapping[str, Any] | None) -> bool:
+    """Whether the rank with the most work is worth naming: its work per step over the ranks' median by
+    :data:`IMBALANCE_PCT` per cent and by :data:`IMBALANCE_FLOOR_MS` (a +0.1% rank sends nobody anywhere)."""
+    per_rank = (tb or {}).get("per_rank") or {}
+    slow = per_rank.get(str((tb or {}).get("slowest_rank")))
+    if len(per_rank) < 2 or slow is None:
+        return False
+    median = statistics.median(work_ms(v) for v in per_rank.values())
+    over = work_ms(slow) - median
+    return over >= IMBALANCE_FLOOR_MS and over >= median * IMBALANCE_PCT / 100
+
+
 def slowest_line(tb: Mapping[str, Any] | None) -> str | None:
     """The sentence under the table: the rank with the most work, by how much, and where its step goes."""
     if not tb or not tb.get("per_rank"):
@@ -85,9 +101,14 @@ def slowest_line(tb: Mapping[str, Any] | None) -> str | None:
     per_rank = tb["per_rank"]
     slow, fast = str(tb.get("slowest_rank")), str(tb.get("fastest_rank"))
     if len(per_rank) > 1 and slow in per_rank and fast in per_rank and tb.get("gap_pct") is not None:
-        out = (f"rank {slow} has the most work per step ({work_ms(per_rank[slow]):.2f} ms against"
-               f" {work_ms(per_rank[fast]):.2f} ms on rank {fast}, {tb['gap_pct']:+.1f}%); the other ranks wait for"
-               " it in the gradient sync" + (f". Rank {slow}'s step: {tail}" if tail else ""))
+        figures = (f"{work_ms(per_rank[slow]):.2f} ms against {work_ms(per_rank[fast]):.2f} ms on rank {fast},"
+                   f" {tb['gap_pct']:+.1f}%")
+        if imbalanced(tb):
+            out = (f"rank {slow} has the most work per step ({figures}); the other ranks wait for it in the gradient"
+                   " sync" + (f". Rank {slow}'s step: {tail}" if tail else ""))
+        else:
+            out = (f"the ranks' work per step is even (rank {slow} the most: {figures}, under {IMBALANCE_PCT:.0f}%"
+                   " over the median)" + (f". Each step: {tail}" if tail else ""))
     elif tail:
         out = f"each step: {tail}"
     else:
@@ -112,9 +133,8 @@ def phrases(tb: Mapping[str, Any] | None) -> list[str]:
                    else "gradient sync is hidden behind the backward (under 1% of a step)")
     if (o := shares.get("optimizer")) is not None and o >= 0.1:
         out.append(f"the optimizer takes {100 * o:.0f}% of each step")
-    gap = tb.get("gap_pct")
-    if gap is not None and gap >= GAP_WORTH_SAYING:
-        out.append(f"rank {tb['slowest_rank']} is {gap:.0f}% slower than rank {tb['fastest_rank']}")
+    if tb.get("gap_pct") is not None and imbalanced(tb):
+        out.append(f"rank {tb['slowest_rank']} is {tb['gap_pct']:.0f}% slower than rank {tb['fastest_rank']}")
     if out and tb.get("warmup_included"):
         out.append("(these from one logging window, warm-up included)")
     return out

@@ -83,13 +83,26 @@ def value_of(summary: Mapping[str, Any] | None, key: str) -> float | None:
     return float(found)
 
 
-def best(jobs: Sequence[Mapping[str, Any]], direction: str) -> Mapping[str, Any] | None:
-    """The job with the best finite ``objective`` (ties: the earliest), or None."""
+# Objectives this close are one value: they print alike (six significant digits) and no run beat the other.
+TIE_REL = 1e-6
+
+
+def top_jobs(jobs: Sequence[Mapping[str, Any]], direction: str) -> list[Mapping[str, Any]]:
+    """The jobs sharing the best finite ``objective`` (within :data:`TIE_REL`), by job number; [] when none has one."""
     scored = [j for j in jobs if isinstance(j.get("objective"), (int, float)) and math.isfinite(j["objective"])]
     if not scored:
-        return None
+        return []
     sign = -1.0 if direction == "maximize" else 1.0
-    return min(scored, key=lambda j: (sign * j["objective"], j["job"]))
+    top = min(sign * j["objective"] for j in scored)
+    return sorted((j for j in scored if math.isclose(sign * j["objective"], top, rel_tol=TIE_REL)),
+                  key=lambda j: j["job"])
+
+
+def best(jobs: Sequence[Mapping[str, Any]], direction: str) -> Mapping[str, Any] | None:
+    """The job with the best finite ``objective``, or None: when no job has one, or several share it (a world-size
+    sweep at a fixed global batch gives every job the same losses: naming one of them best would be arbitrary)."""
+    top = top_jobs(jobs, direction)
+    return top[0] if len(top) == 1 else None
 
 
 def headline(summary: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -139,13 +152,19 @@ def _objective_text(value: Any, status: str) -> str:
 
 
 def best_line(jobs: Sequence[Mapping[str, Any]], objective: Mapping[str, Any]) -> str:
-    """``Best: job 3 (lr=0.01), val_loss 0.1234 (minimize).`` or why there is none."""
-    top = best(jobs, str(objective.get("direction", "minimize")))
-    if top is None:
+    """``Best: job 3 (lr=0.01), val_loss 0.1234 (minimize).``, or why there is none (no objective, or a tie)."""
+    top = top_jobs(jobs, str(objective.get("direction", "minimize")))
+    if not top:
         return f"Best: none (no job has a {objective.get('key')} to compare)."
-    values = " ".join(f"{k}={v}" for k, v in (top.get("values") or {}).items())
-    return (f"Best: job {top['job']}" + (f" ({values})" if values else "")
-            + f", {objective.get('key')} {top['objective']:.6g} ({objective.get('direction', 'minimize')}).")
+    said = f", {objective.get('key')} {top[0]['objective']:.6g} ({objective.get('direction', 'minimize')})."
+    if len(top) > 1:
+        return "Best: none: jobs " + ", ".join(_job_named(j) for j in top) + " tie" + said
+    return f"Best: job {_job_named(top[0])}" + said
+
+
+def _job_named(job: Mapping[str, Any]) -> str:
+    values = " ".join(f"{k}={v}" for k, v in (job.get("values") or {}).items())
+    return f"{job['job']}" + (f" ({values})" if values else "")
 
 
 def trials_markdown(record: Mapping[str, Any]) -> str:
@@ -240,8 +259,9 @@ class SweepRecord:
             base = self.directory(root, datetime.now())
             fs, _ = fsspec.core.url_to_fs(root)
             jobs = sorted(self.jobs, key=lambda j: j["job"])
-            top = best(jobs, self.objective["direction"])
-            objective = {**self.objective, "best": top["job"] if top else None}
+            top = top_jobs(jobs, self.objective["direction"])
+            objective = {**self.objective, "best": top[0]["job"] if len(top) == 1 else None,
+                         **({"tied": [j["job"] for j in top]} if len(top) > 1 else {})}
             masked = partial(secrets.redact, secrets=secrets.KNOWN)  # no secret of the config on disk (issue 30)
             fs.pipe_file(layout.join(base, SWEEP_JSON), masked(json.dumps(
                 {"command": self.argv, "swept": self.swept, "objective": objective, "jobs": jobs},
@@ -258,7 +278,7 @@ class SweepRecord:
             closing = [f"ddp-run: sweep: {done} of {len(jobs)} jobs completed" + (f", {going} queued or running"
                                                                                  if going else "")
                        + f"; {layout.join(base, SWEEP_MD)}", *sweep_table.table(jobs, self.swept, objective, width)]
-            if top is not None:
+            if top:
                 closing.append(f"ddp-run: sweep: {best_line(jobs, objective)}")
             print("\n".join(textfit.wrap_all(closing, width)), flush=True)
             if self.follow_hint:

@@ -51,6 +51,9 @@ def to_hf(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+_GPT_KEYS = {"vocab", "context", "width", "layers", "heads"}  # the task.model keys config() reads
+
+
 def config(model: dict[str, Any], eot_id: int | None = None) -> Any:
     """The transformers ``GPT2Config`` of our ``task.model`` settings."""
     from transformers import GPT2Config
@@ -95,7 +98,7 @@ def write(weights: dict[str, torch.Tensor], info: dict[str, Any], out_dir: str,
     """The transformers GPT-2 folder into ``out_dir`` (a local path); returns the files written."""
     from safetensors.torch import save_file
 
-    if info.get("model") is None:
+    if not _GPT_KEYS <= set(info.get("model") or {}):  # a task of the user's own records its settings there too
         raise ValueError("the checkpoint's config has no task.model: not the GPT task's model")
     os.makedirs(out_dir, exist_ok=True)
     tok = _tokenizer(tokenizer_dir) if tokenizer_dir else None

@@ -71,7 +71,9 @@ def test_gpt_two_ranks_trains_and_logs_every_scalar_per_optimizer_step(gpt_w2_re
     slowest = summary["time_breakdown"]["slowest_rank"]
     marked = [line.split()[0] for line in stdout.splitlines() if line.endswith("  most work")]
     assert marked == [str(slowest)], stdout
-    assert f"ddp-run: rank {slowest} has the most work per step" in stdout
+    # the sentence names the marked rank, as an imbalance or, within a few per cent of the median, as even ranks
+    assert (f"ddp-run: rank {slowest} has the most work per step" in stdout
+            or f"ddp-run: the ranks' work per step is even (rank {slowest} the most" in stdout), stdout
     assert f"val loss {summary['val_loss']:.4f}" in stdout.split("ddp-run: completed:")[1].splitlines()[0]
 
     # Throughput arithmetic holds at every step: tokens = samples × context; per device = total / world size.

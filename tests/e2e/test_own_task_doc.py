@@ -1,7 +1,8 @@
-"""docs/own-task.md replayed as written, from an empty folder holding only the files the page shows: its main
-command launched for real through the CLI (the run's name, the extra metric in summary.json, TensorBoard and the
-ddp-compare table, the trained weights loaded back with plain torch), every other command at least composed and
-planned (dry run). A command the page shows that this test does not know how to check fails the test."""
+"""docs/own-task.md replayed as written, in the page's order, from an empty folder holding only the files the page
+shows: every ``ddp-run`` command launched for real through the CLI, as a user following the page would (so a later
+step meets the runs the earlier ones made: the newest run is the page's last launch, not its main one), then the
+run's name, the extra metric in summary.json, TensorBoard and the ddp-compare table checked, and the trained weights
+loaded back with plain torch. A command the page shows that this test does not know how to check fails the test."""
 
 from __future__ import annotations
 
@@ -39,20 +40,8 @@ def _run(work: Path, cmd: str, extra: list[str] | None = None) -> subprocess.Com
                           capture_output=True, text=True, timeout=300, env=os.environ.copy())
 
 
-def test_the_own_task_page_runs_as_written(tmp_path: Path) -> None:
-    text = DOC.read_text()
-    work = tmp_path / "work"
-    for name, body in shown_files(DOC).items():
-        (work / name).parent.mkdir(parents=True, exist_ok=True)
-        (work / name).write_text(body)
-    assert sorted(p.relative_to(work).as_posix() for p in work.rglob("*") if p.is_file()) == [
-        "conf/task/mytask.yaml", "load_weights.py", "mytask.py"]
-    commands = doc_commands(text)
-    assert MAIN in commands
-
-    r = _run(work, MAIN)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    [run] = run_dirs(work / "outputs")
+def _check_main_run(run: Path) -> dict:
+    """The page's main run: its name, the extra metric in summary.json, TensorBoard and the rank's log."""
     assert run.name.endswith("_mytask_w2")
     assert load_json(run / "run.json")["task"] == "mytask"
     summary = load_json(run / "summary.json")
@@ -66,28 +55,47 @@ def test_the_own_task_page_runs_as_written(tmp_path: Path) -> None:
     assert [e.step for e in acc.Scalars("val/accuracy")] == [16, 32, 48]
     assert acc.Scalars("val/accuracy")[-1].value == pytest.approx(metrics["val/accuracy"])
     assert re.search(r"step 16 val/loss \d\.\d+ val/accuracy [01](\.\d+)?\n", (run / "logs" / "rank0.log").read_text())
+    return metrics
 
-    for cmd in commands:
-        if cmd == MAIN or cmd.startswith(NOT_RUN):
+
+def test_the_own_task_page_runs_as_written(tmp_path: Path) -> None:
+    text = DOC.read_text()
+    work = tmp_path / "work"
+    for name, body in shown_files(DOC).items():
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / name).write_text(body)
+    assert sorted(p.relative_to(work).as_posix() for p in work.rglob("*") if p.is_file()) == [
+        "conf/task/mytask.yaml", "load_weights.py", "mytask.py"]
+    commands = doc_commands(text)
+    assert MAIN in commands
+
+    made: dict[str, Path] = {}  # each launch's run directory
+    checked = set()
+    for cmd in commands:  # in the page's order: a step meets what the steps before it left
+        if cmd.startswith(NOT_RUN):
             continue
-        if cmd.startswith("ddp-run"):  # composed and planned, nothing launched
-            r = _run(work, cmd, ["dry_run=true"])
-            assert r.returncode == 0, f"{cmd}\n{r.stderr}"
-            assert r.stdout.startswith("ddp-run: mytask: global batch"), f"{cmd}\n{r.stdout}"
+        before = set(run_dirs(work / "outputs")) if (work / "outputs").exists() else set()
+        r = _run(work, cmd)
+        assert r.returncode == 0, f"{cmd}\n{r.stdout[-3000:]}{r.stderr[-3000:]}"
+        if cmd.startswith("ddp-run"):
+            [made[cmd]] = set(run_dirs(work / "outputs")) - before
+            if cmd == MAIN:
+                metrics = _check_main_run(made[cmd])
         elif cmd.startswith("ddp-compare"):
-            r = _run(work, cmd)
-            assert r.returncode == 0, r.stderr
             report = (work / "compare" / "report.md").read_text()
             assert "| val loss | val/accuracy | train/accuracy |" in report, report
-            [header, row] = (work / "compare" / "report.csv").read_text().splitlines()
-            assert dict(zip(header.split(","), row.split(","), strict=True))["val/accuracy"] == str(
-                metrics["val/accuracy"])
-        else:  # python load_weights.py: the trained weights, loaded into the user's own class
-            r = _run(work, cmd)
-            assert r.returncode == 0, r.stderr
-            found = re.search(r"step_48: loss (\S+), accuracy (\S+)", r.stdout)
-            assert found and float(found[2]) > 0.9, r.stdout
-    assert run_dirs(work / "outputs") == [run], "the dry runs made no run directory"
+            [header, *rows] = (work / "compare" / "report.csv").read_text().splitlines()
+            table = {row.split(",")[0]: dict(zip(header.split(","), row.split(","), strict=True)) for row in rows}
+            assert set(table) == {run.name for run in made.values()}, table
+            assert table[made[MAIN].name]["val/accuracy"] == str(metrics["val/accuracy"])
+        else:  # python load_weights.py: the newest run's trained weights, loaded into the user's own class
+            newest = max(made.values())
+            found = re.search(r"step_(\d+): loss (\S+), accuracy (\S+)", r.stdout)
+            assert found and float(found[3]) > 0.9, r.stdout
+            assert found[0].startswith(f"step_{load_json(newest / 'summary.json')['steps']}:"), (newest, r.stdout)
+            assert str(newest.relative_to(work)) in r.stdout, (newest, r.stdout)
+        checked.add(cmd.split()[0])
+    assert checked == {"ddp-run", "ddp-compare", "python"}, checked
 
 
 def test_the_readme_own_task_commands_are_the_pages():

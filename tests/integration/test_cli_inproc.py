@@ -82,6 +82,10 @@ def test_help_lists_config_groups(out_root, cli):
     (["data=mine"], "data", "synthetic"),
     (["train.lr=[1"], "overrides", "ddp-run --help"),
     (["status"], "overrides", "to list your runs: ddp-runs [ROOT]; to see one run: ddp-runs show DIR"),
+    # `+` on a key that exists: named, with both fixes (set it without the `+`, or force it with `++`)
+    (["+train.lr=0.1"], "train.lr", "drop the +: train.lr=0.1 (or ++train.lr=0.1"),
+    (["task=gpt", "+task.model.layers=4"], "task.model.layers",
+     "drop the +: task.model.layers=4 (or ++task.model.layers=4"),
 ])
 def test_command_line_mistakes_are_refused_with_the_fix(out_root, args, key, hint, cli):
     r = cli(["device=cpu", *args], out_root)

@@ -33,7 +33,8 @@ def test_a_missing_or_non_numeric_objective_is_none() -> None:
 def test_the_best_job_follows_the_direction_and_skips_failed_trials() -> None:
     jobs = [{"job": 0, "objective": 3.0}, {"job": 1, "objective": None}, {"job": 2, "objective": 1.0},
             {"job": 3, "objective": 1.0}]
-    assert best(jobs, "minimize")["job"] == 2  # ties: the earliest
+    assert best(jobs, "minimize") is None  # 2 and 3 tie: no best (issue 51)
+    assert best([*jobs, {"job": 4, "objective": 0.5}], "minimize")["job"] == 4
     assert best(jobs, "maximize")["job"] == 0
     assert best([{"job": 0, "objective": None}], "minimize") is None
 

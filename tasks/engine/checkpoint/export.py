@@ -18,11 +18,14 @@ import fsspec
 import torch
 import yaml
 
+from ddp_runner.contract import checkpoints as rules
 from ddp_runner.contract import layout
 from ddp_runner.tasks.engine.checkpoint import sharded, storage
 from ddp_runner.tasks.engine.checkpoint.weights import INFO_FILE, WEIGHTS_FILE, clean_names, plain
 
 FORMAT = "ddp-runner-export/1"
+PROG = "ddp-export"
+_EVERY_TASK = ("name", "module", "checks")  # the keys that say which task, not how its model is built
 EXPORT_DIR = "export"
 
 
@@ -46,6 +49,8 @@ def candidates(source: str, step: int | None = None) -> Candidates:
     or its step ``step``. ValueError with the fix when there is none."""
     if storage.is_checkpoint(source) and step is None:
         return Candidates([source], explicit=True)
+    if step is None:
+        _refuse_uncommitted(source)
     root = layout.join(source.rstrip("/"), layout.CHECKPOINTS)
     found = dict(storage.list_complete(root))
     skipped = storage.list_skipped(root)
@@ -58,6 +63,19 @@ def candidates(source: str, step: int | None = None) -> Candidates:
         raise ValueError(f"{source}: no complete checkpoint of step {step}; there are steps"
                          f" {', '.join(map(str, sorted(found)))}")
     return Candidates([found[step]], explicit=True, skipped=skipped)
+
+
+def _refuse_uncommitted(source: str) -> None:
+    """A ``<run>/checkpoints/step_<N>`` that is no checkpoint is a save that never committed, not a run directory:
+    say so, and name the newest committed one (looking under ``step_<N>/checkpoints`` would only confuse)."""
+    parent, _, name = source.rstrip("/").rpartition("/")
+    if rules.step_of(name) is None or parent.rpartition("/")[2] != layout.CHECKPOINTS:
+        return
+    newest = storage.latest(parent)
+    instead = (f"the newest committed one is {newest.rstrip('/').rpartition('/')[2]}: {PROG} {newest}" if newest
+               else "there is no committed checkpoint in this run")
+    raise ValueError(f"{source}: {name} is not committed (incomplete: its save never wrote {rules.MARKER_FILE});"
+                     f" {instead}")
 
 
 def load_newest(found: Candidates) -> tuple[dict[str, torch.Tensor], dict[str, Any], str, list[tuple[str, str]]]:
@@ -111,8 +129,17 @@ def describe(state: dict[str, Any]) -> dict[str, Any]:
     task = cfg.get("task") or {}
     progress = state.get("progress") or {}
     losses = [x for x in progress.get("losses") or [] if x is not None]
-    return {"format": FORMAT, "task": task.get("name"), "module": task.get("module"), "model": task.get("model"),
+    return {"format": FORMAT, "task": task.get("name"), "module": task.get("module"), "model": model_settings(task),
             "step": progress.get("step"), "loss": losses[-1] if losses else None, "plan": state.get("plan")}
+
+
+def model_settings(task: dict[str, Any]) -> dict[str, Any] | None:
+    """What builds the model: a built-in task's ``task.model``; a task of the user's own keeps its settings as
+    ``task.<key>`` (``+task.hidden=64``), so those, without the keys every task has."""
+    if "model" in task:
+        return task["model"]
+    own = {k: v for k, v in task.items() if k not in _EVERY_TASK}
+    return own or None
 
 
 def write_safetensors(weights: dict[str, torch.Tensor], info: dict[str, Any], out_dir: str) -> list[str]:
