@@ -12,6 +12,8 @@ TypedDict reads ``NotRequired`` from evaluated ones.
 
 from typing import Any, NotRequired, TypedDict
 
+from ddp_runner.contract.stops import StopRecord
+
 
 class PlanRecord(TypedDict):
     """run.json's ``plan`` (runner/config/plan.py, ``Plan.to_manifest``)."""
@@ -123,7 +125,7 @@ class TrainSummary(TypedDict, total=False):
     compile: dict[str, Any]
     validation: dict[str, Any] | None
     resumed_from: str | None
-    stopped: dict[str, Any] | None
+    stopped: StopRecord | None
     stop_vote: dict[str, Any] | None
     trackers: dict[str, Any]
 

@@ -11,6 +11,8 @@ from typing import Any
 from ddp_runner.config.plan import Plan
 from ddp_runner.console import closing, textfit
 from ddp_runner.contract import layout, stops
+from ddp_runner.contract.run_files import RunSummary
+from ddp_runner.contract.stops import StopRecord
 from ddp_runner.rundir.manifest import completion_check, read_rank_files
 from ddp_runner.rundir.run_dir import RunDir
 from ddp_runner.supervise.stop import outcome as stop_outcome
@@ -59,7 +61,7 @@ def outcome(ok: bool, interrupted: int | None, preempt: int | None = None) -> st
     return layout.STATUS_COMPLETED if ok else layout.STATUS_FAILED
 
 
-def agreed_stop(facts: dict[int, dict], world_size: int) -> dict[str, Any] | None:
+def agreed_stop(facts: dict[int, dict], world_size: int) -> StopRecord | None:
     """The stop every rank reports (``stopped`` in its facts: step, signal, checkpoint), or None."""
     found = [facts.get(r, {}).get("stopped") for r in range(world_size)]
     return found[0] if found and all(found) else None
@@ -132,7 +134,7 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
     step[0] = f"writing {layout.MANIFEST}"
     rd.write_json(layout.MANIFEST, manifest)
     train = (rank0.get("summary") or {}) if ok or stopped is not None else {}
-    summary = {
+    summary: RunSummary = {
         "status": manifest["status"],
         "explanation": plan.explanation,
         "global_batch": plan.global_batch,

@@ -11,6 +11,8 @@ from typing import Any
 import torch
 
 from ddp_runner.contract import layout, series
+from ddp_runner.contract.run_files import TrainSummary
+from ddp_runner.contract.stops import StopRecord
 from ddp_runner.tasks.engine import compile_cache, startup, timing
 from ddp_runner.tasks.engine.config import Config
 from ddp_runner.tasks.engine.diagnostics import telemetry as gpu_telemetry
@@ -29,14 +31,14 @@ def window_ends(start_step: int, last_step: int, log_every: int) -> list[int]:
 
 def build(loop: Loop, state: TrainState, cfg: Config, *, params: Sequence[torch.nn.Parameter], global_batch: int,
           tokens_per_sample: int | None, first_commit_unix: float | None, compile_facts: dict[str, Any] | None,
-          validation: Any, resumed_from: str | None, stopped: Any, stop_vote: dict[str, float] | None,
-          ) -> dict[str, Any]:
+          validation: Any, resumed_from: str | None, stopped: StopRecord | None,
+          stop_vote: dict[str, float] | None) -> TrainSummary:
     """The summary, once training has ended (its final checkpoint and validation done) or stopped; closes the
     console's progress and the trackers. ``validation``: the run's :class:`~ddp_runner.tasks.engine.validation.
     Validator`; ``stopped``: the stop record, if a stop ended the run."""
     if loop.progress is not None:
         loop.progress.close()
-    summary = {
+    summary: TrainSummary = {
         "steps": state.step, "epochs_started": state.epoch + (state.micro_in_epoch > 0),
         "final": dict(loop.last),
         "val_loss": validation.loss,
