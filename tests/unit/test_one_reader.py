@@ -55,7 +55,7 @@ def test_a_damaged_record_fails_one_way_in_every_reader(tmp_path: Path):
     assert name == f"2026-01-01/{run.name}" and why.startswith("run.json: not valid JSON, truncated or corrupted")
     # Readers that go without a damaged record get nothing, never a traceback.
     assert sweep.read_json(str(run), layout.MANIFEST) is None
-    with pytest.raises(ValueError, match="not a JSON object"):
+    with pytest.raises(ValueError, match=r"not JSON \("):
         projection_inputs.links_file(run / layout.MANIFEST)
     (run / layout.MANIFEST).unlink()
     with pytest.raises(records.DamagedFile, match="is missing"):
