@@ -100,11 +100,10 @@ class _Forgiving(io.FileIO):
 
 
 def to_null(fd: int) -> None:
-    """Point ``fd`` at the null device."""
+    """Point ``fd`` at the null device (open it there when ``fd`` is closed)."""
     null = os.open(os.devnull, os.O_WRONLY)
-    try:
+    if null != fd:  # else ``fd`` was closed, and the lowest free descriptor is it
         os.dup2(null, fd)
-    finally:
         os.close(null)
 
 
@@ -151,7 +150,11 @@ def guard() -> None:
     """At a console script's start: ``sys.stdout`` and ``sys.stderr`` survive a reader that goes away and an
     encoding without ``×`` (see the module's docstring). Streams a caller has put there (a test's capture) are
     left alone."""
-    for name in ("stdout", "stderr"):
+    for fd, name in ((1, "stdout"), (2, "stderr")):
         stream = getattr(sys, name)
+        if stream is None and getattr(sys, f"__{name}__") is None:  # started with it closed (``>&-``)
+            to_null(fd)  # a descriptor of its own, not the next file this process (or a child) opens
+            stream = open(fd, "w", closefd=False)  # noqa: SIM115 - the interpreter's stream, for its whole life
+            setattr(sys, f"__{name}__", stream)
         if stream is getattr(sys, f"__{name}__"):
             setattr(sys, name, _guarded(stream))

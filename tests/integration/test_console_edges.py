@@ -22,15 +22,16 @@ DRY_RUN = ["task=smoke", "device=cpu", "world_size=2", "train.max_steps=2", "dry
 
 
 def _typed(script: str, args: list[str], env: dict[str, str] | None = None, reader_gone: bool = False,
-           ) -> subprocess.CompletedProcess[bytes]:
+           closed: bool = False) -> subprocess.CompletedProcess[bytes]:
     """``script args`` as its console script runs it; ``reader_gone``: its stdout is a pipe whose reader closed
-    before the first line (``| head -0``)."""
+    before the first line (``| head -0``); ``closed``: it starts without a stdout (``>&-``)."""
     module, function = scripts()[script].split(":")
     code = f"import sys; from {module} import {function}; sys.argv[0] = {script!r}; sys.exit({function}())"
     cmd = [sys.executable, "-c", code, *args]
     full_env = {**os.environ, **(env or {})}
     if not reader_gone:
-        return subprocess.run(cmd, capture_output=True, env=full_env, cwd=tempfile.gettempdir(), timeout=120)
+        return subprocess.run(cmd, capture_output=True, env=full_env, cwd=tempfile.gettempdir(), timeout=120,
+                              preexec_fn=(lambda: os.close(1)) if closed else None)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env,
                             cwd=tempfile.gettempdir())
     assert proc.stdout is not None
@@ -98,3 +99,12 @@ def test_a_reader_that_went_away_ends_nothing_early(script: str, runs: Path, tmp
     assert result.returncode == 0
     if script == "ddp-compare":
         assert (tmp_path / "report" / "report.md").exists()
+
+
+
+def test_a_driver_started_without_a_stdout_plans(tmp_path: Path) -> None:
+    """``ddp-run … >&-``: the interpreter has no sys.stdout at all (it used to end in an AttributeError before the
+    launch); the null device takes descriptor 1, so that no file the driver opens later (a child's log) takes it."""
+    dry = _typed("ddp-run", [*DRY_RUN, f"output.root={tmp_path}"], closed=True)
+    assert dry.returncode == 0, _clean(dry)
+    _clean(dry)
