@@ -80,6 +80,7 @@ class _Forgiving(io.FileIO):
         self._lock = threading.Lock()
 
     def write(self, data: Any) -> int:
+        """Write ``data`` where the descriptor leads, rerouting it first when its reader has gone."""
         if self._broken:
             self._reroute()
         try:
