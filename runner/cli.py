@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
-from ddp_runner.contract import layout, secrets
+from ddp_runner.contract import console_streams, layout, secrets
 from ddp_runner.contract.errors import PlanError
 from ddp_runner.supervise.stop import guard
 
@@ -175,8 +175,8 @@ def _hydra_args(args: list[str]) -> tuple[Any, list[str], str]:
 @guard.guarded(lambda: _run.jobs)  # first thing: a stop before Hydra's imports is one line too
 def main() -> None:
     """Console entry point of ``ddp-run``."""
+    console_streams.guard()  # a closed pipe or an ASCII console never ends it (docs/run-tree.md)
     from ddp_runner.config import overrides, task_module
-
     task_module.register_resolver()
     args = sys.argv[1:]
     if (job := os.environ.pop(layout.ENV_SWEEP_JOB, None)) is not None:  # one job of a concurrent sweep

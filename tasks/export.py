@@ -24,6 +24,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point of ``ddp-export``."""
+    from ddp_runner.contract import console_streams
+
+    console_streams.guard()  # a closed pipe or an ASCII console never ends it (docs/run-tree.md)
     args = parse(sys.argv[1:] if argv is None else argv)
     import yaml
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ddp_runner.contract import layout, netbind, osutil
+from ddp_runner.contract import console_streams, layout, netbind, osutil
 from ddp_runner.launch import forkserver
 from ddp_runner.supervise import exit_barrier
 from ddp_runner.supervise.agent_dir import temp_dir
@@ -68,6 +68,7 @@ def missing_run_dir(argv: list[str], environ: dict[str, str] | os._Environ[str])
 
 def main() -> None:
     """Bind the stores, then hand over to torchrun's own main (it reads ``sys.argv``)."""
+    console_streams.guard()  # its stdout is the user's console: a closed pipe never ends the run
     import shutil
     import tempfile
 

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ddp_runner.contract import layout
+from ddp_runner.contract import console_streams, layout
 from ddp_runner.report import projection_report
 from ddp_runner.report.compare_math import (
     EXPECTED_DIFFERENCES,
@@ -61,6 +61,7 @@ DEFAULT_PRICE = 2.50  # USD per GPU-hour: a round on-demand figure for a data-ce
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point of ``ddp-compare``."""
+    console_streams.guard()  # a closed pipe or an ASCII console never ends it (docs/run-tree.md)
     ap = argparse.ArgumentParser(
         prog="ddp-compare", description="Compare run directories (or sweep directories): table, CSV, plots.",
         epilog="Example: ddp-compare outputs/2026-11-30/12-00-00_sweep --target-loss 3.5 --out report")

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import IO, Any
 
 from ddp_runner.config.task_module import CUSTOM_PRESET
-from ddp_runner.contract import layout
+from ddp_runner.contract import console_streams, layout
 from ddp_runner.contract.run_files import RunManifest
 from ddp_runner.diagnostics import rootcause
 from ddp_runner.rundir import checkpoint_list, listing, records
@@ -236,6 +236,7 @@ def root_word(word: str, exists: Callable[[str], bool] = os.path.exists) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point of ``ddp-runs``: 0 on success, 2 on a bad root or run directory."""
+    console_streams.guard()  # a closed pipe or an ASCII console never ends it (docs/run-tree.md)
     args = _parser().parse_args(argv)
     words, now = list(args.words), time.time()
     if words[:1] == ["show"]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import fsspec
 
-from ddp_runner.contract import layout
+from ddp_runner.contract import console_streams, layout
 from ddp_runner.data.tokenize.bpe import load_tokenizer, tokenizer_vocab_size
 from ddp_runner.data.tokenize.encode import Encoded, encode
 from ddp_runner.data.tokenize.sources import Source, check_text, default_out, find_sources, input_fs
@@ -79,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``ddp-tokenize``; returns the exit code (2 for a refusal)."""
+    console_streams.guard()  # a closed pipe or an ASCII console never ends it (docs/run-tree.md)
     args = build_parser().parse_args(argv)
     try:
         return run(args)

@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from ddp_runner.contract import console_streams
 from ddp_runner.diagnostics.doctor.checks import FAIL, parse_size
 from ddp_runner.diagnostics.doctor.report import full_report, render
 
@@ -35,6 +36,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``ddp-doctor``: print the report (table or ``--json``); 1 when a check fails, else 0."""
+    console_streams.guard()  # a closed pipe or an ASCII console never ends it (docs/run-tree.md)
     args = _parser().parse_args(argv)
     if args.nproc is not None and args.nproc < 2:
         print("ddp-doctor: --nproc must be at least 2 (an all-reduce across one process measures nothing)",

@@ -3,7 +3,8 @@
 Under a terminal the driver draws the bar (runner/console/live.py) and tells rank 0 so through
 ``DDP_RUNNER_CONSOLE_RECORDS``: rank 0's console is then a :class:`RecordConsole`, whose every line and progress
 update is one JSON line in ``logs/console.jsonl``. Otherwise (output piped to a file or a CI log) rank 0 writes a
-few plain ``step N/M`` lines itself.
+few plain ``step N/M`` lines itself; when that console's reader goes away (``ddp-run … | head``), or it is the null
+device, the lines go on in rank 0's log (``logs/rank0.log``) and training goes on.
 """
 
 from __future__ import annotations
@@ -11,11 +12,16 @@ from __future__ import annotations
 import io
 import json
 import os
+import sys
 import time
 from collections.abc import Mapping
 from typing import IO, Any
 
-from ddp_runner.contract import layout
+from ddp_runner.contract import console_streams, layout
+
+# Said once in rank 0's log where its console lines go on.
+CONSOLE_GONE = ("console: the user's console cannot be written (its reader went away, or it is the null device);"
+                " rank 0's console lines go on here\n")
 
 # Progress records at most this often (the driver reads them twice a second); the last step always.
 RECORD_EVERY_S = 0.1
@@ -59,11 +65,17 @@ class RecordConsole(io.TextIOBase):
 
 
 def open_console(local_dir: str) -> IO[str]:
-    """Rank 0's console: records for the driver's bar when the driver asked for them, else a copy of stdout."""
+    """Rank 0's console: records for the driver's bar when the driver asked for them, else a copy of stdout that
+    never fails the rank. Called before stdout goes to the rank log (tasks/engine/worker_io.py): a closed console
+    then goes on in that log (its descriptor 1 by then)."""
     path = os.environ.get(layout.ENV_CONSOLE_RECORDS)
     if path:
         return RecordConsole(path if os.path.isabs(path) else os.path.join(local_dir, path))
-    return os.fdopen(os.dup(1), "w", buffering=1)
+    return console_streams.forgiving(os.dup(1), _to_rank_log, CONSOLE_GONE, getattr(sys.stdout, "encoding", None))
+
+
+def _to_rank_log(fd: int) -> None:
+    os.dup2(1, fd)
 
 
 def stage(console: IO[str] | None, text: str) -> None:
