@@ -73,13 +73,40 @@ class RunDir:
             shutil.rmtree(self.local, ignore_errors=True)
 
 
+def _first_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
+
+
 def _unwritable(root: str, exc: BaseException) -> PlanError:
-    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    first = _first_line(exc)
     fix = "point output.root at a writable directory or bucket, e.g. output.root=outputs"
     if "credential" in first.lower():
         fix = ("give the storage its credentials (for s3://: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a"
                " profile, or an instance role), or " + fix)
-    return PlanError("output.root", root, f"cannot be written ({type(exc).__name__}: {first})", fix)
+    return PlanError("output.root", root, f"cannot be written ({first})", fix)
+
+
+def check_writable(rd: RunDir) -> None:
+    """Refuse (exit 2, key ``resume``) to continue a run directory this driver cannot write, before its lease or
+    anything else is written there: a resume on a read-only filesystem is refused as a fresh run on one is
+    (``output.root``), never ended by an OSError from ``driver.json``. A local disk is probed with a file made and
+    removed in the run directory and in the folders the workers write into (a read-only mount, permissions); an
+    object store is proven by the lease's own first write."""
+    if rd.is_remote:
+        return
+    for folder in (rd.local, os.path.join(rd.local, layout.CHECKPOINTS), os.path.join(rd.local, layout.LOGS)):
+        if folder != rd.local and not os.path.isdir(folder):
+            continue  # made when the run starts, as for a new run
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=folder)
+            os.close(fd)
+            os.remove(probe)
+        except OSError as exc:
+            raise PlanError("resume", rd.url, f"cannot be written ({_first_line(exc)}): continuing it writes its"
+                            " lease, checkpoints, logs and run.json there",
+                            "make its filesystem writable (e.g. remount it read-write), or copy the run directory"
+                            f" to a writable disk and continue the copy: cp -r {rd.url} <dir>/ && ddp-run"
+                            f" resume=<dir>/{rd.url.rstrip('/').rsplit('/', 1)[-1]}") from exc
 
 
 
