@@ -19,7 +19,7 @@ from ddp_runner.contract import layout
 from ddp_runner.contract.errors import PlanError
 from ddp_runner.contract.osutil import atomic_write
 from ddp_runner.rundir import lost_store, records
-from ddp_runner.rundir.lease import Lease, Taken, take
+from ddp_runner.rundir.lease import Lease, Taken, take, unwritable
 
 
 @dataclass
@@ -73,17 +73,13 @@ class RunDir:
             shutil.rmtree(self.local, ignore_errors=True)
 
 
-def _first_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
-
-
 def _unwritable(root: str, exc: BaseException) -> PlanError:
-    first = _first_line(exc)
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
     fix = "point output.root at a writable directory or bucket, e.g. output.root=outputs"
     if "credential" in first.lower():
         fix = ("give the storage its credentials (for s3://: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a"
                " profile, or an instance role), or " + fix)
-    return PlanError("output.root", root, f"cannot be written ({first})", fix)
+    return PlanError("output.root", root, f"cannot be written ({type(exc).__name__}: {first})", fix)
 
 
 def check_writable(rd: RunDir) -> None:
@@ -91,7 +87,8 @@ def check_writable(rd: RunDir) -> None:
     anything else is written there: a resume on a read-only filesystem is refused as a fresh run on one is
     (``output.root``), never ended by an OSError from ``driver.json``. A local disk is probed with a file made and
     removed in the run directory and in the folders the workers write into (a read-only mount, permissions); an
-    object store is proven by the lease's own first write."""
+    object store is proven by the lease's own first write (:func:`~ddp_runner.rundir.lease.take_or_refuse` refuses
+    the same way)."""
     if rd.is_remote:
         return
     for folder in (rd.local, os.path.join(rd.local, layout.CHECKPOINTS), os.path.join(rd.local, layout.LOGS)):
@@ -102,12 +99,7 @@ def check_writable(rd: RunDir) -> None:
             os.close(fd)
             os.remove(probe)
         except OSError as exc:
-            raise PlanError("resume", rd.url, f"cannot be written ({_first_line(exc)}): continuing it writes its"
-                            " lease, checkpoints, logs and run.json there",
-                            "make its filesystem writable (e.g. remount it read-write), or copy the run directory"
-                            f" to a writable disk and continue the copy: cp -r {rd.url} <dir>/ && ddp-run"
-                            f" resume=<dir>/{rd.url.rstrip('/').rsplit('/', 1)[-1]}") from exc
-
+            raise unwritable(rd.url, exc) from exc
 
 
 # Object stores whose first path part is a bucket (s3fs, gcsfs, adlfs): their makedirs creates a missing bucket.

@@ -53,3 +53,20 @@ def test_a_file_in_place_of_the_run_directory_is_refused(tmp_path: Path) -> None
     path.write_text("not a directory")
     with pytest.raises(PlanError, match="cannot be written \\(NotADirectoryError"):
         run_dir.check_writable(run_dir.open_run_dir(str(path)))
+
+
+def test_a_store_that_refuses_the_lease_is_the_same_refusal() -> None:
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    from ddp_runner.rundir import lease
+
+    class ReadOnlyStore(MemoryFileSystem):
+        def pipe_file(self, path: str, value: bytes, **kwargs: object) -> None:
+            raise PermissionError(13, "Access Denied")
+
+    url = "memory://bucket/2026-01-01/00-00-00_smoke_w1"
+    with pytest.raises(PlanError) as refusal:
+        lease.take_or_refuse(ReadOnlyStore(), "/bucket/2026-01-01/00-00-00_smoke_w1", url)
+    assert refusal.value.key == "resume" and refusal.value.value == url
+    assert refusal.value.problem.startswith("cannot be written (PermissionError: [Errno 13] Access Denied)")
+    assert f"cp -r {url} <dir>/" in refusal.value.fix
