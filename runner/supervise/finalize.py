@@ -225,6 +225,10 @@ def _finalize_failed(rd: RunDir, manifest: dict[str, Any], rc: int, interrupted:
     (where there are) the checkpoint save that failed and the committed checkpoint to continue from. Returns a
     non-zero exit code."""
     error = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
+    # What run.json holds if it cannot be written now: finalising's own record once it got past writing it, else
+    # the launch's (with its heartbeats).
+    holds = manifest.get("status") if step in (f"writing {layout.SUMMARY}", "reporting") else layout.STATUS_RUNNING
+    written = "as finalising wrote it" if holds != layout.STATUS_RUNNING else "as this launch's start wrote it"
     manifest.update(status=layout.STATUS_FAILED, ended=datetime.now().isoformat(timespec="seconds"),
                     torchrun_exit_code=rc, finalize_error={"while": step, "error": error,
                                                            "interrupted_by": interrupted})
@@ -233,8 +237,8 @@ def _finalize_failed(rd: RunDir, manifest: dict[str, Any], rc: int, interrupted:
         recorded = f"{layout.MANIFEST} records it"
     except Exception as again:  # noqa: BLE001 - the store is gone: say so, readers will see the run as lost
         recorded = (f"{layout.MANIFEST} could not be updated either ({type(again).__name__}): it still says"
-                    f" {layout.STATUS_RUNNING!r}, as this launch's start wrote it; readers will see the run as lost"
-                    " once this driver has exited")
+                    f" {holds!r}, {written}" + ("; readers will see the run as lost once this driver has exited"
+                                                 if holds == layout.STATUS_RUNNING else ""))
     print(f"ddp-run: FAILED while finalising ({step}) in {rd.url}: {error}; {recorded}",
           file=sys.stderr, flush=True)
     try:  # best effort: the account above is already out

@@ -177,3 +177,24 @@ def test_the_launch_holds_the_reserve_until_it_ends(tmp_path: Path, monkeypatch:
                            datetime.now(), None, None)
     assert out.code == 0 and seen == [reserve.RESERVE_BYTES]
     assert not Path(out.run_dir, reserve.RESERVE).exists()
+
+
+def test_when_only_summary_json_fails_the_account_says_run_json_holds_the_outcome(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "2026-01-01" / "00-00-00_smoke_w1"
+    rd = _failed_run(run)
+    write = run_dir.RunDir.write_text
+    wrote: list[str] = []
+
+    def run_json_once(self: run_dir.RunDir, rel: str, text: str) -> None:  # then the disk is full
+        if wrote:
+            raise FULL
+        wrote.append(rel)
+        write(self, rel, text)
+
+    monkeypatch.setattr(run_dir.RunDir, "write_text", run_json_once)
+    assert finalize.finish(rd, _manifest(), PLAN, rc=1, interrupted=None) == 1
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first.startswith(f"ddp-run: FAILED while finalising (writing summary.json) in {run}"), first
+    assert "it still says 'failed', as finalising wrote it" in first and "lost" not in first
+    assert json.loads((run / layout.MANIFEST).read_text())["status"] == "failed"
