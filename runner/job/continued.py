@@ -110,6 +110,7 @@ def continued_run(resume: str, dry_run: bool, overrides: list[str], composed: di
     step = resume_checks.newest_checkpoint(rd.url)
     for key, (_, new) in changes.items():  # applied from the step it continues at, and recorded so
         secrets.set_key(conf, key, new)
+    rundir.check_writable(rd)  # a read-only filesystem: refused like a new run there, before the lease
     rd.lease = take_or_refuse(rd.fs, rd.path, rd.url)
     rd.continued = True
     at = checkpoints.step_of(step) if step else None

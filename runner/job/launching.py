@@ -18,6 +18,7 @@ from ddp_runner.data import prep as data_prep
 from ddp_runner.diagnostics.doctor import cheap_report
 from ddp_runner.job.invocation import Invocation, Outcome, refuse
 from ddp_runner.launch.base import Job
+from ddp_runner.rundir import reserve
 from ddp_runner.rundir import run_dir as rundir
 from ddp_runner.rundir.manifest import initial_manifest
 from ddp_runner.supervise.stop import guard
@@ -93,6 +94,7 @@ def _open_and_launch(job: Job, launcher: Any, how: Invocation, started: datetime
     if probe is not None:
         probe.keep()  # the next job with this task and model skips the probe
     cmd = launcher.command(job.plan, job.launcher, rd.url)
+    reserve.hold(rd)  # disk space for the final records, freed when finalising starts (a disk that fills meanwhile)
     manifest = _record_start(job, rd, cmd, how, started, mem, trackers)
     try:
         return Outcome(launcher.launch(job, rd, manifest), run_dir=rd.url)
@@ -104,6 +106,7 @@ def _open_and_launch(job: Job, launcher: Any, how: Invocation, started: datetime
         return Outcome(failed_while(rd, manifest, "running (the run directory could not be written)", exc),
                        run_dir=rd.url)
     finally:
+        reserve.release(rd)  # however the launch ended
         _close_trackers(job.conf, rd, trackers)
 
 

@@ -5,6 +5,7 @@ GPU-hours and cost, the loss every run reached, the config difference, and the s
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -34,16 +35,33 @@ def loss_at_steps(losses: Sequence[float], log_every: int, total_steps: int,
     return list(zip(steps, losses, strict=True))
 
 
+# Logged losses in the window that time to a loss reads: one lucky (or unlucky) batch never moves its median.
+SMOOTHING_WINDOW = 5
+
+
+def smoothed(points: Sequence[tuple[int, float]], window: int = SMOOTHING_WINDOW) -> list[tuple[int, float]]:
+    """(optimizer step, the median of the ``window`` logged losses up to that step), from the ``window``-th logged
+    loss on; a series shorter than the window gives one point, the median of all of it at its last step.
+
+    A run is credited with a loss only once it holds it: one lucky batch that dips below the target (a median of 5
+    ignores up to 2) never counts, where the raw per-step loss would credit a run that never got there."""
+    w = min(window, len(points))
+    if w == 0:
+        return []
+    return [(points[i][0], statistics.median(v for _, v in points[i - w + 1:i + 1])) for i in range(w - 1, len(points))]
+
+
 def time_to_target(points: Sequence[tuple[int, float]], target: float, step_time_s: float | None,
                    first_step_s: float | None = None) -> float | None:
-    """Seconds of training until the logged loss first reaches ``target`` (None if it never does).
+    """Seconds of training until the smoothed logged loss (:func:`smoothed`: the median of the last
+    :data:`SMOOTHING_WINDOW` logged losses) first reaches ``target`` (None if it never does).
 
     Training time = the first step (start-up and compilation, when known) + the later steps at the median step
     time. Checkpoints and validation are not in it: they are the same for every run of a comparison.
     """
     if step_time_s is None:
         return None
-    for step, loss in points:
+    for step, loss in smoothed(points):
         if loss <= target:
             return (first_step_s or 0.0) + max(0, step - 1) * step_time_s
     return None
@@ -60,8 +78,10 @@ def cost(hours: float | None, price_per_gpu_hour: float) -> float | None:
 
 
 def common_target(runs: Sequence[Run]) -> float | None:
-    """The loss every completed run reached: the highest of their best logged losses."""
-    bests = [min(r.losses) for r in runs if r.losses and r.status == layout.STATUS_COMPLETED]
+    """The loss every completed run reached: the highest of their best smoothed losses (:func:`smoothed`), so that
+    every completed run reaches it as :func:`time_to_target` reads it."""
+    bests = [min(v for _, v in smoothed(loss_at_steps(r.losses, r.log_every, r.steps, r.loss_steps)))
+             for r in runs if r.losses and r.status == layout.STATUS_COMPLETED]
     return max(bests) if bests else None
 
 

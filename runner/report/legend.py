@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ddp_runner.report.compare_math import SMOOTHING_WINDOW
+
 
 def lines(table: Sequence[Mapping[str, Any]], gpu: bool, price: float, several_groups: bool = False) -> list[str]:
     """``Columns:`` and one Markdown list item per column of the table(s), in the table's order. ``gpu``: the
@@ -32,10 +34,11 @@ def lines(table: Sequence[Mapping[str, Any]], gpu: bool, price: float, several_g
     items += [(m, "the task's own metric: its last logged value (summary.json)") for m in metrics]
     if targets:
         name = f"time to loss {targets[0]:.4g}" if len(targets) == 1 else "time to loss X"
-        items.append((name, f"training time until the logged training loss first reached "
+        items.append((name, f"training time until the smoothed training loss (the median of the last "
+                            f"{SMOOTHING_WINDOW} logged losses, so that one lucky batch does not count) first reached "
                             f"{'it' if len(targets) == 1 else 'X'}, the loss every completed run{of_group} reached "
-                            "(--target-loss sets another): the first step (start-up, compilation) plus the later "
-                            "steps at the median step time; not reached: never"))
+                            "so smoothed (--target-loss sets another): the first step (start-up, compilation) plus "
+                            "the later steps at the median step time; not reached: never"))
     else:
         items.append(("time to target", "no completed run with a logged loss, so no target loss to time"))
     if gpu:

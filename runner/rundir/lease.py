@@ -181,10 +181,24 @@ def take(fs: fsspec.AbstractFileSystem, run_path: str) -> Lease:
     return _take_remote(fs, path, record)
 
 
+def unwritable(url: str, exc: BaseException) -> PlanError:
+    """The refusal (exit 2, key ``resume``) of a run directory this driver cannot write: a read-only filesystem,
+    permissions, a store that refuses the write. A new run on such a root is refused as ``output.root``."""
+    first = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
+    return PlanError("resume", url, f"cannot be written ({first}): continuing it writes its lease, checkpoints, logs"
+                     " and run.json there",
+                     "make its filesystem writable (e.g. remount it read-write), or copy the run directory to a"
+                     f" writable disk and continue the copy: cp -r {url} <dir>/ && ddp-run"
+                     f" resume=<dir>/{url.rstrip('/').rsplit('/', 1)[-1]}")
+
+
 def take_or_refuse(fs: fsspec.AbstractFileSystem, run_path: str, url: str) -> Lease:
-    """:func:`take`, refusing (exit 2) with the live holder's host and pid when it is held."""
+    """:func:`take`, refusing (exit 2) with the live holder's host and pid when it is held, or as
+    :func:`unwritable` when the lease cannot be written (an object store that refuses the write)."""
     try:
         return take(fs, run_path)
+    except OSError as exc:
+        raise unwritable(url, exc) from exc
     except Taken as held:
         d = held.holder or {}
         raise PlanError("resume", url, f"is being written by another live driver ({_who(held.holder)}); one driver"

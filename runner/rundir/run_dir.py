@@ -19,7 +19,7 @@ from ddp_runner.contract import layout
 from ddp_runner.contract.errors import PlanError
 from ddp_runner.contract.osutil import atomic_write
 from ddp_runner.rundir import lost_store, records
-from ddp_runner.rundir.lease import Lease, Taken, take
+from ddp_runner.rundir.lease import Lease, Taken, take, unwritable
 
 
 @dataclass
@@ -81,6 +81,25 @@ def _unwritable(root: str, exc: BaseException) -> PlanError:
                " profile, or an instance role), or " + fix)
     return PlanError("output.root", root, f"cannot be written ({type(exc).__name__}: {first})", fix)
 
+
+def check_writable(rd: RunDir) -> None:
+    """Refuse (exit 2, key ``resume``) to continue a run directory this driver cannot write, before its lease or
+    anything else is written there: a resume on a read-only filesystem is refused as a fresh run on one is
+    (``output.root``), never ended by an OSError from ``driver.json``. A local disk is probed with a file made and
+    removed in the run directory and in the folders the workers write into (a read-only mount, permissions); an
+    object store is proven by the lease's own first write (:func:`~ddp_runner.rundir.lease.take_or_refuse` refuses
+    the same way)."""
+    if rd.is_remote:
+        return
+    for folder in (rd.local, os.path.join(rd.local, layout.CHECKPOINTS), os.path.join(rd.local, layout.LOGS)):
+        if folder != rd.local and not os.path.isdir(folder):
+            continue  # made when the run starts, as for a new run
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=folder)
+            os.close(fd)
+            os.remove(probe)
+        except OSError as exc:
+            raise unwritable(rd.url, exc) from exc
 
 
 # Object stores whose first path part is a bucket (s3fs, gcsfs, adlfs): their makedirs creates a missing bucket.

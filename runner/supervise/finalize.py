@@ -13,6 +13,7 @@ from ddp_runner.console import closing, textfit
 from ddp_runner.contract import layout, stops
 from ddp_runner.contract.run_files import RunSummary
 from ddp_runner.contract.stops import StopRecord
+from ddp_runner.rundir import reserve
 from ddp_runner.rundir.manifest import completion_check, read_rank_files
 from ddp_runner.rundir.run_dir import RunDir
 from ddp_runner.supervise.stop import outcome as stop_outcome
@@ -44,9 +45,12 @@ def finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupte
 
     A failure while doing so (a full disk, a lost remote store) never escapes as a traceback: it ends with one
     console line, a non-zero exit code and, where run.json can still be written, ``status: failed`` with
-    ``finalize_error``. Where it cannot, run.json keeps ``running`` and readers see the run as ``lost`` once this
-    driver has exited (runner/rundir/status.py).
+    ``finalize_error``; then the save that failed and the checkpoint to continue from, where there are. The disk
+    space held back since the launch (runner/rundir/reserve.py) is freed first, so a disk that filled while the run
+    trained still takes run.json. Where even so it cannot be written, the console says that run.json keeps
+    ``running`` and that readers see the run as ``lost`` once this driver has exited (runner/rundir/status.py).
     """
+    reserve.release(rd)  # the space held back since the launch takes the final records (a full disk too)
     step = ["reading the rank files"]  # what finalising was doing, for the message
     try:
         return _finish(rd, manifest, plan, rc, interrupted, step, watch or {}, preempt)
@@ -67,8 +71,9 @@ def agreed_stop(facts: dict[int, dict], world_size: int) -> StopRecord | None:
     return found[0] if found and all(found) else None
 
 
-def resume_lines(rd: RunDir, stopped: dict[str, Any] | None, status: str) -> list[str]:
-    """What the console says after a stop or a failure: what was saved, and the one command that continues."""
+def resume_lines(rd: RunDir, stopped: dict[str, Any] | None, status: str, full_disk: bool = False) -> list[str]:
+    """What the console says after a stop or a failure: what was saved, and the one command that continues
+    (``full_disk``: once space is freed on the run directory's disk)."""
     from ddp_runner.rundir.resume import newest_checkpoint
 
     if stopped is not None:
@@ -77,8 +82,8 @@ def resume_lines(rd: RunDir, stopped: dict[str, Any] | None, status: str) -> lis
     if newest is None:
         return [f"ddp-run: {status}: no checkpoint was committed; this run cannot be continued (start it again;"
                 " checkpoint.every_steps=N saves on the way)"]
-    return [f"ddp-run: {status}: the last complete checkpoint is {newest}. Continue it with:",
-            f"  ddp-run resume={rd.url}"]
+    how = "Free space on its disk, then continue it with:" if full_disk else "Continue it with:"
+    return [f"ddp-run: {status}: the last complete checkpoint is {newest}. {how}", f"  ddp-run resume={rd.url}"]
 
 
 def _exit_code(ok: bool, rc: int, interrupted: int | None) -> int:
@@ -165,7 +170,7 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
         print(f"ddp-run: {line}", file=sys.stderr)
     print(f"ddp-run: rank logs: {layout.join(rd.url, layout.LOGS)}", file=sys.stderr)
     # Last, so that the end of the console names the rank and the cause.
-    for line in resume_lines(rd, None, manifest["status"]):
+    for line in resume_lines(rd, None, manifest["status"], _FULL_DISK in str(cause.get("message"))):
         print(line, file=sys.stderr)
     print(f"ddp-run: {label}: {rootcause.headline(cause)}\n  where: {cause['where']}", file=sys.stderr, flush=True)
     return _exit_code(ok, rc, interrupted)
@@ -185,13 +190,47 @@ def _closing(rd: RunDir, manifest: dict[str, Any], train: dict[str, Any], check:
 def failed_while(rd: RunDir, manifest: dict[str, Any], step: str, exc: Exception) -> int:
     """A run whose driver failed outside finalising (its run directory became unwritable mid-run: permissions, a
     full disk, a lost store): one console line, ``failed`` in run.json where it can still be written."""
+    reserve.release(rd)
     return _finalize_failed(rd, manifest, 1, None, step, exc)
+
+
+_FULL_DISK = "No space left on device"
+_SAVE = re.compile(r"checkpoints/(step_\d+)")
+
+
+def _failed_save(rd: RunDir) -> str | None:
+    """The checkpoint save a rank's error record names (``step_10 (rank 0: CheckpointError: …)``), or None."""
+    import json
+
+    for path in sorted(Path(rd.local, layout.LOGS).glob("rank*.error.json")) if rd.local else []:
+        try:
+            error = json.loads(path.read_text())
+            message = str(error.get("message") or "")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if m := _SAVE.search(message):
+            return f"{m.group(1)} (rank {error.get('rank')}: {error.get('type')}: {message[:200]})"
+    return None
+
+
+def _full_disk(rd: RunDir, exc: BaseException) -> bool:
+    """Did the disk fill: this error, or a rank's log, says so."""
+    if _FULL_DISK in str(exc):
+        return True
+    logs = Path(rd.local, layout.LOGS) if rd.local else None
+    return bool(logs) and any(_FULL_DISK in p.read_text(errors="replace") for p in logs.glob("rank*.log"))
 
 
 def _finalize_failed(rd: RunDir, manifest: dict[str, Any], rc: int, interrupted: int | None, step: str,
                      exc: Exception) -> int:
-    """Record (if still possible) and report a failure while finalising; return a non-zero exit code."""
+    """Record (if still possible) and report a failure while finalising: the error and what run.json holds, then
+    (where there are) the checkpoint save that failed and the committed checkpoint to continue from. Returns a
+    non-zero exit code."""
     error = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
+    # What run.json holds if it cannot be written now: finalising's own record once it got past writing it, else
+    # the launch's (with its heartbeats).
+    holds = manifest.get("status") if step in (f"writing {layout.SUMMARY}", "reporting") else layout.STATUS_RUNNING
+    written = "as finalising wrote it" if holds != layout.STATUS_RUNNING else "as this launch's start wrote it"
     manifest.update(status=layout.STATUS_FAILED, ended=datetime.now().isoformat(timespec="seconds"),
                     torchrun_exit_code=rc, finalize_error={"while": step, "error": error,
                                                            "interrupted_by": interrupted})
@@ -199,9 +238,29 @@ def _finalize_failed(rd: RunDir, manifest: dict[str, Any], rc: int, interrupted:
         rd.write_json(layout.MANIFEST, manifest)
         recorded = f"{layout.MANIFEST} records it"
     except Exception as again:  # noqa: BLE001 - the store is gone: say so, readers will see the run as lost
-        recorded = (f"{layout.MANIFEST} could not be updated either ({type(again).__name__});"
-                    " readers will see the run as lost")
+        recorded = (f"{layout.MANIFEST} could not be updated either ({type(again).__name__}): it still says"
+                    f" {holds!r}, {written}" + ("; readers will see the run as lost once this driver has exited"
+                                                 if holds == layout.STATUS_RUNNING else ""))
     print(f"ddp-run: FAILED while finalising ({step}) in {rd.url}: {error}; {recorded}",
           file=sys.stderr, flush=True)
+    try:  # best effort: the account above is already out
+        lines = _after_failure(rd, exc)
+    except Exception:  # noqa: BLE001 - a store that is gone cannot be listed either
+        lines = []
+    for line in lines:
+        print(line, file=sys.stderr, flush=True)
     code = _exit_code(False, rc, interrupted)
     return code if code != 0 else 1
+
+
+def _after_failure(rd: RunDir, exc: BaseException) -> list[str]:
+    """The failed checkpoint save and where the run continues from, when there is either (else nothing: the line
+    before says it all)."""
+    from ddp_runner.rundir.resume import newest_checkpoint
+
+    failed, newest = _failed_save(rd), newest_checkpoint(rd.url)
+    if failed is None and newest is None:
+        return []
+    full = _full_disk(rd, exc)
+    out = [f"ddp-run: the failed save: {failed}" + (" (the disk is full)" if full else "")] if failed else []
+    return out + resume_lines(rd, None, layout.STATUS_FAILED, full)

@@ -24,7 +24,8 @@ def test_loss_steps_follow_the_logging_interval_and_end_at_the_last_step():
 
 def test_time_to_target_gpu_hours_and_cost():
     pts = [(10, 3.0), (20, 2.5), (30, 2.0)]
-    assert compare.time_to_target(pts, 2.5, step_time_s=0.5, first_step_s=30.0) == pytest.approx(30 + 19 * 0.5)
+    # Three logged losses, fewer than the smoothing window: their median (2.5) at the last of them, step 30.
+    assert compare.time_to_target(pts, 2.5, step_time_s=0.5, first_step_s=30.0) == pytest.approx(30 + 29 * 0.5)
     assert compare.time_to_target(pts, 1.0, step_time_s=0.5) is None  # never reached
     assert compare.gpu_hours(3600.0, 2) == pytest.approx(2.0)
     assert compare.cost(2.0, 2.5) == pytest.approx(5.0)

@@ -75,9 +75,10 @@ def test_gpu_hours_and_cost_only_for_gpu_runs(tmp_path: Path) -> None:
     _write(tmp_path / "runs", "g_w2", "smoke", 2, 0.1, device="cuda")
     _write(tmp_path / "runs", "c_w2", "smoke", 2, 0.1, device="cpu")
     runs = [compare.load_run(p) for p in compare.find_runs([str(tmp_path / "runs")])]
-    table = {r["run"]: r for r in compare.rows(runs, 1.0, 3.0)}
+    table = {r["run"]: r for r in compare.rows(runs, 2.5, 3.0)}
     gpu, cpu = table["g_w2"], table["c_w2"]
-    assert gpu["time_to_target_s"] == pytest.approx(3 * 0.1) == cpu["time_to_target_s"]  # loss 1.0 at step 4
+    # loss 2.5 at step 4: the median of its four logged losses (fewer than the smoothing window)
+    assert gpu["time_to_target_s"] == pytest.approx(3 * 0.1) == cpu["time_to_target_s"]
     assert gpu["gpu_hours"] == pytest.approx(0.3 * 2 / 3600) and gpu["cost"] == pytest.approx(3 * gpu["gpu_hours"])
     assert cpu["gpu_hours"] is None and cpu["cost"] is None
     text = compare.markdown(compare.rows(runs, 1.0, 3.0), [], 3.0)
