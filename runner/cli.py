@@ -7,9 +7,15 @@ command line, the held-back stderr, the sweep's record, the worst exit code) liv
 
 from __future__ import annotations
 
+import sys
+
+from ddp_runner.supervise.stop import early
+
+if early.is_entry(sys.argv[0], "ddp-run"):  # first: a stop while the modules below load is one line, no traceback
+    early.note()
+
 import io
 import os
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -128,16 +134,6 @@ def _app(cfg: Any) -> Any:
     return None
 
 
-def version() -> str:
-    """This package's version."""
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version("ddp-runner")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown (not installed)"
-
-
 def _hydra_args(args: list[str]) -> tuple[Any, list[str], str]:
     """The parsed command line, the arguments Hydra gets, and the primary config's path (PlanError on a bad
     ``--config-dir`` or a sweep over a group that does not exist)."""
@@ -185,6 +181,8 @@ def main() -> None:
         _run.job = json.loads(job)
     _run.argv = ["ddp-run", *args]
     if "--version" in args:
+        from ddp_runner.config.cli_help import version
+
         print(f"ddp-run {version()}")
         sys.exit(0)
     if "-h" in args or "--help" in args:  # the runner's own help, from the validation table (Hydra's: --hydra-help)
