@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from ddp_runner.console import textfit
 from ddp_runner.contract import layout, stops
 from ddp_runner.contract.errors import PlanError
 from ddp_runner.job.objective import Failed, Pending, returned
@@ -180,6 +181,7 @@ class Sweep:
                  + (f"; job {', '.join(stopped)} ended interrupted (its lines above say whether and how it"
                     " continues)" if stopped else "")
                  + (f"; not run: job {', '.join(str(j['job']) for j in not_run)}" if not_run else "")]
+        lines = textfit.wrap(lines[0], textfit.terminal_width(sys.stderr))  # the commands stay whole: pasted
         if not_run:
             lines.append("ddp-run: sweep: run the jobs not run with:")
             lines += ["  " + shlex.join(["ddp-run", *self.config_flags, *j["overrides"]])
