@@ -11,6 +11,7 @@ before the sweep's record is written.
 from __future__ import annotations
 
 import shlex
+import signal
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -20,6 +21,7 @@ from typing import Any
 from ddp_runner.console import textfit
 from ddp_runner.contract import layout, stops
 from ddp_runner.contract.errors import PlanError
+from ddp_runner.contract.osutil import handle_signals
 from ddp_runner.job.objective import Failed, Pending, returned
 from ddp_runner.job.slots import limit
 from ddp_runner.report.sweep import SweepRecord, job_dir_name, job_values
@@ -156,6 +158,9 @@ class Sweep:
     def stop(self, signum: int) -> None:
         """The sweep was stopped: every job it knows of and did not start is recorded ``not run``; it exits
         128 + the signal, as a single run's stop does."""
+        # What is left is the record, written in a moment: a further Ctrl-C must not cut it in two (the entry
+        # point's guard puts the handlers back as it ends).
+        handle_signals(guard.stop_signals(), signal.SIG_IGN)
         self.stop_signal = signum
         self.exit = 128 + signum
         recorded = {j["job"] for j in self.record.jobs}
