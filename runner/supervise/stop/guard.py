@@ -4,7 +4,8 @@ directory without its records.
 
 ``ddp-run``'s main is :func:`guarded`: the handlers come first thing, before Hydra is imported. A driver started in
 the background of a non-interactive shell inherits SIGINT ignored (POSIX), and would otherwise ignore it until the
-supervisor's own handler, most of a second later.
+supervisor's own handler, most of a second later. A signal that came while the CLI's modules loaded was noted by
+early.py (installed by the entry module's first lines) and is taken as main starts.
 
 - Before a job opens its run directory, the handler raises :class:`Stopped`, which ends the driver with one line and
   exit 128 + the signal, its ``finally`` blocks run (a planning probe cancelled, Hydra's held-back stderr restored).
