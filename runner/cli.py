@@ -7,10 +7,15 @@ command line, the held-back stderr, the sweep's record, the worst exit code) liv
 
 from __future__ import annotations
 
+import sys
+
+from ddp_runner.supervise.stop import early
+
+if early.is_entry(sys.argv[0], "ddp-run"):  # first: a stop while the modules below load is one line, no traceback
+    early.note()
+
 import io
 import os
-import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
@@ -21,7 +26,6 @@ from ddp_runner.supervise.stop import guard
 
 if TYPE_CHECKING:
     from ddp_runner.job.sweeping import Sweep
-    from ddp_runner.report.sweep import SweepRecord
 
 # The configs ship inside the package (conf/ in the checkout, mapped there by an editable install): found from
 # any working directory.
@@ -40,8 +44,6 @@ class _Invocation:
     exit: int = 0  # the worst exit code over the jobs
     jobs: int = 0
     stderr: TextIO | None = None  # the real stderr while Hydra's own is held back
-    swept: list[str] = field(default_factory=list)
-    sweep: SweepRecord | None = None
     jobs_of: Sweep | None = None  # how the sweep's jobs run (in turn, concurrently, on Slurm)
     job: dict[str, Any] | None = None  # this process is one job of a concurrent sweep (runner/job/pool.py)
 
@@ -66,7 +68,7 @@ def _how(hc: Any, task_overrides: list[str]) -> Any:
                      config_name=hc.job.config_name,
                      config_sources=[s.path for s in hc.runtime.config_sources
                                      if s.provider not in ("hydra", "schema")],
-                     swept=job_values(task_overrides, _run.swept) if multirun else {})
+                     swept=job_values(task_overrides, _run.jobs_of.record.swept) if _run.jobs_of else {})
     if multirun and _run.jobs_of is not None:  # the maker also tells ``how`` its sweep, once the directory exists
         how.new_run_dir = _run.jobs_of.run_dir_maker(hc.job.num, how)
     elif _run.job is not None:
@@ -98,6 +100,9 @@ def _app(cfg: Any) -> Any:
     num, t0 = hc.job.num if multirun else 0, time.time()
     if sweep is not None:
         sweep.configure(conf)
+        sweep.plan_all(hc, sys.argv[1:], task_overrides, bool(conf.get("dry_run")))  # at the first job only
+        if (decided := sweep.decided(num)) is not None:  # refused up front
+            return decided
         try:
             sweeping.check(conf)
         except PlanError as err:
@@ -128,16 +133,6 @@ def _app(cfg: Any) -> Any:
     return None
 
 
-def version() -> str:
-    """This package's version."""
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version("ddp-runner")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown (not installed)"
-
-
 def _hydra_args(args: list[str]) -> tuple[Any, list[str], str]:
     """The parsed command line, the arguments Hydra gets, and the primary config's path (PlanError on a bad
     ``--config-dir`` or a sweep over a group that does not exist)."""
@@ -157,17 +152,11 @@ def _hydra_args(args: list[str]) -> tuple[Any, list[str], str]:
         overrides.check_sweep_groups(cli, config_path)
     given = {a.split("=", 1)[0] for a in cli.overrides}
     quiet = [o for o in HYDRA_QUIET if o.split("=", 1)[0] not in given]
-    if cli.multirun:
-        from hydra.core.override_parser.overrides_parser import OverridesParser
+    if cli.multirun:  # Hydra's own record of the sweep (multirun.yaml) goes to a private folder, then the sweep's
+        from ddp_runner.job.sweeping import new_sweep
 
-        from ddp_runner.job.sweeping import Sweep
-        from ddp_runner.report.sweep import SweepRecord, swept_keys
-
-        _run.swept = swept_keys(OverridesParser.create().parse_overrides(cli.overrides))
-        # Hydra's own record of the sweep (multirun.yaml) goes to a private folder, then into the sweep directory.
-        hydra_dir = tempfile.mkdtemp(prefix="ddp-run-sweep-")
-        _run.sweep = SweepRecord(_run.argv, _run.swept, hydra_dir)
-        _run.jobs_of = Sweep(_run.sweep, options)
+        _run.jobs_of = new_sweep(_run.argv, cli.overrides, options)
+        hydra_dir = _run.jobs_of.record.hydra_dir
         quiet = [o if not o.startswith("hydra.sweep.dir=") else f"hydra.sweep.dir={hydra_dir}" for o in quiet]
     return cli, [*args, *quiet], config_path
 
@@ -185,6 +174,8 @@ def main() -> None:
         _run.job = json.loads(job)
     _run.argv = ["ddp-run", *args]
     if "--version" in args:
+        from ddp_runner.config.cli_help import version
+
         print(f"ddp-run {version()}")
         sys.exit(0)
     if "-h" in args or "--help" in args:  # the runner's own help, from the validation table (Hydra's: --hydra-help)
@@ -223,14 +214,18 @@ def _main(args: list[str]) -> None:
         if err.key == "overrides" and held.strip():
             err = PlanError(err.key, err.value, held.strip().splitlines()[0], err.fix)
         sys.exit(refuse(overrides.on_resume(err, cli)))
+    except guard.Stopped as stop:  # a sweep's, between jobs or while one ran (SweepStopped): no further job starts
+        if _run.jobs_of is None or not _run.jobs:
+            raise
+        _run.jobs_of.stop(stop.signum)
     finally:
         _restore_stderr()
         if _run.jobs_of is not None:
             _run.jobs_of.finish()  # the jobs still running (concurrent) or queued (Slurm)
-        if _run.sweep is not None:
-            _run.sweep.write()
+            _run.jobs_of.record.write()
     if _run.jobs_of is not None:
         _run.exit = max(_run.exit, _run.jobs_of.exit)
+        _run.jobs_of.say_stopped()
     if cli.cfg == "job":  # Hydra printed the composed config; the plan changes some of it
         from ddp_runner.config.cli_help import derived
 

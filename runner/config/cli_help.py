@@ -108,3 +108,13 @@ def derived(args: list[str], config_path: str) -> str:
     dry = shlex.join(["ddp-run", *without_info(args), "dry_run=true"])
     lines.append(f"# The whole plan, checked: {dry}")
     return "\n".join(lines)
+
+
+def version() -> str:
+    """This package's version (``ddp-run --version``)."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("ddp-runner")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"

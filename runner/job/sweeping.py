@@ -10,19 +10,31 @@ before the sweep's record is written.
 
 from __future__ import annotations
 
+import shlex
+import signal
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from ddp_runner.contract import layout
+from ddp_runner.console import textfit
+from ddp_runner.contract import layout, stops
 from ddp_runner.contract.errors import PlanError
+from ddp_runner.contract.osutil import handle_signals
 from ddp_runner.job.objective import Failed, Pending, returned
 from ddp_runner.job.slots import limit
 from ddp_runner.report.sweep import SweepRecord, job_dir_name, job_values
+from ddp_runner.supervise.stop import guard
 
 NOT_STARTED = "the sweep was stopped before this job started"
 JOB_LOGS = "jobs"  # a concurrent sweep's folder of job consoles, in the sweep directory
+SHOWN_NOT_RUN = 5  # commands of jobs not run printed after a stop (sweep.json lists them all)
+
+
+class SweepStopped(guard.Stopped):
+    """A stop signal came while a job of a sequential sweep ran: no further job starts (a BaseException, as every
+    stop: Hydra's launcher lets it by)."""
 
 
 def check(conf: Mapping[str, Any]) -> None:
@@ -59,6 +71,10 @@ class Sweep:
         self.pool: Any = None
         self.follower: Any = None
         self.exit = 0
+        self.grid: list[list[str]] | None = None  # every job's overrides, when known up front (sweep_plan.py)
+        self.planned = False  # the jobs were planned up front (once, at the first job)
+        self.refused_early: set[int] = set()
+        self.stop_signal: int | None = None
 
     def configure(self, conf: Mapping[str, Any]) -> None:
         """The first job's settings of the sweep: where it goes, what its jobs return."""
@@ -99,14 +115,85 @@ class Sweep:
         """The sweep directory, made now if need be."""
         return self.record.directory(str(self.record.root), datetime.now())
 
+    # -- every job, before the first starts ------------------------------------------------------------------------
+
+    def plan_all(self, hc: Any, args: Sequence[str], typed: Sequence[str], dry_run: bool) -> None:
+        """At the sweep's first job: learn every job of a grid sweep, and refuse now each one its plan refuses
+        (it is recorded, and skipped at its turn: :meth:`decided`)."""
+        from ddp_runner.job import sweep_plan
+        from ddp_runner.job.invocation import refuse
+
+        if self.planned:
+            return
+        self.planned = True
+        self.grid = sweep_plan.grid_jobs(hc, args, typed)
+        if self.grid is None or dry_run:
+            return
+        for num, err in sorted(sweep_plan.refusals(hc, self.grid, hc.job.num).items()):
+            values = " ".join(f"{k}={v}" for k, v in job_values(self.grid[num], self.record.swept).items())
+            print(f"ddp-run: sweep: job {num} ({values}) is refused before any job starts:", file=sys.stderr)
+            outcome = refuse(err)
+            self.record.add(num, self.grid[num], outcome.code, None, outcome.reason, True)
+            self.exit = max(self.exit, outcome.code)
+            self.refused_early.add(num)
+
+    def decided(self, num: int) -> float | Failed | None:
+        """The objective of job ``num`` when it was refused up front (it is not run again); None otherwise."""
+        if num not in self.refused_early:
+            return None
+        return self._returned(next(j for j in self.record.jobs if j["job"] == num))
+
     # -- a job run in this process ---------------------------------------------------------------------------------
 
     def ended(self, num: int, overrides: Sequence[str], outcome: Any, started: float) -> float:
-        """Record a job that ran (or was refused) in this process; its objective for Hydra."""
+        """Record a job that ran (or was refused) in this process; its objective for Hydra. A stop signal taken
+        while it ran ends the sweep (:class:`SweepStopped`)."""
         rec = self.record.add(num, overrides, outcome.code, outcome.run_dir, outcome.reason, outcome.refused,
                               placement={"started": started, "ended": time.time()})
         self.exit = max(self.exit, outcome.code)
+        if (signum := guard.received() or _stop_code(outcome.code)) is not None:
+            raise SweepStopped(signum)
         return self._returned(rec)
+
+    def stop(self, signum: int) -> None:
+        """The sweep was stopped: every job it knows of and did not start is recorded ``not run``; it exits
+        128 + the signal, as a single run's stop does."""
+        # What is left is the record, written in a moment: a further Ctrl-C must not cut it in two (the entry
+        # point's guard puts the handlers back as it ends).
+        handle_signals(guard.stop_signals(), signal.SIG_IGN)
+        self.stop_signal = signum
+        self.exit = 128 + signum
+        recorded = {j["job"] for j in self.record.jobs}
+        if not recorded:  # stopped before the first job launched: nothing is left behind, as for a single run
+            return
+        for num, overrides in enumerate(self.grid or []):
+            if num not in recorded:
+                self.record.add(num, overrides, layout.EXIT_REFUSED, None, NOT_STARTED, False)
+
+    def say_stopped(self) -> None:
+        """After a stop: what ended how, and how to go on (the interrupted job's own lines said how to continue
+        it; a job not run is run with its overrides)."""
+        if self.stop_signal is None:
+            return
+        jobs = sorted(self.record.jobs, key=lambda j: j["job"])
+        name = stops.signal_name(self.stop_signal)
+        if not jobs:
+            guard.say(f"ddp-run: stopped by {name} before launching: nothing was started")
+            return
+        stopped = [str(j["job"]) for j in jobs if j["status"] in (layout.STATUS_INTERRUPTED, layout.STATUS_PREEMPTED)]
+        not_run = [j for j in jobs if j["status"] == "not run"]
+        lines = [f"ddp-run: sweep: stopped by {name}: no further job was started"
+                 + (f"; job {', '.join(stopped)} ended interrupted (its lines above say whether and how it"
+                    " continues)" if stopped else "")
+                 + (f"; not run: job {', '.join(str(j['job']) for j in not_run)}" if not_run else "")]
+        lines = textfit.wrap(lines[0], textfit.terminal_width(sys.stderr))  # the commands stay whole: pasted
+        if not_run:
+            lines.append("ddp-run: sweep: run the jobs not run with:")
+            lines += ["  " + shlex.join(["ddp-run", *self.config_flags, *j["overrides"]])
+                      for j in not_run[:SHOWN_NOT_RUN]]
+            if len(not_run) > SHOWN_NOT_RUN:
+                lines.append(f"  and {len(not_run) - SHOWN_NOT_RUN} more (sweep.json lists their overrides)")
+        guard.say("\n".join(lines))
 
     def _returned(self, rec: Mapping[str, Any]) -> float | Failed:
         """A recorded job's objective for Hydra, or why it has none."""
@@ -197,6 +284,19 @@ class Sweep:
             self.pool.close()
 
 
+def new_sweep(argv: Sequence[str], overrides: Sequence[str], config_flags: Sequence[str]) -> Sweep:
+    """The sweep of ``ddp-run -m`` with these ``overrides``: its keys swept, and its record, whose folder for Hydra's
+    own (multirun.yaml) is a private one until the sweep directory exists."""
+    import tempfile
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from ddp_runner.report.sweep import swept_keys
+
+    swept = swept_keys(OverridesParser.create().parse_overrides(list(overrides)))
+    return Sweep(SweepRecord(argv, swept, tempfile.mkdtemp(prefix="ddp-run-sweep-")), config_flags)
+
+
 def child_run_dir_maker(job: Mapping[str, Any], how: Any) -> Callable[..., Any]:
     """Where a concurrent sweep's job (a child ddp-run, ``job`` its parent's word) makes its run directory: in
     the sweep directory its parent made, named as in-process jobs are."""
@@ -219,6 +319,11 @@ def write_outcome(path: str, outcome: Any) -> None:
 
     atomic_write(path, json.dumps({"code": outcome.code, "run_dir": outcome.run_dir, "reason": outcome.reason,
                                    "refused": outcome.refused}))
+
+
+def _stop_code(code: int) -> int | None:
+    """The stop signal a job's exit code 128 + N says it ended on (None: it did not end on a stop)."""
+    return code - 128 if code - 128 in guard.stop_signals() else None
 
 
 def _int(value: Any) -> int | None:

@@ -177,7 +177,7 @@ def test_a_concurrent_job_gets_the_options_as_typed_and_its_own_overrides(tmp_pa
     _, hydra_args, config_path = cli._hydra_args(args)
     assert config_path != cli.CONFIG_PATH and "-cd" not in hydra_args, "Hydra gets the rewritten form"
     assert cli._run.jobs_of is not None and cli._run.jobs_of.config_flags == ["-cd", str(tmp_path / "conf")]
-    shutil.rmtree(cli._run.sweep.hydra_dir, ignore_errors=True)
+    shutil.rmtree(cli._run.jobs_of.record.hydra_dir, ignore_errors=True)
 
 
 def test_a_dry_run_sweep_with_a_refused_job_still_exits_2(tmp_path: Path, monkeypatch) -> None:

@@ -61,6 +61,7 @@ class TorchrunStop:
         """The handler while torchrun runs: the first signal asks the ranks to save and stop, a second one kills."""
         if signum == signal.SIGHUP:
             detach_terminal()
+        guard.note(signum)  # a sweep starts no further job
         alive = self.proc is not None and self.proc.poll() is None
         if self.interrupted is not None:  # a second signal: at once, without the checkpoint
             print(f"ddp-run: {stops.signal_name(signum)} again: stopping at once, without the checkpoint on stop",

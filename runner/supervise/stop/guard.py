@@ -4,7 +4,8 @@ directory without its records.
 
 ``ddp-run``'s main is :func:`guarded`: the handlers come first thing, before Hydra is imported. A driver started in
 the background of a non-interactive shell inherits SIGINT ignored (POSIX), and would otherwise ignore it until the
-supervisor's own handler, most of a second later.
+supervisor's own handler, most of a second later. A signal that came while the CLI's modules loaded was noted by
+early.py (installed by the entry module's first lines) and is taken as main starts.
 
 - Before a job opens its run directory, the handler raises :class:`Stopped`, which ends the driver with one line and
   exit 128 + the signal, its ``finally`` blocks run (a planning probe cancelled, Hydra's held-back stderr restored).
@@ -27,9 +28,11 @@ from typing import Any
 
 from ddp_runner.contract import stops
 from ddp_runner.contract.osutil import handle_signals, restore_signals
+from ddp_runner.supervise.stop import early
 
 _pending: list[int] = []  # the first signal noted while deferred
 _deferring = [0]          # depth of nested deferred() blocks
+_received: list[int] = []  # the first stop signal this driver took, whichever handler took it: a sweep ends on it
 
 
 class Stopped(BaseException):  # noqa: N818 - a stop, not an error; BaseException: no ``except Exception`` takes it
@@ -46,12 +49,20 @@ def stop_signals() -> tuple[int, ...]:
 
 
 def install() -> dict[int, Any]:
-    """Handle :func:`stop_signals` as the module docstring says; returns the handlers they had (for
-    :func:`restore`). Nothing changes off the main thread (Python sets handlers there only)."""
+    """Handle :func:`stop_signals` as the module docstring says; returns the handlers they had before the entry
+    module noted a stop (for :func:`restore`). Nothing changes off the main thread (Python sets handlers there
+    only). A signal noted before (runner/supervise/stop/early.py) raises :class:`Stopped` at once."""
     if threading.current_thread() is not threading.main_thread():
         return {}
     _pending.clear()
-    return handle_signals(stop_signals(), _handler)
+    _received.clear()
+    old = handle_signals(stop_signals(), _handler)
+    signum, replaced = early.take()
+    old.update(replaced)
+    if signum is not None:
+        restore(old)
+        raise Stopped(signum)
+    return old
 
 
 def restore(old: dict[int, Any]) -> None:
@@ -66,8 +77,9 @@ def guarded(jobs: Callable[[], int]) -> Callable[[Callable[[], None]], Callable[
     def decorate(entry: Callable[[], None]) -> Callable[[], None]:
         @functools.wraps(entry)
         def run() -> None:
-            old = install()
+            old: dict[int, Any] = {}
             try:
+                old = install()
                 entry()
             except Stopped as stop:
                 begun = jobs()
@@ -82,7 +94,20 @@ def guarded(jobs: Callable[[], int]) -> Callable[[Callable[[], None]], Callable[
     return decorate
 
 
+def note(signum: int) -> None:
+    """Remember that this driver was asked to stop (the supervisor's handler says so too): a sequential sweep
+    starts no further job (:func:`received`)."""
+    if not _received:
+        _received.append(signum)
+
+
+def received() -> int | None:
+    """The first stop signal this driver took since :func:`install` (None: none came)."""
+    return _received[0] if _received else None
+
+
 def _handler(signum: int, _frame: object) -> None:
+    note(signum)
     if _deferring[0]:
         if not _pending:
             _pending.append(signum)
