@@ -10,7 +10,7 @@ from typing import Any
 
 from ddp_runner.config.plan import Plan
 from ddp_runner.console import closing, textfit
-from ddp_runner.contract import layout, stops
+from ddp_runner.contract import command_line, layout, stops
 from ddp_runner.rundir.manifest import completion_check, read_rank_files
 from ddp_runner.rundir.run_dir import RunDir
 from ddp_runner.supervise.stop import outcome as stop_outcome
@@ -76,7 +76,7 @@ def resume_lines(rd: RunDir, stopped: dict[str, Any] | None, status: str) -> lis
         return [f"ddp-run: {status}: no checkpoint was committed; this run cannot be continued (start it again;"
                 " checkpoint.every_steps=N saves on the way)"]
     return [f"ddp-run: {status}: the last complete checkpoint is {newest}. Continue it with:",
-            f"  ddp-run resume={rd.url}"]
+            f"  {command_line.resume(rd.url)}"]
 
 
 def _exit_code(ok: bool, rc: int, interrupted: int | None) -> int:
