@@ -157,15 +157,14 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
         return _exit_code(False, rc, interrupted)
     label = manifest["status"].upper() if interrupted is not None else "FAILED"
     log = layout.join(rd.url, layout.rank_log(cause["rank"])) if isinstance(cause.get("rank"), int) else None
-    for i, line in enumerate(rootcause.first_lines(cause, log)):  # the cause first, then the frames
-        print(f"ddp-run: {line}" if i == 0 else line, file=sys.stderr)
+    # The cause and the user's line first, torch's frames after them, said once.
+    for line in rootcause.account(cause, f"ddp-run: {label}", log):
+        print(line, file=sys.stderr)
     for line in rootcause.consequence_lines(cause):
         print(f"ddp-run: {line}", file=sys.stderr)
     print(f"ddp-run: rank logs: {layout.join(rd.url, layout.LOGS)}", file=sys.stderr)
-    # Last, so that the end of the console names the rank and the cause.
     for line in resume_lines(rd, None, manifest["status"]):
-        print(line, file=sys.stderr)
-    print(f"ddp-run: {label}: {rootcause.headline(cause)}\n  where: {cause['where']}", file=sys.stderr, flush=True)
+        print(line, file=sys.stderr, flush=True)
     return _exit_code(ok, rc, interrupted)
 
 
