@@ -111,3 +111,30 @@ def test_a_run_without_a_checkpoint_prints_no_continue_and_its_refusal_a_restart
     assert fix.endswith("resume=restart"), fix
     assert fix.startswith("cd ") and f"resume={run}" not in fix and f'resume="{run}"' not in fix, fix
     accepted(fix, monkeypatch, tmp_path / "unused")
+
+
+def test_slurms_requeue_fallback_runs_as_printed(run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    import subprocess
+
+    from ddp_runner.launch import slurm
+
+    _set(run, status=layout.STATUS_INTERRUPTED)
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 1, "", "denied"))
+    slurm.requeue("42", str(run))
+    command = capsys.readouterr().err.split("continue with: ", 1)[1].strip()
+    accepted(command, monkeypatch, tmp_path / "unused")
+
+
+def test_ddp_tokenizes_train_line_reads_back_its_paths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from ddp_runner.data.tokenize import cli as tokenize_cli
+
+    out = tmp_path / "my book=1 é"
+    tokenize_cli._say_done(str(out), 100, 10, 300)
+    line = capsys.readouterr().out.split("Train on it: ", 1)[1].strip()
+    words = shlex.split(line)
+    assert words[:2] == ["ddp-run", "task=gpt"], words
+    parsed = {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(words[1:])}
+    assert parsed["data.path"] == f"{out}/train.bin" and parsed["data.val_path"] == f"{out}/val.bin", parsed
