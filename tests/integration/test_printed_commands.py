@@ -138,3 +138,17 @@ def test_ddp_tokenizes_train_line_reads_back_its_paths(tmp_path: Path, capsys: p
     assert words[:2] == ["ddp-run", "task=gpt"], words
     parsed = {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(words[1:])}
     assert parsed["data.path"] == f"{out}/train.bin" and parsed["data.val_path"] == f"{out}/val.bin", parsed
+
+
+def test_show_continues_a_run_without_its_own_checkpoint_from_the_one_it_started_from(
+        run: Path, tmp_path: Path, smoke_reference: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    source = f"{smoke_reference}/checkpoints/step_8"
+    shutil.rmtree(run / layout.CHECKPOINTS)
+    config = (run / layout.CONFIG).read_text()
+    assert "\nresume: auto\n" in config
+    (run / layout.CONFIG).write_text(config.replace("\nresume: auto\n", f"\nresume: {source}\n"))
+    _set(run, status=layout.STATUS_FAILED)
+    command = shown(run, "continue", capsys)
+    assert shlex.split(command)[0] == "ddp-run", command
+    accepted(command, monkeypatch, tmp_path / "unused")
