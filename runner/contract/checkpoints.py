@@ -12,8 +12,11 @@ workers): names, marker text or fields, sizes and digests in, a verdict out. Sta
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
+import stat
 from collections.abc import Mapping
 from typing import Any
 
@@ -80,6 +83,25 @@ def entry_problem(name: str, is_dir: bool, has_marker: bool) -> str | None:
         return "a file, not a checkpoint folder"
     if not has_marker:
         return f"no {MARKER_FILE}: a save that never committed"
+    return None
+
+
+def link_problem(path: str) -> str | None:
+    """Why the entry at local ``path`` of a checkpoints folder is a symbolic link that cannot be followed (it
+    points nowhere, or round a loop), named as such rather than as a file; None when it is no link or its target
+    exists (then it is judged as what it points at). Local paths only: an object store has no links."""
+    try:
+        if not stat.S_ISLNK(os.lstat(path).st_mode):
+            return None
+        target = os.readlink(path)
+    except OSError:
+        return None
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return f"a symbolic link that loops back on itself (via {target})"
+        return f"a dangling symbolic link: its target {target} does not exist"
     return None
 
 

@@ -84,6 +84,7 @@ class RunManifest(TypedDict):
     trackers: NotRequired[dict[str, Any]]  # tracking.MANIFEST_TRACKERS
     resume_changes: NotRequired[dict[str, Any]]
     continued: NotRequired[list[str]]  # ISO times of each continuation in place
+    first_invocation: NotRequired[Invocation]  # a continued run's: the command that started it (reproduce)
     torchrun_exit_code: NotRequired[int]
     ranks: NotRequired[dict[str, dict[str, Any]]]  # per rank: host, node, device, device_name, … pid
     stop_after_the_end: NotRequired[str]

@@ -201,23 +201,25 @@ def frames(traceback: list[str], most: int = 3) -> list[str]:
     return out
 
 
-def first_lines(cause: Mapping[str, Any], log: str | None = None) -> list[str]:
-    """What a failed run's console shows of its cause first: the one line naming the rank and the error, then the
-    last whole frames of its traceback (``log``: the rank log that holds all of it), or the launcher's last log
-    lines. [] when the cause has no traceback to show (the closing line says it all)."""
+def account(cause: Mapping[str, Any], label: str, log: str | None = None) -> list[str]:
+    """A failed run's account of its cause, said once and first: the line naming the rank and the error, where in
+    the user's code it came from, then the last whole frames of its traceback (``log``: the rank log that holds
+    all of it), or the launcher's last log lines."""
+    lines = [f"{label}: {headline(cause)}"]
+    if cause.get("where"):
+        lines.append(f"  where: {cause['where']}")
     tail = [str(line) for line in cause.get("traceback") or []]
-    if not tail:
-        return []
-    message = (str(cause.get("message") or "").strip().splitlines() or [""])[0][:300]
-    who = f"rank {cause['rank']}" if cause.get("rank") is not None else "the launcher"
-    head = f"earliest error on {who} [{cause.get('class')}]: {cause.get('type')}: {message}"
     found = frames(tail)
-    if not found:
-        return [head, *(f"    {line}" for line in tail[-6:])]
-    return [head, f"  its last frames{f' (the whole traceback: {log})' if log else ''}:",
-            *(f"  {line}" for line in found)]
+    if found:
+        lines += [f"  its last frames{f' (the whole traceback: {log})' if log else ''}:", *(f"  {ln}" for ln in found)]
+    elif tail:
+        lines += [f"    {line}" for line in tail[-6:]]
+    return lines
 
 
 def consequence_lines(cause: Mapping[str, Any], most: int = 8) -> list[str]:
     """What followed on other ranks, one line each."""
-    return [f"then rank {c['rank']}: {c['class']}: {c['message'][:160]}" for c in cause.get("consequences", [])[:most]]
+    said = str(cause.get("message"))
+    return [f"then rank {c['rank']}: {c['class']}: "
+            + ("the same error" if str(c.get("message")) == said else str(c.get("message"))[:160])
+            for c in cause.get("consequences", [])[:most]]

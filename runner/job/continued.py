@@ -10,7 +10,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from ddp_runner.config.diagnostic_keys import without_fault
-from ddp_runner.contract import checkpoints, secrets
+from ddp_runner.contract import checkpoints, command_line, secrets
 from ddp_runner.contract.errors import PlanError
 from ddp_runner.contract.rules import flatten
 from ddp_runner.rundir import records, resume_keys, resume_last
@@ -36,8 +36,8 @@ def _restore_redacted(conf: dict[str, Any], run_url: str, overrides: list[str]) 
             continue
         raise PlanError(key, value, f"{run_url}'s config.yaml holds its credentials masked (never written to disk),"
                         " so the workers cannot use it as recorded",
-                        f"give it again on the command line: ddp-run resume={run_url} {key}=<the URL with its"
-                        " credentials>, or set the password through the environment: "
+                        f"give it again on the command line: {command_line.resume(run_url)} {key}=<the URL with"
+                        " its credentials>, or set the password through the environment: "
                         f"{key}=…:${{oc.env:MY_PASSWORD}}@…")
 
 

@@ -51,6 +51,10 @@ def _record_start(job: Job, rd: rundir.RunDir, cmd: list[str], how: Invocation, 
         previous = rd.read_json(layout.MANIFEST)
         manifest["started"] = previous.get("started", manifest["started"])
         manifest["continued"] = previous.get("continued", []) + [started.isoformat(timespec="seconds")]
+        # its `invocation` is now this resume=<dir>: what started the run is kept for reproducing it
+        first = previous.get("first_invocation") or (None if previous.get("continued") else previous.get("invocation"))
+        if first:
+            manifest["first_invocation"] = first
     rd.write_json(layout.MANIFEST, manifest)
     print(f"ddp-run: run directory {rd.url}", flush=True)
     return manifest

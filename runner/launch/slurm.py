@@ -34,7 +34,7 @@ from typing import Any
 import fsspec
 
 from ddp_runner.config.plan import Gpu, Plan
-from ddp_runner.contract import layout, stops
+from ddp_runner.contract import command_line, layout, stops
 from ddp_runner.contract.errors import PlanError
 from ddp_runner.contract.osutil import handle_signals, restore_signals
 from ddp_runner.launch.base import BaseLauncher, Job
@@ -313,7 +313,7 @@ def requeue(job_id: str, run_url: str) -> None:
               flush=True)
     else:
         print(f"ddp-run: preempted, but scontrol requeue {job_id} failed ({r.stderr.strip()[:200]}); continue"
-              f" with: ddp-run resume={run_url}", file=sys.stderr, flush=True)
+              f" with: {command_line.resume(run_url)}", file=sys.stderr, flush=True)
 
 
 def submit_and_follow(rd: RunDir, manifest: dict[str, Any], launcher: Mapping[str, Any], task: str,

@@ -17,16 +17,15 @@ import time
 from collections.abc import Callable, Sequence
 from typing import IO, Any
 
-from ddp_runner.config.task_module import CUSTOM_PRESET
-from ddp_runner.contract import console_streams, layout
+from ddp_runner.contract import command_line, console_streams, layout
 from ddp_runner.contract.run_files import RunManifest
 from ddp_runner.diagnostics import rootcause
 from ddp_runner.rundir import checkpoint_list, listing, records
 from ddp_runner.rundir import status as run_status
+from ddp_runner.rundir.rerun import first_invocation, reproduce_command
+from ddp_runner.rundir.resume import NEW_RUN
 
 HEAD = ("RUN", "STATUS", "TASK", "WORLD", "GLOBAL BATCH", "STEP", "LAST LOSS", "THROUGHPUT", "AGE")
-# Options of ddp-run (Hydra's) that take the next word as their value.
-_VALUE_OPTIONS = ("-cd", "--config-dir", "-cp", "--config-path", "-cn", "--config-name")
 # Statuses after which `ddp-run resume=<dir>` continues the run in place.
 CONTINUABLE = (layout.STATUS_FAILED, layout.STATUS_INTERRUPTED, layout.STATUS_LOST, listing.STATUS_PREEMPTED)
 
@@ -111,31 +110,6 @@ def rich_table(rows: Sequence[listing.Row], now: float, file: IO[str], width: in
 
 # -- show --------------------------------------------------------------------------------------------------------
 
-def reproduce_command(invocation: dict[str, Any]) -> str | None:
-    """The command that reruns a run from scratch: ddp-run's options from its command line (``--config-dir``…,
-    not ``-m``) and this job's own overrides, run from the directory it was started in."""
-    overrides, argv = invocation.get("overrides"), list(invocation.get("argv") or [])
-    if not isinstance(overrides, list):
-        return None
-    options, it = [], iter(argv[1:])
-    for word in it:
-        if word in ("-m", "--multirun") or not word.startswith("-"):
-            continue
-        options.append(word)
-        if word in _VALUE_OPTIONS:
-            options.append(next(it, ""))
-    cmd = shlex.join(["ddp-run", *options, *given_overrides(list(map(str, overrides)), argv)])
-    cwd = invocation.get("cwd")
-    return f"cd {shlex.quote(cwd)} && {cmd}" if cwd else cmd
-
-
-def given_overrides(overrides: list[str], argv: list[str]) -> list[str]:
-    """The job's overrides in the form the user gave them: without the ``task=custom`` ddp-run adds when only
-    ``task.module=`` names the task (runner/cli.py), which the same command adds again."""
-    typed_task = any(w.lstrip("+~").split("=", 1)[0] == "task" for w in argv[1:] if "=" in w)
-    return [o for o in overrides if typed_task or o != f"task={CUSTOM_PRESET}"]
-
-
 def describe(url: str, now: float | None = None) -> str:
     """``ddp-runs show``: one run's plan, status, root cause, and the commands that continue or reproduce it.
     Raises :class:`listing.Damaged` when ``url`` is not a readable run directory."""
@@ -170,13 +144,29 @@ def describe(url: str, now: float | None = None) -> str:
         fe = manifest["finalize_error"]
         lines.append(("root cause", f"the driver failed while finalising ({fe.get('while')}): {fe.get('error')}"))
     if row.status in CONTINUABLE:
-        how = f"from {ckpt}" if ckpt else "from the start: no complete checkpoint"
-        lines.append(("continue", f"ddp-run resume={shlex.quote(row.url)}    # in place, {how}"))
-    command = reproduce_command(manifest.get("invocation") or {})
-    lines.append(("reproduce", command or "— (run.json records no invocation)"))
+        lines.append(("continue", _continue(fs, path, row.url, ckpt)))
+    first = first_invocation(manifest)
+    command = None if first is None else reproduce_command(first)
+    lines.append(("reproduce", command or ("— (run.json records no invocation)" if first is not None else
+                                           "— (run.json records only the command that continued it)")))
     lines.append(("logs", layout.join(row.url, layout.LOGS)))
     w = max(len(k) for k, _ in lines)
     return "\n".join(f"{k:<{w}}  {v}" for k, v in lines)
+
+
+def _continue(fs: Any, path: str, url: str, ckpt: str | None) -> str:
+    """The command that continues the run in place, where a resume accepts it: from its newest checkpoint, or
+    from the checkpoint it started from (its ``resume``); a run with neither would start from step 0, which a
+    resume refuses: the reproduce command starts it again."""
+    if ckpt:
+        return f"{command_line.resume(url)}    # in place, from {ckpt}"
+    try:
+        source = str(records.read_config(fs, path, complete=False).get("resume", "auto"))
+    except records.DamagedFile:
+        source = "auto"
+    if source not in NEW_RUN:
+        return f"{command_line.resume(url)}    # in place, from {source} (the checkpoint it started from)"
+    return "— no complete checkpoint to continue from: start it again from step 0 (reproduce)"
 
 
 def _progress(row: listing.Row, now: float) -> str:

@@ -61,10 +61,17 @@ def _size(fs: Any, path: str) -> int | None:
         return None
 
 
+def _is_local(fs: Any) -> bool:
+    protocol = getattr(fs, "protocol", ())
+    return "file" in ((protocol,) if isinstance(protocol, str) else protocol)
+
+
 def judge(fs: Any, folder: str, is_dir: bool = True) -> tuple[str, str | None]:
     """(:data:`COMPLETE`, None), (:data:`FAILED`, why) or (:data:`SKIPPED`, why) for the checkpoint folder at
     ``folder`` (a path on ``fs``): committed by a valid marker, and its ``state.pt`` of the size it records."""
     name = folder.rstrip("/").rsplit("/", 1)[-1]
+    if _is_local(fs) and (why := checkpoints.link_problem(folder)) is not None:
+        return SKIPPED, why
     marker = _marker(fs, folder) if is_dir else None
     if (why := checkpoints.commit_problem(name, is_dir, marker)) is not None:
         return SKIPPED, why

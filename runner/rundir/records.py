@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ddp_runner.contract import layout
+from ddp_runner.contract import command_line, layout
 from ddp_runner.contract.errors import PlanError
 from ddp_runner.contract.run_files import RunManifest, RunSummary
 
@@ -50,11 +50,16 @@ def fix_for(name: str, run: str) -> str:
                 " copy; ddp-compare can also be given the other runs only")
     if name == layout.CONFIG:
         return ("restore it from a copy (it must be the YAML mapping the run was launched with), or start a new run"
-                f" with the same overrides from one of its checkpoints: ddp-run … resume={run}/checkpoints/step_<N>")
+                f" with the same overrides from one of its checkpoints: {_from_checkpoint(run)}")
     if name == layout.MANIFEST:
-        return (f"restore it from a copy, or start a new run from one of its checkpoints: ddp-run …"
-                f" resume={run}/checkpoints/step_<N>")
+        return f"restore it from a copy, or start a new run from one of its checkpoints: {_from_checkpoint(run)}"
     return f"restore {name} from a copy, or use another checkpoint or run"
+
+
+def _from_checkpoint(run: str) -> str:
+    """``ddp-run … resume=<run>/checkpoints/step_<N>``, the run's path quoted as the shell and Hydra need it."""
+    word = command_line.override("resume", layout.join(run, layout.CHECKPOINTS, "step_<N>"))
+    return "ddp-run … " + command_line.shell([word])
 
 
 def parse_json(data: bytes | str, path: str, fix: str, want: type = dict) -> Any:

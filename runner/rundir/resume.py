@@ -12,9 +12,9 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from ddp_runner.config.plan import Plan
-from ddp_runner.contract import checkpoints, layout
+from ddp_runner.contract import checkpoints, command_line, layout
 from ddp_runner.contract.errors import PlanError
-from ddp_runner.rundir import checkpoint_list, records, resume_keys, status
+from ddp_runner.rundir import checkpoint_list, records, rerun, resume_keys, status
 
 FIX = "use resume=auto, resume=last, resume=restart, a run directory or a checkpoints/step_<N> path"
 
@@ -179,16 +179,18 @@ def check_continuable(run_url: str, manifest: dict[str, Any], conf: dict[str, An
             more = 2 * done if isinstance(done, int) and done else "<more steps>"
             raise PlanError("resume", run_url, f"completed all its {done} steps: there is nothing to resume, and"
                             " it is left as it is",
-                            f"to train it longer, raise train.max_steps: ddp-run resume={run_url}"
-                            f" train.max_steps={more} (continues from its final checkpoint)")
+                            "to train it longer, raise train.max_steps: "
+                            f"{command_line.resume(run_url, f'train.max_steps={more}')} (continues from its final"
+                            " checkpoint)")
         return
     source = str(conf.get("resume", "auto"))
     if newest_checkpoint(run_url) is None and source in NEW_RUN:
-        argv = " ".join((manifest.get("invocation") or {}).get("overrides") or [])
+        first = rerun.first_invocation(manifest)
+        again = (rerun.reproduce_command(first, "resume=restart", drop=("resume",)) if first is not None else None)
         raise PlanError("resume", run_url, f"holds no complete checkpoint ({manifest.get('status')} before its"
                         " first one): continuing it would silently start from step 0",
-                        f"start it again from step 0 in a new run directory: ddp-run {argv} resume=restart".replace(
-                            "  ", " "))
+                        "start it again from step 0 in a new run directory: "
+                        + (again or "its own command with resume=restart"))
 
 
 def note_unfinished(root: str) -> str | None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from ddp_runner.config.plan import Plan
 from ddp_runner.console import closing, textfit
-from ddp_runner.contract import layout, stops
+from ddp_runner.contract import command_line, layout, stops
 from ddp_runner.contract.run_files import RunSummary
 from ddp_runner.contract.stops import StopRecord
 from ddp_runner.rundir import reserve
@@ -83,7 +83,7 @@ def resume_lines(rd: RunDir, stopped: dict[str, Any] | None, status: str, full_d
         return [f"ddp-run: {status}: no checkpoint was committed; this run cannot be continued (start it again;"
                 " checkpoint.every_steps=N saves on the way)"]
     how = "Free space on its disk, then continue it with:" if full_disk else "Continue it with:"
-    return [f"ddp-run: {status}: the last complete checkpoint is {newest}. {how}", f"  ddp-run resume={rd.url}"]
+    return [f"ddp-run: {status}: the last complete checkpoint is {newest}. {how}", f"  {command_line.resume(rd.url)}"]
 
 
 def _exit_code(ok: bool, rc: int, interrupted: int | None) -> int:
@@ -164,15 +164,14 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
         return _exit_code(False, rc, interrupted)
     label = manifest["status"].upper() if interrupted is not None else "FAILED"
     log = layout.join(rd.url, layout.rank_log(cause["rank"])) if isinstance(cause.get("rank"), int) else None
-    for i, line in enumerate(rootcause.first_lines(cause, log)):  # the cause first, then the frames
-        print(f"ddp-run: {line}" if i == 0 else line, file=sys.stderr)
+    # The cause and the user's line first, torch's frames after them, said once.
+    for line in rootcause.account(cause, f"ddp-run: {label}", log):
+        print(line, file=sys.stderr)
     for line in rootcause.consequence_lines(cause):
         print(f"ddp-run: {line}", file=sys.stderr)
     print(f"ddp-run: rank logs: {layout.join(rd.url, layout.LOGS)}", file=sys.stderr)
-    # Last, so that the end of the console names the rank and the cause.
     for line in resume_lines(rd, None, manifest["status"], _FULL_DISK in str(cause.get("message"))):
-        print(line, file=sys.stderr)
-    print(f"ddp-run: {label}: {rootcause.headline(cause)}\n  where: {cause['where']}", file=sys.stderr, flush=True)
+        print(line, file=sys.stderr, flush=True)
     return _exit_code(ok, rc, interrupted)
 
 

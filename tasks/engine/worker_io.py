@@ -22,6 +22,8 @@ def redirect_output(local_dir: str, rank: int) -> IO[str] | None:
     from ddp_runner.tasks.engine.reporting.progress import open_console
 
     path = os.path.join(local_dir, layout.rank_log(rank))
+    # the driver makes logs/; a run directory made by hand for a dry run's pasted line may not have it
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     console = open_console(local_dir) if rank == 0 else None
     sys.stdout.flush()
     sys.stderr.flush()

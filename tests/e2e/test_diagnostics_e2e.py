@@ -50,8 +50,12 @@ def _procs_of(run: Path) -> list[psutil.Process]:
     return found
 
 
-def _last_lines(stderr: str) -> str:
-    return "\n".join(stderr.strip().splitlines()[-2:])
+def _cause_lines(stderr: str) -> str:
+    """The failure account's cause line and the line under it (``where:``): said once, first."""
+    lines = stderr.strip().splitlines()
+    [at] = [i for i, line in enumerate(lines) if "earliest error on" in line]
+    assert lines[at].startswith("ddp-run: FAILED: "), lines[at]
+    return "\n".join(lines[at:at + 2])
 
 
 def _listed_as_failed(run: Path, root: Path, max_steps: int) -> None:
@@ -103,7 +107,7 @@ def _attributed(run: Path, root: Path, rc: int, stderr: str, elapsed: float, kin
     assert rc not in (0, layout.EXIT_REFUSED), stderr
     cause = load_json(run / layout.SUMMARY)["root_cause"]
     assert (cause["rank"], cause["class"]) == (rank, cls), cause
-    assert f"earliest error on rank {rank} [{cls}]" in _last_lines(stderr), stderr
+    assert f"earliest error on rank {rank} [{cls}]" in _cause_lines(stderr), stderr
     assert cause["where"] and all(c["rank"] != rank for c in cause["consequences"])
     if kind == "hang":
         hang = load_json(run / layout.HANG_RECORD)
@@ -174,7 +178,7 @@ def test_a_rank_stopped_from_outside_is_named_with_its_stack(tmp_path):
     assert "most recent call first" in (run / layout.rank_stack(1)).read_text()
     cause = load_json(run / layout.SUMMARY)["root_cause"]
     assert (cause["rank"], cause["class"]) == (1, "hang") and "stopped" in cause["message"]
-    assert "earliest error on rank 1 [hang]" in _last_lines(err), err
+    assert "earliest error on rank 1 [hang]" in _cause_lines(err), err
     assert _procs_of(run) == []
 
 
@@ -189,7 +193,7 @@ def test_debug_mode_names_a_collective_mismatch_and_keeps_its_logs_private(tmp_p
     [run] = run_dirs(tmp_path)
     cause = load_json(run / layout.SUMMARY)["root_cause"]
     assert cause["class"] == "exception" and "detected mismatch between collectives" in cause["message"].lower(), cause
-    assert "detected mismatch between collectives" in _last_lines(r.stderr).lower()
+    assert "detected mismatch between collectives" in _cause_lines(r.stderr).lower()
     debug = run / layout.DEBUG_LOGS
     assert stat.S_IMODE(debug.stat().st_mode) == 0o700
     logs = sorted(debug.iterdir())

@@ -1,6 +1,6 @@
-"""A failed run's console (runner/supervise/finalize.py): the one-line cause first, then whole frames of its traceback,
-never a fragment that starts inside a frame; the closing lines still name the rank, the cause and the user's line.
-The record is a real one: a task whose ``forward`` takes ``(x)`` where the engine calls ``model(x, y)``."""
+"""A failed run's console (runner/supervise/finalize.py): the one-line cause and the user's line (``where:``) first,
+then whole frames of its traceback, never a fragment that starts inside a frame; the error said once (issue 51 item
+10). The record is a real one: a task whose ``forward`` takes ``(x)`` where the engine calls ``model(x, y)``."""
 
 from __future__ import annotations
 
@@ -63,19 +63,21 @@ def test_the_console_shows_the_cause_first_then_the_frames(tmp_path: Path,
     assert finalize.finish(rd, {"versions": {}}, plan, rc=1, interrupted=None) == 1
 
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[0] == f"ddp-run: earliest error on rank 1 [exception]: TypeError: {MESSAGE}", err
-    assert err[1] == f"  its last frames (the whole traceback: {run}/logs/rank1.log):", err
-    assert err[2].startswith('    File "') and "_run_ddp_forward" in err[2], err  # a whole frame, not mid-stack
+    assert err[0] == f"ddp-run: FAILED: earliest error on rank 1 [exception]: TypeError: {MESSAGE}", err
+    assert err[1] == f"  where: {WHERE}", err  # the user's file and line, right under the cause
+    assert err[2] == f"  its last frames (the whole traceback: {run}/logs/rank1.log):", err
+    assert err[3].startswith('    File "') and "_run_ddp_forward" in err[3], err  # a whole frame, not mid-stack
     assert not any(line.strip().startswith("^") for line in err)
-    assert err[-2:] == [f"ddp-run: FAILED: earliest error on rank 1 [exception]: TypeError: {MESSAGE}",
-                        f"  where: {WHERE}"], err  # the end still names the rank, the cause and the user's line
+    assert sum(MESSAGE in line for line in err) == 1, err  # once: rank 0's same error is not said again
+    assert "ddp-run: then rank 0: exception: the same error" in err, err
+    assert sum("where:" in line for line in err) == 1, err
 
 
-def test_a_cause_without_a_traceback_is_said_once_at_the_end() -> None:
+def test_a_cause_without_a_traceback_is_one_line() -> None:
     hang = {"rank": 1, "class": "hang", "type": "hang", "message": "no progress for 60 s", "traceback": []}
-    assert rootcause.first_lines(hang) == []
+    assert rootcause.account(hang, "FAILED") == ["FAILED: earliest error on rank 1 [hang]: hang: no progress for 60 s"]
     launcher = {"rank": None, "class": "launcher_error", "type": "LauncherError", "message": "torchrun exited with 1",
                 "traceback": ["torchrun: rendezvous failed"]}
-    assert rootcause.first_lines(launcher) == [
-        "earliest error on the launcher [launcher_error]: LauncherError: torchrun exited with 1",
+    assert rootcause.account(launcher, "FAILED") == [
+        "FAILED: earliest error on the launcher [launcher_error]: LauncherError: torchrun exited with 1",
         "    torchrun: rendezvous failed"]

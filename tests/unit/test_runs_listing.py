@@ -223,7 +223,9 @@ def test_show_gives_the_cause_and_the_command_that_continues_the_run(tree: Path,
     assert runs.main(["show", str(tree / "2026-12-01/13-00-00_smoke_w2")]) == 0
     text = capsys.readouterr().out
     assert "lost: run.json says running, but its driver is gone (pid 1 on host gone-host" in text
-    assert "from the start: no complete checkpoint" in text
+    # a resume would be refused (it would start from step 0): no command that does not run
+    assert "continue    — no complete checkpoint to continue from: start it again from step 0" in text
+    assert "resume=" not in text
     assert runs.main(["show", str(tree / "2026-12-01/10-00-00_smoke_w2")]) == 0
     assert "continue" not in capsys.readouterr().out  # completed: reproduce only
     assert runs.main(["show", str(tree / "2026-12-01/14-00-00_smoke_w1")]) == 0

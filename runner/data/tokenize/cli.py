@@ -17,7 +17,7 @@ from typing import Any
 
 import fsspec
 
-from ddp_runner.contract import console_streams, layout
+from ddp_runner.contract import command_line, console_streams, layout
 from ddp_runner.data.tokenize.bpe import load_tokenizer, tokenizer_vocab_size
 from ddp_runner.data.tokenize.encode import Encoded, encode
 from ddp_runner.data.tokenize.sources import Source, check_text, default_out, find_sources, input_fs
@@ -250,10 +250,10 @@ def _meta(args: argparse.Namespace, text: _Text, tok: _TokenizerChoice, enc: Enc
 def _say_done(shown: str, n_train: int, n_val: int, vocab_size: int) -> None:
     val_part = f" + {n_val:,} val" if n_val else " (no val.bin: --val-fraction 0 or too little text)"
     print(f"{PROG}: wrote {n_train:,} train{val_part} tokens, vocabulary {vocab_size}, to {shown}")
-    train_cmd = f"ddp-run task=gpt data.path={shown}/train.bin"
+    paths = [command_line.override("data.path", f"{shown}/train.bin")]
     if n_val:
-        train_cmd += f" data.val_path={shown}/val.bin"
-    print(f"Train on it: {train_cmd} task.model.vocab={-(-vocab_size // 128) * 128}")
+        paths.append(command_line.override("data.val_path", f"{shown}/val.bin"))
+    print(f"Train on it: {command_line.ddp_run('task=gpt', *paths, f'task.model.vocab={-(-vocab_size // 128) * 128}')}")
 
 
 def _undecodable(enc: Encoded, args: argparse.Namespace) -> None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ddp_runner.contract import command_line
+
 
 def came_after_the_end(facts: Mapping[int, Mapping[str, Any]], check: Mapping[str, Any], world_size: int) -> bool:
     """Did every rank finish its work (it reports completion, and no stop) although a stop was sent? Then the stop
@@ -41,8 +43,8 @@ def continue_lines(url: str, status: str, stopped: Mapping[str, Any]) -> list[st
     saved = f"ddp-run: {status}: checkpoint {stopped['checkpoint']} committed, nothing lost"
     if stopped.get("last_step"):
         return [f"{saved}; training is done but its final validation did not run. Run it (no step is left) with:",
-                f"  ddp-run resume={url}"]
-    return [f"{saved}. Continue it with:", f"  ddp-run resume={url}"]
+                f"  {command_line.resume(url)}"]
+    return [f"{saved}. Continue it with:", f"  {command_line.resume(url)}"]
 
 
 def after_the_end_line(signal_name: str) -> str:

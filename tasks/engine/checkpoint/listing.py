@@ -51,7 +51,9 @@ def _scan(fs: fsspec.AbstractFileSystem, root: str
         if (step := rules.step_of(name)) is not None:
             is_dir = entry.get("type") == "directory"
             marker = marker_text(fs, f"{root}/{name}") if is_dir else None
-            if (why := rules.entry_problem(name, is_dir, marker is not None)) is None and marker is not None:
+            why = rules.link_problem(f"{root}/{name}") if entry.get("islink") else None  # only local entries
+            why = why or rules.entry_problem(name, is_dir, marker is not None)
+            if why is None and marker is not None:
                 why = rules.marker_problem(name, marker)  # the workers load only what a valid marker commits
             if why is None:
                 complete.append((step, name))
