@@ -26,6 +26,8 @@ class PlanRecord(TypedDict):
     nproc_per_node: int
     gpus: list[dict[str, Any]]  # {physical_index, name, uuid} per visible device
     explanation: str
+    # batch.per_rank=auto: {mode, per_rank_share, start, why}; None when the micro-batch was given
+    micro_batch: NotRequired[dict[str, Any] | None]
 
 
 class DriverRecord(TypedDict):
