@@ -100,6 +100,7 @@ class CheckpointManager:
         self.export_format = c.get("export")  # also export the weights at every checkpoint (ddp-export's formats)
         self.every_steps, self.keep_last, self.final = c.every_steps, c.keep_last, bool(c.get("final", True))
         self.resumed_from: str | None = None
+        self.resumed_plan: dict[str, Any] = {}  # the batch plan of the checkpoint resumed from
         self._hooks = faults.save_hooks()  # the tests' hold before a commit; None in a real run
         self._first_commit_unix: float | None = None
         # Background saving snapshots rank 0's whole state; a strategy whose state is spread saves collectively.
@@ -147,6 +148,7 @@ class CheckpointManager:
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         progress = restored_progress(state, self.plan)
+        self.resumed_plan = state.get("plan", {})  # batch.per_rank=auto keeps the micro-batch it had settled on
         if self.rank < len(state["rng"]):  # a rank the checkpoint did not have keeps its own seeded stream
             set_rng_state(state["rng"][self.rank])
         self.resumed_from = src
