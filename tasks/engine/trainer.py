@@ -111,7 +111,8 @@ class Trainer:
     def _resized(self, plan: BatchPlan, replay: bool) -> None:
         """``batch.per_rank=auto`` changed the micro-batch (micro_fit.py): every step is split anew from here on."""
         self.plan = self.checkpoints.plan = plan
-        self.per_rank, self.accumulation = plan.per_rank, plan.accumulation
+        self.per_rank = self.validator.per_rank = plan.per_rank  # validation's batches too: they fit
+        self.accumulation = plan.accumulation
         self.feed.resize(plan.per_rank, replay)  # replay: the step is retried on the same samples
 
     def checkpoint(self, loop: Loop | None = None, final: bool = False) -> None:

@@ -20,6 +20,7 @@ from ddp_runner.tasks.engine.micro_fit import MicroFit
 from ddp_runner.tasks.engine.rank import Context
 from ddp_runner.tasks.engine.reporting import task_metrics
 from ddp_runner.tasks.engine.train_state import TrainState
+from tests.support.driver import cli_in_process
 from tests.support.spawn import spawn
 
 CFG = Config({"seed": 3, "train": {"num_workers": 0, "max_steps": 4, "epochs": None},
@@ -112,3 +113,16 @@ def test_an_out_of_memory_error_on_one_rank_halves_every_rank_on_the_same_sample
         assert rec["out_of_memory"] == [{"micro_batch": 8, "step": 1}, {"micro_batch": 4, "step": 1}]
     # Rank 0 never ran out itself: it halved because it agreed with rank 1.
     assert out[0]["record"] == out[1]["record"]
+
+
+def test_auto_without_a_fixed_global_batch_is_refused_before_launch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    for extra, problem in (([], "batch.global is not set"), (["batch.global=15"], "not divisible by world_size=2")):
+        r = cli_in_process(["task=smoke", "device=cpu", "world_size=2", "batch.per_rank=auto", *extra], tmp_path,
+                           monkeypatch)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert "batch.per_rank='auto'" in r.stderr and problem in r.stderr
+    assert not list(tmp_path.rglob("run.json"))  # nothing was created
+    r = cli_in_process(["task=smoke", "device=cpu", "world_size=2", "batch.per_rank=auto", "batch.global=16",
+                        "dry_run=true"], tmp_path, monkeypatch)
+    assert r.returncode == 0 and "batch.per_rank=auto: starting at 8" in r.stdout
+    assert "mode: auto" in r.stdout and "per_rank_share: 8" in r.stdout
