@@ -77,14 +77,17 @@ class MicroFit:
         # the fitting ends before (set when the launch's loop runs its first step).
         self._resize, self._until = resize, None
 
-    def resumed(self, their_plan: dict[str, Any], state: TrainState) -> None:
-        """A resume keeps the micro-batch the checkpoint's run had settled on (still halved here if this device
-        has less memory), when it divides this launch's share."""
+    def resumed(self, their_plan: dict[str, Any]) -> None:
+        """Before a resume counts its place in this launch's micro-batches: keep the micro-batch the checkpoint's
+        run had settled on (still halved here if this device has less memory), when it divides this launch's
+        share."""
         theirs = their_plan.get("per_rank_batch")
         if self.auto and isinstance(theirs, int) and self.share % theirs == 0 and theirs < self.plan.per_rank:
             self.why = f"the checkpoint's micro-batch ({theirs}), kept on resume"
             self.start = theirs
-            self._set(theirs, state, replay=False)
+            self._set(theirs, None, replay=False)
+            self._say(f"batch.per_rank=auto: the resume keeps the checkpoint's micro-batch {theirs} ×"
+                      f" {self.plan.accumulation} accumulation (halved again if it runs out of memory here)")
 
     def step(self, micro_step: Callable[..., None], state: TrainState, loop: Any, params: list[torch.Tensor]) -> None:
         """Run the next optimizer step's micro-steps (``micro_step(first=, last=, check=)``, which calls ``check``
@@ -146,11 +149,11 @@ class MicroFit:
                   f" ({'this rank' if own else 'another rank'}); the step runs again at {smaller} ×"
                   f" {self.plan.accumulation} accumulation, global batch {self.plan.global_batch} unchanged")
 
-    def _set(self, size: int, state: TrainState, replay: bool) -> None:
-        """Micro-batches of ``size`` from now on: the place in the epoch is counted in them (a step boundary, so
-        a whole number of them)."""
-        old = self.plan.per_rank
-        state.micro_in_epoch = state.micro_in_epoch * old // size
+    def _set(self, size: int, state: TrainState | None, replay: bool) -> None:
+        """Micro-batches of ``size`` from now on: ``state``'s place in the epoch is counted in them (a step
+        boundary, so a whole number of them)."""
+        if state is not None:
+            state.micro_in_epoch = state.micro_in_epoch * self.plan.per_rank // size
         self.plan = replace(self.plan, per_rank=size, accumulation=self.share // size)
         self._resize(self.plan, replay)
 

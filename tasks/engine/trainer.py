@@ -83,6 +83,7 @@ class Trainer:
         self.checkpoints = CheckpointManager(
             cfg, run_dir=ctx.run_dir, rank=ctx.rank, console=ctx.console, plan=self.plan, strategy=self.strategy,
             optimizer=self.optimizer, scheduler=self.scheduler, scaler=self.scaler)
+        self.checkpoints.on_resume_plan = self.fit.resumed  # auto: a resume keeps the checkpoint's micro-batch
         # Clock, power, temperature and power-cap state of this rank's GPU, per logging window (None: no NVML).
         self.telemetry = gpu_telemetry.Sampler.start(ctx.device) if t.get("gpu_telemetry", True) else None
         self.stops = StopController(cfg, ctx, self.checkpoints, phase=self.phase, save=self.checkpoint,
@@ -104,7 +105,6 @@ class Trainer:
         resumed = self.checkpoints.maybe_resume()
         if resumed is not None:
             self.state = resumed
-            self.fit.resumed(self.checkpoints.resumed_plan, self.state)  # auto: the micro-batch it had settled on
             self.total_steps = self.feed.total_steps(self.state)
             self.validator.plan(self.total_steps)
 

@@ -17,6 +17,7 @@ from ddp_runner.supervise.finalize import fitted_plan
 from ddp_runner.tasks.engine.config import Config, batch_plan, largest_divisor
 from ddp_runner.tasks.engine.data_feed import DataFeed
 from ddp_runner.tasks.engine.diagnostics import faults
+from ddp_runner.tasks.engine.micro_fit import MicroFit
 from ddp_runner.tasks.engine.train_state import TrainState
 
 GPU = Gpu(0, "NVIDIA H200", "GPU-aaa")
@@ -140,3 +141,18 @@ def test_run_json_records_the_micro_batch_the_ranks_settled_on():
     assert (out["per_rank_batch"], out["accumulation"], out["micro_batch"]) == (2, 4, fitted)
     assert out["explanation"] == "global batch 16 = 2 per rank × 2 ranks × 4 accumulation"
     assert fitted_plan(plan, None) is plan
+
+
+def test_a_resume_keeps_the_micro_batch_the_checkpoints_run_settled_on(capsys: pytest.CaptureFixture[str]):
+    ctx = SimpleNamespace(device=torch.device("cpu"), console=None, is_main=True)
+    told: list[tuple[int, bool]] = []
+    c = Config(auto(batch__global=32))
+    fit = MicroFit(batch_plan(c, 2, start=16), "w", ctx, auto=True, resize=lambda p, r: told.append((p.per_rank, r)))
+    fit.resumed({"per_rank_batch": 3})  # does not divide the share of 16: the start stays
+    fit.resumed({"per_rank_batch": 4, "accumulation": 4})
+    assert (fit.plan.per_rank, fit.plan.accumulation, told) == (4, 4, [(4, False)])  # no replay: no step yet
+    assert fit.record()["start"] == 4 and "kept on resume" in fit.record()["why"]
+    assert "the resume keeps the checkpoint's micro-batch 4 × 4 accumulation" in capsys.readouterr().out
+    given = MicroFit(batch_plan(Config(cfg()), 2), "w", ctx, auto=False, resize=lambda p, r: told.append(p))
+    given.resumed({"per_rank_batch": 4})
+    assert given.plan.per_rank == 8 and given.record() is None and len(told) == 1  # a given micro-batch stays
