@@ -10,9 +10,9 @@ on the same samples in more micro-batches. Each micro-batch's mean loss
 is divided by the accumulation, so equal micro-batches of any size sum to the mean over the rank's share: the
 retried step computes the step a run given the smaller micro-batch by hand computes.
 
-Not covered: an out-of-memory error inside the synchronising backward on some ranks only (DDP's gradient
-all-reduce is already under way on the others); the peak of a step is at the start of its backward, where the
-agreement after the forward catches it.
+Not covered: an out-of-memory error on some ranks only while the others are inside a collective of the step
+(DDP's gradient all-reduce in the synchronising backward; fsdp's all-gathers): the run fails as it would without
+auto. The peak of a step is at the start of its backward, where the agreement after the forward catches it.
 """
 
 from __future__ import annotations
