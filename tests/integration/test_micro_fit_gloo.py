@@ -126,3 +126,53 @@ def test_auto_without_a_fixed_global_batch_is_refused_before_launch(tmp_path: Pa
                         "dry_run=true"], tmp_path, monkeypatch)
     assert r.returncode == 0 and "batch.per_rank=auto: starting at 8" in r.stdout
     assert "mode: auto" in r.stdout and "per_rank_share: 8" in r.stdout
+
+
+def _late_worker(rank: int, world: int, tmp: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=world)
+    try:
+        ctx = Context(rank, rank, world, torch.device("cpu"), tmp, tmp, None)
+        plan = batch_plan(CFG, world, start=16)
+        feed = DataFeed(CFG, ctx, _data(), plan.per_rank, plan.accumulation, by_step=True)
+        state = TrainState()
+        batches = feed.micro_batches(state)
+        model = torch.nn.Linear(3, 1)
+        loop = SimpleNamespace(loss_sum=torch.zeros(()), extras=task_metrics.Sums(ctx.device))
+        fit = MicroFit(plan, "test", ctx, auto=True, resize=lambda p, replay: feed.resize(p.per_rank, replay))
+        losses: list[torch.Tensor] = []
+        out_of_memory_at = {2, 4}  # optimizer steps whose micro-batches of 16 run out (step 4: after the fitting)
+
+        def micro_step(*, first: bool, last: bool, check) -> None:
+            x, y, _ = next(batches)
+            if state.step + 1 in out_of_memory_at and len(x) == 16:
+                raise torch.OutOfMemoryError(f"simulated at step {state.step + 1}")
+            loss = _loss(model, x, y)
+            check()
+            (loss / fit.plan.accumulation).backward()
+            check()
+            loop.loss_sum += loss.detach()
+            losses.append(loss.detach())
+            state.micro_in_epoch += 1
+
+        for _ in range(3):  # steps 1-3 may halve; step 2 does, with step 1's loss still in the logging window
+            fit.step(micro_step, state, loop, list(model.parameters()))
+            state.step += 1
+        # The window's mean as the log step takes it: loss_sum / accumulation / steps.
+        window_mean = loop.loss_sum / fit.plan.accumulation / 3
+        by_hand = (losses[0] + (losses[1] + losses[2]) / 2 + (losses[3] + losses[4]) / 2) / 3
+        out_of_memory_at.add(4)
+        fit.plan = batch_plan(CFG, world, start=16)  # as if it had never halved: step 4 is past the fitting
+        feed.resize(16)
+        with pytest.raises(torch.OutOfMemoryError, match="simulated at step 4"):
+            fit.step(micro_step, state, loop, list(model.parameters()))
+        torch.save({"window": torch.allclose(window_mean, by_hand, rtol=1e-6, atol=0),
+                    "record": fit.record()}, f"{tmp}/out-{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_later_halving_counts_the_window_in_the_new_size_and_past_the_fitting_the_error_is_real(tmp_path: Path):
+    spawn(_late_worker, args=(1, str(tmp_path)), nprocs=1)
+    out = torch.load(tmp_path / "out-0.pt", weights_only=False)
+    assert out["window"], "the logging window's mean counts step 1's single micro-batch as two of the new size"
+    assert out["record"]["out_of_memory"] == [{"micro_batch": 16, "step": 2}]
