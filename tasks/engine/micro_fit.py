@@ -73,9 +73,11 @@ class MicroFit:
         self.start = plan.per_rank
         self.out_of_memory: list[dict[str, int]] = []  # each size that ran out, at which step
         # ``resize(plan, replay)``: the trainer's feed, loop and checkpoints take a new micro-batch (``replay``: the
-        # feed hands the current step's samples out again); ``_until``: the step
-        # the fitting ends before (set when the launch's loop runs its first step).
+        # feed hands the current step's samples out again); ``_until``: the step the fitting ends before (set when
+        # the launch's loop runs its first step).
         self._resize, self._until = resize, None
+        # The agreement's flag, allocated before any step: a device out of memory may not give even 4 bytes.
+        self._flag = torch.zeros(1, device=ctx.device) if auto else None
 
     def resumed(self, their_plan: dict[str, Any]) -> None:
         """Before a resume counts its place in this launch's micro-batches: keep the micro-batch the checkpoint's
@@ -104,10 +106,15 @@ class MicroFit:
                 self._micro_steps(micro_step, self._check)  # the last check follows the last backward: all got through
                 return
             except torch.OutOfMemoryError:
-                self._agree(failed=True)  # matches the others' next check: they drop the step too
                 own = True
             except PeerOutOfMemory:
                 own = False
+            # Out of the except block the error's frames are gone: what the failed step held can be freed.
+            gc.collect()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            if own:
+                self._agree(failed=True)  # matches the others' next check: they drop the step too
             self._retry(saved, state, loop, params, own)
 
     def _micro_steps(self, micro_step: Callable[..., None], check: Callable[[], None]) -> None:
@@ -121,12 +128,13 @@ class MicroFit:
 
     def _agree(self, failed: bool) -> bool:
         """Whether any rank ran out of memory since the last agreement (a collective: every rank calls it)."""
-        flag = torch.tensor([1.0 if failed else 0.0], device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+        assert self._flag is not None, "only an auto micro-batch agrees"
+        self._flag.fill_(1.0 if failed else 0.0)
+        dist.all_reduce(self._flag, op=dist.ReduceOp.MAX)
+        return bool(self._flag.item())
 
     def _retry(self, saved: _Snapshot, state: TrainState, loop: Any, params: list[torch.Tensor], own: bool) -> None:
-        """Undo the step, free its memory and halve the micro-batch (refused below 1: the error is real)."""
+        """Undo the step and halve the micro-batch (refused below 1: the error is real)."""
         size = self.plan.per_rank
         if size == 1:
             raise torch.OutOfMemoryError(
@@ -135,9 +143,6 @@ class MicroFit:
                 " smaller model")
         self._restore(saved, state, loop, params)
         old = self.plan.accumulation
-        gc.collect()  # the failed step's activations, held by the exception's frames until now
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
         smaller = largest_divisor(self.share, size // 2)
         self.out_of_memory.append({"micro_batch": size, "step": state.step + 1})
         self._set(smaller, state, replay=True)
