@@ -88,7 +88,11 @@ def derived(args: list[str], config_path: str) -> str:
     per_rank, ws, fixed = values.get("batch.per_rank"), values.get("world_size"), values.get("batch.global")
     if ws == "auto":
         lines.append("#   world_size: one rank per visible GPU (nnodes × GPUs per node), decided at launch")
-    if fixed is not None and isinstance(ws, int) and isinstance(per_rank, int) and isinstance(fixed, int):
+    if per_rank == "auto":
+        lines.append("#   batch.per_rank: auto: the largest micro-batch that divides batch.global / world_size and fits"
+                     " the device (the memory plan's estimate; halved on an out-of-memory error in the first steps);"
+                     " batch.accumulation follows")
+    elif fixed is not None and isinstance(ws, int) and isinstance(per_rank, int) and isinstance(fixed, int):
         if fixed % (per_rank * ws) == 0:
             acc = fixed // (per_rank * ws)
             lines.append(f"#   batch.accumulation: {acc}   (batch.global {fixed} / ({per_rank} per rank × {ws} ranks);"

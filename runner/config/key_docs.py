@@ -6,7 +6,8 @@ from __future__ import annotations
 
 KEY_DOCS: dict[str, str] = {
     "world_size": "total ranks (nodes × processes per node); auto = one per visible GPU",
-    "batch.per_rank": "micro-batch per rank (samples per forward)",
+    "batch.per_rank": "micro-batch per rank (samples per forward); auto: the largest that fits the device, under a"
+                      " fixed batch.global (docs/performance.md)",
     "batch.accumulation": "micro-steps per optimizer step (derived when batch.global is set)",
     "batch.global": "fix the global batch: accumulation = global / (per_rank × world_size); indivisible is refused",
     "device": "auto: CUDA when a GPU is visible, else CPU",

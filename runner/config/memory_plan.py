@@ -36,10 +36,10 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from ddp_runner.config.plan import Plan
+from ddp_runner.config.plan import Plan, auto_record
 from ddp_runner.config.probe import Probe, ProbeError
 from ddp_runner.contract.errors import PlanError
 from ddp_runner.contract.rules import asked_cap_gb
@@ -236,6 +236,40 @@ def larger_fsdp_micro_batch(facts: ModelFacts, cfg: dict[str, Any], plan: Plan,
     return best
 
 
+def auto_start(facts: ModelFacts, cfg: dict[str, Any], plan: Plan, strategy: str, cap: float | None,
+               source: str) -> Plan:
+    """``batch.per_rank=auto``: the plan at the largest micro-batch that divides the per-rank share and whose
+    estimate fits ``cap`` with the planner's headroom (the smallest, 1, when none does: :func:`decide` then
+    refuses it if even that does not fit). The ranks start there and halve on an out-of-memory error."""
+    share = plan.global_batch // plan.world_size
+    if cap is None:
+        return plan
+    train, scfg = cfg.get("train", {}), cfg.get("strategy") or {}
+    for b in sorted((b for b in range(1, share + 1) if share % b == 0), reverse=True):
+        e = estimate(facts, strategy, world_size=plan.world_size, per_rank=b, accumulation=share // b,
+                     precision=train.get("precision", "fp32"), optimizer=train.get("optimizer", "adamw"),
+                     momentum=train.get("momentum") or 0.0, cuda=plan.device == "cuda",
+                     reshard_after_forward=bool(scfg.get("reshard_after_forward", True)),
+                     accumulate_unsharded=bool(scfg.get("accumulate_unsharded", True)))
+        if e["total_gb"] <= cap * HEADROOM or b == 1:
+            why = (f"the largest divisor of the per-rank share {share} whose memory estimate (~{e['total_gb']:.3g}"
+                   f" GiB) fits {HEADROOM:.0%} of the {cap:.3g} GiB of {source}")
+            if e["total_gb"] > cap * HEADROOM:
+                why = f"no micro-batch's estimate fits {HEADROOM:.0%} of the {cap:.3g} GiB of {source}; the smallest"
+            return replace(plan, per_rank_batch=b, accumulation=share // b, micro_batch=auto_record(share, b, why))
+    return plan
+
+
+def with_start(plan: Plan, memory: dict[str, Any] | None) -> Plan:
+    """The plan at the micro-batch :func:`check` chose for ``batch.per_rank=auto`` (``plan`` itself otherwise):
+    what run.json records and the ranks start from."""
+    chosen = (memory or {}).get("auto_micro_batch")
+    if plan.micro_batch is None or not chosen:
+        return plan
+    return replace(plan, per_rank_batch=chosen["start"], accumulation=chosen["per_rank_share"] // chosen["start"],
+                   micro_batch=chosen)
+
+
 def fsdp_micro_batch_hint(memory: dict[str, Any], plan: Plan) -> str | None:
     """A warning for an fsdp plan whose micro-steps could be fewer and larger within the memory plan (None: no)."""
     b = memory.get("fsdp_micro_batch")
@@ -288,11 +322,15 @@ def check(cfg: dict[str, Any], plan: Plan, probe: Probe | None) -> dict[str, Any
         print(f"ddp-run: warning: memory not estimated ({exc})", file=sys.stderr, flush=True)
         return None
     facts = ModelFacts(found["params"], found["largest_unit"], found["root"], found.get("arch"))
-    estimates = plan_all(facts, cfg, plan)
     cap, source = cap_gb(cfg, gpu_total_gb(plan))
     chosen = scfg.get("name", "ddp")
+    if plan.micro_batch is not None:  # batch.per_rank=auto: start from the largest candidate the estimate fits
+        plan = auto_start(facts, cfg, plan, chosen, cap, source)
+    estimates = plan_all(facts, cfg, plan)
     record = {"strategy": chosen, "params": facts.params, "cap_gb": cap, "cap_source": source,
               "estimates": estimates, "activations_estimated": facts.arch is not None}
+    if plan.micro_batch is not None:
+        record["auto_micro_batch"] = plan.micro_batch
     decide(estimates, chosen, cap, source, plan)
     if chosen == "fsdp" and (larger := larger_fsdp_micro_batch(facts, cfg, plan, cap)) is not None:
         record.update(fsdp_micro_batch=larger[0], fsdp_micro_batch_gb=larger[1])

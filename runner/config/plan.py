@@ -26,6 +26,8 @@ class Gpu:
     uuid: str = ""
 
 
+AUTO = "auto"  # batch.per_rank=auto: the micro-batch is fitted to the device (docs/config.md)
+
 # How a task that makes or loads its own data tells the driver its size (else data.num_samples is planned with).
 OWN_DATA_FIX = ("; a task that loads its own data tells the driver how much: train_samples(cfg) in its task.checks"
                 " module (docs/own-task.md)")
@@ -47,6 +49,8 @@ class Plan:
     gpus: tuple[Gpu, ...] = field(default_factory=tuple)
     # The training set's size planned with (None: not known before launch); run.json records it.
     train_samples: int | None = None
+    # batch.per_rank=auto: {"mode": "auto", "per_rank_share", "start", "why"} (None: the micro-batch was given).
+    micro_batch: dict[str, Any] | None = None
 
     @property
     def explanation(self) -> str:
@@ -145,8 +149,13 @@ def make_plan(
 
     validate.check_engine(cfg)  # types, ranges and choices of every engine key; the rest here needs devices
     world_size, nnodes, nproc = _ranks(cfg, gpus)
-    per_rank = _positive_int(cfg, "batch.per_rank", "set batch.per_rank to a positive micro-batch, e.g. 8")
-    accumulation = _accumulation(cfg, per_rank, world_size)
+    micro_batch = None
+    if _get(cfg, "batch.per_rank") == AUTO:  # the largest candidate; the memory plan and the workers may lower it
+        per_rank, accumulation = per_rank_share(cfg, world_size), 1
+        micro_batch = auto_record(per_rank, per_rank, "the whole per-rank share: no memory estimate to start from")
+    else:
+        per_rank = _positive_int(cfg, "batch.per_rank", "set batch.per_rank to a positive micro-batch, e.g. 8")
+        accumulation = _accumulation(cfg, per_rank, world_size)
     device, backend = _device_and_backend(cfg, gpus, world_size, nnodes, nproc)
     _check_training(cfg, world_size, backend, inductor_settings)
     _check_data_fits(cfg, train_samples, data_file, world_size, per_rank, accumulation)
@@ -161,7 +170,33 @@ def make_plan(
         nproc_per_node=nproc,
         gpus=tuple(gpus[:nproc]) if device == "cuda" else (),
         train_samples=train_samples,
+        micro_batch=micro_batch,
     )
+
+
+def per_rank_share(cfg: Mapping[str, Any], world_size: int) -> int:
+    """``batch.per_rank=auto``: the samples each rank takes per optimizer step (``batch.global / world_size``), which
+    every candidate micro-batch divides. Refused when the global batch is not fixed or the ranks cannot share it
+    equally: auto changes how a rank's share is split, never the share."""
+    fixed = _get(cfg, "batch.global")
+    if fixed is None:
+        raise PlanError("batch.per_rank", AUTO, "auto fits the micro-batch under a fixed global batch, and"
+                        " batch.global is not set", "set batch.global (e.g. batch.global=64), or give batch.per_rank"
+                        " a number")
+    _positive_int(cfg, "batch.global", "set batch.global to a positive global batch")
+    if fixed % world_size:
+        lower, upper = fixed // world_size * world_size, (fixed // world_size + 1) * world_size
+        raise PlanError("batch.per_rank", AUTO, f"batch.global={fixed} is not divisible by world_size={world_size},"
+                        " so the ranks cannot take equal shares of it",
+                        f"use batch.global={lower or upper}" + (f" or {upper}" if lower else "")
+                        + ", or another world_size")
+    return fixed // world_size
+
+
+def auto_record(share: int, start: int, why: str) -> dict[str, Any]:
+    """run.json's ``plan.micro_batch`` for ``batch.per_rank=auto``: the per-rank share, the micro-batch the ranks
+    start from, and why that one."""
+    return {"mode": AUTO, "per_rank_share": share, "start": start, "why": why}
 
 
 def _ranks(cfg: Mapping[str, Any], gpus: Sequence[Gpu]) -> tuple[int, int, int]:

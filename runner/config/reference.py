@@ -263,9 +263,11 @@ _DERIVED = """\
 ## Values the runner derives
 
 Some values are decided after composition, when the plan is made: `batch.accumulation` when `batch.global` is
-set, `world_size=auto` (one rank per visible GPU), `device=auto` and `backend=auto`. The run directory's
-`config.yaml` holds the decided values. `--cfg job` prints the composed config as Hydra made it and then, as YAML
-comments, what the runner derives from it; `dry_run=true` prints the whole plan:
+set, `batch.per_rank=auto` (the largest micro-batch that fits the device, the global batch unchanged: see
+docs/performance.md), `world_size=auto` (one rank per visible GPU), `device=auto` and `backend=auto`. The run
+directory's `config.yaml` holds the decided values (`batch.per_rank=auto` stays `auto` there: run.json's `plan`
+records the micro-batch). `--cfg job` prints the composed config as Hydra made it and then, as YAML comments,
+what the runner derives from it; `dry_run=true` prints the whole plan:
 
 ```
 $ ddp-run --cfg job batch.global=32 device=cpu

@@ -45,7 +45,7 @@ GPT_MODULE = "ddp_runner.tasks.gpt.task"
 # DATA_RULES below and runner/data/prep.py; train.inductor's names: runner/config/plan.py).
 ENGINE_RULES: tuple[Rule, ...] = (
     integer("world_size", lo=1, also=("auto",), example="2"),
-    integer("batch.per_rank", lo=1, example="8"),
+    integer("batch.per_rank", lo=1, also=("auto",), example="8"),
     integer("batch.accumulation", lo=1, example="1"),
     integer("batch.global", lo=1, null=True, example="32"),
     choice("device", DEVICES),

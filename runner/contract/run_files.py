@@ -28,6 +28,8 @@ class PlanRecord(TypedDict):
     nproc_per_node: int
     gpus: list[dict[str, Any]]  # {physical_index, name, uuid} per visible device
     explanation: str
+    # batch.per_rank=auto: {mode, per_rank_share, start, why}; None when the micro-batch was given
+    micro_batch: NotRequired[dict[str, Any] | None]
 
 
 class DriverRecord(TypedDict):
@@ -128,6 +130,7 @@ class TrainSummary(TypedDict, total=False):
     resumed_from: str | None
     stopped: StopRecord | None
     stop_vote: dict[str, Any] | None
+    micro_batch: dict[str, Any] | None  # batch.per_rank=auto: the fitted micro-batch (tasks/engine/micro_fit.py)
     trackers: dict[str, Any]
 
 

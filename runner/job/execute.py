@@ -139,7 +139,8 @@ def _planned(conf: dict[str, Any], rd: rundir.RunDir | None,
         if probe is not None:
             probe.cancel()
         raise
-    return plan, task_dir, probe, memory(conf, plan, probe), changes
+    mem = memory(conf, plan, probe)
+    return memory_plan.with_start(plan, mem), task_dir, probe, mem, changes
 
 
 
@@ -170,6 +171,9 @@ def _check_trackers(conf: dict[str, Any]) -> None:
 def _announce(conf: dict[str, Any], plan: Plan, mem: dict[str, Any] | None) -> None:
     print(f"ddp-run: {conf['task']['name']}: {plan.explanation}; device {plan.device}, backend {plan.backend}",
           flush=True)
+    if plan.micro_batch is not None:
+        print(f"ddp-run: batch.per_rank=auto: starting at {plan.per_rank_batch} ({plan.micro_batch['why']}); the"
+              " ranks halve it on an out-of-memory error in the first steps, the global batch unchanged", flush=True)
     if mem is not None:
         print(f"ddp-run: {memory_plan.describe(mem)}", flush=True)
         for warning in (memory_plan.tight(mem), memory_plan.fsdp_micro_batch_hint(mem, plan)):

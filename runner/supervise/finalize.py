@@ -11,6 +11,7 @@ from typing import Any
 from ddp_runner.config.plan import Plan
 from ddp_runner.console import closing, textfit
 from ddp_runner.contract import command_line, layout, stops
+from ddp_runner.contract.rules import explain
 from ddp_runner.contract.run_files import RunSummary
 from ddp_runner.contract.stops import StopRecord
 from ddp_runner.rundir import reserve
@@ -94,6 +95,16 @@ def _exit_code(ok: bool, rc: int, interrupted: int | None) -> int:
     return rc if rc > 0 else 1
 
 
+def fitted_plan(plan: dict[str, Any], fitted: dict[str, Any] | None) -> dict[str, Any]:
+    """run.json's plan at the micro-batch ``batch.per_rank=auto`` settled on (the worker's record ``fitted``:
+    tasks/engine/micro_fit.py): the same global batch in more, smaller micro-batches. ``plan`` itself without one."""
+    if not fitted:
+        return plan
+    per_rank, accumulation = fitted["chosen"], fitted["accumulation"]
+    return {**plan, "per_rank_batch": per_rank, "accumulation": accumulation, "micro_batch": fitted,
+            "explanation": explain(plan.get("global_batch", 0), per_rank, plan.get("world_size", 1), accumulation)}
+
+
 def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupted: int | None,
             step: list[str], watch: dict[str, Any], preempt: int | None) -> int:
     from ddp_runner.diagnostics import rootcause
@@ -134,14 +145,14 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
                                               "pid")}
                for r, f in sorted(facts.items())},
     )
-    manifest["versions"]["nccl"] = rank0.get("nccl")
-    manifest["versions"]["cuda"] = rank0.get("cuda")
+    manifest["plan"] = fitted_plan(manifest.get("plan") or {}, (rank0.get("summary") or {}).get("micro_batch"))
+    manifest["versions"].update(nccl=rank0.get("nccl"), cuda=rank0.get("cuda"))
     step[0] = f"writing {layout.MANIFEST}"
     rd.write_json(layout.MANIFEST, manifest)
     train = (rank0.get("summary") or {}) if ok or stopped is not None else {}
     summary: RunSummary = {
         "status": manifest["status"],
-        "explanation": plan.explanation,
+        "explanation": (manifest.get("plan") or {}).get("explanation") or plan.explanation,  # auto: as fitted
         "global_batch": plan.global_batch,
         "completion": check,
         "root_cause": cause,

@@ -68,10 +68,30 @@ class BatchPlan:
                 "global_batch": self.global_batch}
 
 
-def batch_plan(cfg: Config, world_size: int) -> BatchPlan:
+AUTO = "auto"  # batch.per_rank=auto: the micro-batch is fitted to the device (tasks/engine/micro_fit.py)
+
+
+def auto_micro_batch(cfg: Config) -> bool:
+    """Whether this run fits its own micro-batch (``batch.per_rank=auto``, under a fixed ``batch.global``)."""
+    return cfg.batch.per_rank == AUTO
+
+
+def largest_divisor(share: int, at_most: int) -> int:
+    """The largest micro-batch that divides the per-rank ``share`` and is no larger than ``at_most`` (at least 1)."""
+    return max(b for b in range(1, max(1, min(share, at_most)) + 1) if share % b == 0)
+
+
+def batch_plan(cfg: Config, world_size: int, start: int | None = None) -> BatchPlan:
     """``batch.per_rank`` and ``batch.accumulation`` of ``cfg`` on ``world_size`` ranks (the world this launch
-    runs in, which an elastic restart may have changed)."""
-    return BatchPlan(world_size, cfg.batch.per_rank, cfg.batch.accumulation)
+    runs in, which an elastic restart may have changed). ``batch.per_rank=auto``: the rank's share of
+    ``batch.global`` in micro-batches of ``start`` (the driver's choice, run.json's plan), or of the largest
+    divisor of the share below it (another world size shares the global batch differently); the whole share when
+    ``start`` is None."""
+    if not auto_micro_batch(cfg):
+        return BatchPlan(world_size, cfg.batch.per_rank, cfg.batch.accumulation)
+    share = cfg.batch["global"] // world_size
+    per_rank = largest_divisor(share, start or share)
+    return BatchPlan(world_size, per_rank, share // per_rank)
 
 
 def as_recorded(cfg: Config) -> dict[str, Any]:

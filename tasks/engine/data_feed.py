@@ -25,10 +25,17 @@ Batches = Iterator[tuple[torch.Tensor, torch.Tensor, float]]  # (x, y, seconds w
 
 
 class DataFeed:
-    """This rank's slice of the training set, in micro-batches of ``per_rank``, ``accumulation`` per step."""
+    """This rank's slice of the training set, in micro-batches of ``per_rank``, ``accumulation`` per step.
 
-    def __init__(self, cfg: Config, ctx: Context, train_set: Dataset, per_rank: int, accumulation: int) -> None:
+    ``by_step`` (``batch.per_rank=auto``): the loader hands out each optimizer step's samples as one chunk, split
+    into micro-batches of the current size; :meth:`resize` changes the size, and can hand the current step's
+    chunk out again from its start (a step retried at a smaller micro-batch sees the same samples).
+    """
+
+    def __init__(self, cfg: Config, ctx: Context, train_set: Dataset, per_rank: int, accumulation: int,
+                 by_step: bool = False) -> None:
         self.cfg, self.per_rank, self.accumulation = cfg, per_rank, accumulation
+        self.by_step, self._replay = by_step, False
         t = cfg.train
         # shuffle=True here, never in the DataLoader: the sampler shuffles by (seed, epoch) identically on every
         # rank and hands each rank its own slice.
@@ -39,8 +46,9 @@ class DataFeed:
         # The loader draws its workers' base seed at every iter() from a generator of its own, seeded per epoch
         # (micro_batches): from the global RNG, that draw would put a resumed run's dropout one number behind.
         self.loader_rng = torch.Generator()
+        # by_step: one optimizer step's samples at once, split into micro-batches (_split).
         self.loader: DataLoader | None = DataLoader(
-            train_set, batch_size=per_rank, sampler=self.sampler, drop_last=True,
+            train_set, batch_size=per_rank * (accumulation if by_step else 1), sampler=self.sampler, drop_last=True,
             num_workers=t.num_workers, pin_memory=ctx.device.type == "cuda",
             persistent_workers=t.num_workers > 0, worker_init_fn=signals.shield_loader_worker,
             generator=self.loader_rng,
@@ -72,15 +80,36 @@ class DataFeed:
         while True:
             self.sampler.set_epoch(state.epoch)
             self.sampler.set_start(state.micro_in_epoch * self.per_rank)
-            usable = self.steps_per_epoch * self.accumulation
             self.loader_rng.manual_seed(self.cfg.seed + state.epoch)
             it = iter(self.loader)
-            while state.micro_in_epoch < usable:
+            # Counted anew every time: a resized micro-batch changes how many of them an epoch holds.
+            while state.micro_in_epoch < self.steps_per_epoch * self.accumulation:
                 t0 = time.perf_counter()
                 x, y = next(it)
-                yield x, y, time.perf_counter() - t0
+                if self.by_step:
+                    yield from self._split(x, y, time.perf_counter() - t0)
+                else:
+                    yield x, y, time.perf_counter() - t0
             state.epoch += 1
             state.micro_in_epoch = 0
+
+    def _split(self, x: torch.Tensor, y: torch.Tensor, wait: float) -> Batches:
+        """One optimizer step's chunk in micro-batches of the current size, from its start again after a
+        :meth:`resize` that replays it. Slices of one collated chunk hold the values separate micro-batches of the
+        same samples would."""
+        pos = 0
+        while pos < len(x):
+            n = self.per_rank
+            yield x[pos:pos + n], y[pos:pos + n], wait
+            wait = 0.0  # the chunk's wait is counted once
+            pos, self._replay = (0 if self._replay else pos + n), False
+
+    def resize(self, per_rank: int, replay: bool = False) -> None:
+        """Split each step's samples into micro-batches of ``per_rank`` from now on (``by_step`` feeds only);
+        ``replay``: hand the current step's samples out again from the first (the step is retried)."""
+        assert self.by_step, "only a feed that hands out whole steps can change its micro-batch"
+        self.accumulation = self.per_rank * self.accumulation // per_rank
+        self.per_rank, self._replay = per_rank, replay
 
     def close(self) -> None:
         """Let the loader's persistent workers stop (they do when their iterator is collected)."""

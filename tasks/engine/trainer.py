@@ -8,23 +8,24 @@ saves, and the end of training), the reporting (log window, summary).
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from ddp_runner.contract import layout
 from ddp_runner.contract.stops import StopRecord
 from ddp_runner.tasks import registry
 from ddp_runner.tasks.api import TaskParts
-from ddp_runner.tasks.engine import compile_cache, startup, timing
+from ddp_runner.tasks.engine import compile_cache, micro_fit, startup, timing
 from ddp_runner.tasks.engine import phase as phases
 from ddp_runner.tasks.engine.checkpoint.manager import CheckpointManager
-from ddp_runner.tasks.engine.config import Config, batch_plan
+from ddp_runner.tasks.engine.config import BatchPlan, Config, auto_micro_batch
 from ddp_runner.tasks.engine.data_feed import Batches, DataFeed, settle_buckets
 from ddp_runner.tasks.engine.diagnostics import faults, heartbeat, profiling
 from ddp_runner.tasks.engine.diagnostics import telemetry as gpu_telemetry
@@ -40,13 +41,14 @@ from ddp_runner.tasks.engine.strategy.base import Strategy
 from ddp_runner.tasks.engine.train_state import TrainState
 from ddp_runner.tasks.engine.validation import Validator
 
+_say = functools.partial(print, flush=True)  # a line in this rank's log
+
 
 class Trainer:
     """One run of the training loop on this rank."""
 
     def __init__(self, cfg: Config, ctx: Context, writer_future: Future | None = None) -> None:
-        self.cfg, self.ctx = cfg, ctx
-        self.writer_future = writer_future
+        self.cfg, self.ctx, self.writer_future = cfg, ctx, writer_future
         t = cfg.train
         torch.manual_seed(cfg.seed)  # same init on every rank (DDP also broadcasts rank 0's weights)
         self.parts: TaskParts = registry.build(cfg, ctx.device)
@@ -63,9 +65,10 @@ class Trainer:
         # zero1 partitions the optimizer state over the ranks; the others step the optimizer as it is.
         self.optimizer = self.strategy.wrap_optimizer(build_optimizer(t, self.strategy.params))
         self.scaler = torch.amp.GradScaler(ctx.device.type) if t.precision == "fp16" else None
-        self.plan = batch_plan(cfg, ctx.world_size)
-        self.per_rank, self.accumulation = self.plan.per_rank, self.plan.accumulation
-        self.feed = DataFeed(cfg, ctx, self.parts.train_set, self.per_rank, self.accumulation)
+        self.plan, why = micro_fit.start_plan(cfg, ctx.world_size, ctx.run_dir)
+        self.per_rank, self.accumulation, auto = self.plan.per_rank, self.plan.accumulation, auto_micro_batch(cfg)
+        self.feed = DataFeed(cfg, ctx, self.parts.train_set, self.per_rank, self.accumulation, by_step=auto)
+        self.fit = micro_fit.MicroFit(self.plan, why, ctx, auto=auto, resize=self._resized)  # auto: halves on OOM
         self.state = TrainState()
         self.total_steps = self.feed.total_steps(self.state)
         self.extras: task_metrics.Sums | None = None  # the loop's extra metric sums (names known after a forward)
@@ -80,6 +83,7 @@ class Trainer:
         self.checkpoints = CheckpointManager(
             cfg, run_dir=ctx.run_dir, rank=ctx.rank, console=ctx.console, plan=self.plan, strategy=self.strategy,
             optimizer=self.optimizer, scheduler=self.scheduler, scaler=self.scaler)
+        self.checkpoints.on_resume_plan = self.fit.resumed  # auto: a resume keeps the checkpoint's micro-batch
         # Clock, power, temperature and power-cap state of this rank's GPU, per logging window (None: no NVML).
         self.telemetry = gpu_telemetry.Sampler.start(ctx.device) if t.get("gpu_telemetry", True) else None
         self.stops = StopController(cfg, ctx, self.checkpoints, phase=self.phase, save=self.checkpoint,
@@ -104,16 +108,18 @@ class Trainer:
             self.total_steps = self.feed.total_steps(self.state)
             self.validator.plan(self.total_steps)
 
+    def _resized(self, plan: BatchPlan, replay: bool) -> None:
+        """``batch.per_rank=auto`` changed the micro-batch (micro_fit.py): every step is split anew from here on."""
+        self.plan = self.checkpoints.plan = plan
+        self.per_rank = self.validator.per_rank = plan.per_rank  # validation's batches too: they fit
+        self.accumulation = plan.accumulation
+        self.feed.resize(plan.per_rank, replay)  # replay: the step is retried on the same samples
+
     def checkpoint(self, loop: Loop | None = None, final: bool = False) -> None:
         """Save a checkpoint of where training stands now (collective: every rank calls it); with ``loop``, the
         losses of the logging window still open too, so that a resume logs exactly what an uninterrupted run would."""
         if loop is not None:
-            # Every rank's open logging window (its loss sum differs per rank) into the progress (one collective).
-            sums: list[Any] = [None] * self.ctx.world_size
-            dist.all_gather_object(sums, float(loop.loss_sum))
-            self.state.window_loss, self.state.logged_step = sums, loop.logged_step
-            if loop.writer is not None:  # what this checkpoint covers is in the trackers: a resume leaves no gap
-                loop.writer.flush()
+            log_step.keep_window(loop, self.state, self.ctx.world_size)
         self.checkpoints.save(self.state, final=final)
 
     def phase(self, name: str, pause: bool = True) -> contextlib.AbstractContextManager:
@@ -121,15 +127,12 @@ class Trainer:
         meter = self.loop.meter if pause and self.loop is not None else None
         return phases.phase(name, rank=self.ctx.rank, step=self.state.step, local_dir=self.ctx.local_dir, meter=meter)
 
-    def _say(self, msg: str) -> None:
-        print(msg, flush=True)
-
     def train(self) -> dict[str, Any]:
         """Run optimizer steps to ``total_steps`` (or to an agreed stop), then checkpoint and validate once more;
         return the summary."""
         batches = self.feed.micro_batches(self.state)
         if self.resumed_from is not None and self.state.step < self.total_steps:  # no step left: it only validates
-            batches = settle_buckets(batches, self.strategy, self.ctx, self.cfg.train.precision, self._say)
+            batches = settle_buckets(batches, self.strategy, self.ctx, self.cfg.train.precision, _say)
         loop = self.loop = self._start_loop()
         with self.stops.taking_stops() as stop:
             self._loop(loop, batches, stop)
@@ -141,7 +144,7 @@ class Trainer:
                 loop, self.state, self.cfg, params=self.strategy.params, global_batch=self.plan.global_batch,
                 tokens_per_sample=self.parts.tokens_per_sample, first_commit_unix=self.checkpoints.first_commit_unix,
                 compile_facts=summary.compile_facts(self.cfg, self.compile_cache), validation=self.validator,
-                resumed_from=self.resumed_from, stopped=self.stopped,
+                resumed_from=self.resumed_from, stopped=self.stopped, micro_batch=self.fit.record(),
                 stop_vote=self.stops.vote.stats() if self.stops.vote is not None else None)
 
     def _loop(self, loop: Loop, batches: Batches, stop: StopAgreement) -> None:
@@ -152,8 +155,7 @@ class Trainer:
             with loop.meter.paused("profile", sync=loop.profiler.acts_before(self.state.step + 1)):
                 loop.profiler.before_step(self.state.step + 1)
             loop.timer.begin_step(self.state.step + 1)
-            for m in range(self.accumulation):
-                self.micro_step(batches, loop, first=m == 0, last=m == self.accumulation - 1)
+            self.fit.step(functools.partial(self.micro_step, batches, loop), self.state, loop, self.strategy.params)
             heartbeat.phase("optimizer")
             lr, grad_norm = self.optimizer_step()
             loop.timer.end_step()
@@ -209,7 +211,7 @@ class Trainer:
         prof_cfg = t.get("profile") or {}
         profiler = profiling.StepProfiler(
             os.path.join(ctx.local_dir, layout.PROFILE), ctx.rank, self.state.step + int(prof_cfg.get("start", 0)),
-            int(prof_cfg.get("steps", 0)), ctx.device, say=self._say if ctx.is_main else None,
+            int(prof_cfg.get("steps", 0)), ctx.device, say=_say if ctx.is_main else None,
         )
         writer = (log_step.ready_trackers(self.writer_future, self.cfg, ctx.run_dir, self.plan.as_dict(),
                                           tokens=bool(self.parts.tokens_per_sample))
@@ -228,11 +230,14 @@ class Trainer:
                     s.step if s.logged_step is None else s.logged_step, self.extras,
                     start_step=s.step, start_unix=startup.marked("loop_start"), timer=timer)
 
-    def micro_step(self, batches: Batches, loop: Loop, *, first: bool, last: bool) -> None:
-        """Forward and backward of one micro-batch; the strategy synchronises gradients on the ``last`` one only."""
+    def micro_step(self, batches: Batches, loop: Loop, *, first: bool, last: bool,
+                   check: Callable[[], None] = micro_fit.no_check) -> None:
+        """Forward and backward of one micro-batch; the strategy synchronises gradients on the ``last`` one only.
+        ``check``: the ranks agree that none ran out of memory, after the forward and after the backward."""
         device = self.ctx.device
         heartbeat.phase("data")
         x, y, wait = next(batches)
+        faults.micro_batch(self.ctx.rank, len(x))
         heartbeat.phase("sync" if last else "forward_backward")
         loop.meter.add_wait(wait)
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
@@ -242,9 +247,11 @@ class Trainer:
         with self.strategy.sync(last):  # no_sync around forward *and* backward of every micro-step but the last
             with autocast(device, self.cfg.train.precision):
                 loss, extra = task_metrics.split_output(self.strategy.forward(last)(x, y))
-            scaled = loss / self.accumulation  # the mean over the optimizer step's micro-batches
+            check()
+            scaled = loss / self.accumulation  # the mean over the step's equal micro-batches, at any split of them
             scaled = self.scaler.scale(scaled) if self.scaler is not None else scaled
             self.strategy.backward(scaled, first=first, last=last)
+        check()
         loop.loss_sum += loss.detach().float()
         loop.extras.add(extra)
         self.state.micro_in_epoch += 1
@@ -256,11 +263,7 @@ class Trainer:
         params = self.strategy.params
         lr = self.optimizer.param_groups[0]["lr"]
         if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)
-            grad_norm = (torch.nn.utils.clip_grad_norm_(params, t.grad_clip) if t.grad_clip
-                         else torch.nn.utils.get_total_norm([p.grad for p in params]))
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
+            grad_norm = grad_sync.scaled_step(self.scaler, self.optimizer, params, t.grad_clip)
         else:  # every trained parameter has its gradient buffer (the strategy made them)
             grad_norm = grad_sync.clipped_step(self.optimizer, params, t.grad_clip)
         self.strategy.after_optimizer_step(self.optimizer, self.accumulation)
@@ -275,10 +278,7 @@ class Trainer:
         loop.first_step_end_unix = time.time()
         loop.first_step_s = loop.first_step_end_unix - float(os.environ.get(layout.ENV_T0, time.time()))
         if self.cfg.train.compile:
-            facts = summary.compile_facts(self.cfg, self.compile_cache) or {}
-            self._say(f"compile: first step {loop.first_step_s:.1f} s from launch, scope {facts.get('scope')},"
-                      f" cache {facts.get('cache_dir')}: {facts.get('cache_hits', 0)} hits,"
-                      f" {facts.get('cache_misses', 0)} misses")
+            _say(summary.compile_line(summary.compile_facts(self.cfg, self.compile_cache), loop.first_step_s))
         self.checkpoints.reserve()  # optimizer state exists now: get the save's buffers ready
         # Compilation leaves many long-lived Python objects; every full collection would walk them all and
         # stall this rank's host, and with DDP a stall on any rank stalls all. Frozen, they are not walked

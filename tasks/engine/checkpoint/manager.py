@@ -17,6 +17,7 @@ The trainer asks; storage (``storage``, ``sharded``, ``async_saver``) writes and
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -100,6 +101,9 @@ class CheckpointManager:
         self.export_format = c.get("export")  # also export the weights at every checkpoint (ddp-export's formats)
         self.every_steps, self.keep_last, self.final = c.every_steps, c.keep_last, bool(c.get("final", True))
         self.resumed_from: str | None = None
+        # Told the checkpoint's batch plan before a resume checks and counts in this run's (batch.per_rank=auto
+        # takes the micro-batch it had settled on: tasks/engine/micro_fit.py); None: nobody asks.
+        self.on_resume_plan: Callable[[dict[str, Any]], None] | None = None
         self._hooks = faults.save_hooks()  # the tests' hold before a commit; None in a real run
         self._first_commit_unix: float | None = None
         # Background saving snapshots rank 0's whole state; a strategy whose state is spread saves collectively.
@@ -135,6 +139,8 @@ class CheckpointManager:
         if not sources.urls:
             return None
         state, src = self._load(sources)
+        if self.on_resume_plan is not None:
+            self.on_resume_plan(state.get("plan", {}))
         model_shapes = {k: tuple(v.shape) for k, v in self.strategy.model.state_dict().items()}
         compat.check(state, src, self.plan, model_shapes, run_sharded=self.strategy.sharded_checkpoint,
                      strategy_name=(self.cfg.get("strategy") or {}).get("name", "ddp"))

@@ -38,6 +38,12 @@ And one for the stop tests (its name: :data:`ENV_STOP_AT`):
   the driver (run.json names it) and waits until the stop has reached it (:func:`in_phase`), so that the stop lands
   in that phase whatever the machine's load.
 
+And one for ``batch.per_rank=auto`` (its name: :data:`ENV_OOM_ABOVE`):
+
+- ``DDP_RUNNER_OOM_ABOVE=<N>`` (or ``<N>@<rank>``: that rank only): a micro-step whose micro-batch holds more than
+  ``N`` samples raises ``torch.OutOfMemoryError`` before its forward (:func:`micro_batch`), as a device too small
+  for it would, so that the fitting (tasks/engine/micro_fit.py) is tested on the CPU.
+
 Nothing else in the engine injects faults.
 """
 
@@ -55,6 +61,7 @@ from ddp_runner.contract import layout
 
 KINDS = ("exception", "oom", "sigkill", "hang", "slow")
 ENV_FAULT_GATE = "DDP_RUNNER_FAULT_GATE"
+ENV_OOM_ABOVE = "DDP_RUNNER_OOM_ABOVE"
 GATE_WAIT_S = 300.0  # a test that never opens the gate gets its fault late, not a run that hangs for ever
 
 
@@ -76,14 +83,18 @@ class Faults:
     slow_save: tuple[int, float] | None = None  # (step, seconds)
     commit_pause_s: float | None = None
     gate: str | None = None  # a file the rehearsal faults wait for
+    oom_above: tuple[int, int | None] | None = None  # (samples, rank or None: every rank)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Faults:
         """The tests' hooks from the environment (no rehearsal fault)."""
         slow = env.get(layout.ENV_SLOW_SAVE)
         pause = env.get(layout.ENV_CKPT_TEST_PAUSE)
+        oom = env.get(ENV_OOM_ABOVE)
+        size, _, rank = (oom or "").partition("@")
         return cls(slow_save=(int(slow.partition(":")[0]), float(slow.partition(":")[2])) if slow else None,
-                   commit_pause_s=float(pause) if pause else None, gate=env.get(ENV_FAULT_GATE) or None)
+                   commit_pause_s=float(pause) if pause else None, gate=env.get(ENV_FAULT_GATE) or None,
+                   oom_above=(int(size), int(rank) if rank else None) if oom else None)
 
 
 _active = Faults.from_env(os.environ)
@@ -104,7 +115,7 @@ def configure(fault: Mapping[str, Any] | None, env: Mapping[str, str] = os.envir
     specs = [fault, *(fault.get("also") or [])]  # ``fault.also``: more faults at once (one fails, one is stuck)
     at = tuple(Fault(str(f["kind"]), int(f.get("rank", 0)), int(f.get("step", 1)), float(f.get("slow_s") or 0.0))
                for f in specs)
-    _active = Faults(at, _active.slow_save, _active.commit_pause_s, _active.gate)
+    _active = Faults(at, _active.slow_save, _active.commit_pause_s, _active.gate, _active.oom_above)
 
 
 def after_step(rank: int, step: int) -> None:
@@ -114,6 +125,16 @@ def after_step(rank: int, step: int) -> None:
             if _active.gate is not None:
                 _wait_for_gate(_active.gate)
             _inject(f, rank, step)
+
+
+def micro_batch(rank: int, samples: int) -> None:
+    """``DDP_RUNNER_OOM_ABOVE``: a micro-batch of more than its ``N`` samples runs out of memory on its rank."""
+    oom = _active.oom_above
+    if oom is not None and samples > oom[0] and oom[1] in (None, rank):
+        import torch
+
+        raise torch.OutOfMemoryError(f"{ENV_OOM_ABOVE}={oom[0]}: a micro-batch of {samples} samples on rank {rank}"
+                                     " ran out of memory (simulated)")
 
 
 def _wait_for_gate(path: str) -> None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from ddp_runner.tasks.engine import timing
 from ddp_runner.tasks.engine.config import Config
@@ -64,6 +65,16 @@ def ready_trackers(opening: Future, cfg: Config, run_dir: str, plan: dict[str, i
                **tb.swept_values(run_dir)}
     board.start(plan, hparams, tokens=tokens)
     return trackers
+
+
+def keep_window(loop: Loop, state: Any, world_size: int) -> None:
+    """Before a checkpoint: every rank's open logging window (its loss sum differs per rank) into the progress
+    ``state`` (one collective), so that a resume logs exactly what an uninterrupted run would."""
+    sums: list[Any] = [None] * world_size
+    dist.all_gather_object(sums, float(loop.loss_sum))
+    state.window_loss, state.logged_step = sums, loop.logged_step
+    if loop.writer is not None:  # what the checkpoint covers is in the trackers: a resume leaves no gap
+        loop.writer.flush()
 
 
 def open_log(loop: Loop, step: int, lr: float, grad_norm: torch.Tensor, *, accumulation: int, world_size: int,

@@ -32,10 +32,11 @@ def window_ends(start_step: int, last_step: int, log_every: int) -> list[int]:
 def build(loop: Loop, state: TrainState, cfg: Config, *, params: Sequence[torch.nn.Parameter], global_batch: int,
           tokens_per_sample: int | None, first_commit_unix: float | None, compile_facts: dict[str, Any] | None,
           validation: Any, resumed_from: str | None, stopped: StopRecord | None,
-          stop_vote: dict[str, float] | None) -> TrainSummary:
+          stop_vote: dict[str, float] | None, micro_batch: dict[str, Any] | None = None) -> TrainSummary:
     """The summary, once training has ended (its final checkpoint and validation done) or stopped; closes the
     console's progress and the trackers. ``validation``: the run's :class:`~ddp_runner.tasks.engine.validation.
-    Validator`; ``stopped``: the stop record, if a stop ended the run."""
+    Validator`; ``stopped``: the stop record, if a stop ended the run; ``micro_batch``: the fitted micro-batch's
+    record (``batch.per_rank=auto``, tasks/engine/micro_fit.py)."""
     if loop.progress is not None:
         loop.progress.close()
     summary: TrainSummary = {
@@ -62,6 +63,8 @@ def build(loop: Loop, state: TrainState, cfg: Config, *, params: Sequence[torch.
         "stopped": stopped,
         "stop_vote": stop_vote,
     }
+    if micro_batch is not None:  # batch.per_rank=auto: the micro-batch the ranks settled on, and why
+        summary["micro_batch"] = micro_batch
     if loop.writer is not None:
         loop.writer.close()
         summary["trackers"] = loop.writer.report()
@@ -101,6 +104,14 @@ def goodput(loop: Loop, state: TrainState, global_batch: int, tokens_per_sample:
     out["time_to_first_checkpoint_s"] = first_commit_unix - t0 if first_commit_unix is not None else None
     out["startup_parts"] = startup.parts()  # where the start-up went, on rank 0
     return out
+
+
+def compile_line(facts: dict[str, Any] | None, first_step_s: float | None) -> str:
+    """The rank log's line on compilation after the first step: its time from launch, scope and cache use."""
+    facts = facts or {}
+    return (f"compile: first step {first_step_s or 0.0:.1f} s from launch, scope {facts.get('scope')},"
+            f" cache {facts.get('cache_dir')}: {facts.get('cache_hits', 0)} hits,"
+            f" {facts.get('cache_misses', 0)} misses")
 
 
 def compile_facts(cfg: Config, cache_dir: str | None) -> dict[str, Any] | None:

@@ -82,3 +82,15 @@ def clipped_step(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], m
     finally:
         del optimizer.grad_scale  # type: ignore[attr-defined]
     return norm
+
+
+def scaled_step(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer, params: list[torch.Tensor],
+                max_norm: float | None) -> torch.Tensor:
+    """fp16's optimizer step: unscale, clip to ``max_norm`` (None: no clipping), step through the scaler (which
+    skips a step with inf/nan gradients) and update its scale; return the gradient norm."""
+    scaler.unscale_(optimizer)
+    norm = (torch.nn.utils.clip_grad_norm_(params, max_norm) if max_norm
+            else torch.nn.utils.get_total_norm([p.grad for p in params]))
+    scaler.step(optimizer)
+    scaler.update()
+    return norm
