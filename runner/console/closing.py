@@ -95,6 +95,19 @@ def completed_lines(train: Mapping[str, Any], check: Mapping[str, Any], summary:
     return out + textfit.wrap_all(breakdown.goodput_lines(train.get("goodput")), width)
 
 
+def failed_lines(cause: Mapping[str, Any], label: str, log: str | None, logs: str, resume: list[str]) -> list[str]:
+    """The console's closing lines for a failed run (``label``: ``FAILED``, or the status a stop left), unfitted:
+    the root cause with its first frames (``log``: the failed rank's log), what followed from it, where the rank
+    logs are (``logs``), how to continue (``resume``), and last the outcome and where, so that the end of the
+    console names the rank and the cause."""
+    from ddp_runner.diagnostics import rootcause
+
+    out = [f"ddp-run: {line}" if i == 0 else line for i, line in enumerate(rootcause.first_lines(cause, log))]
+    out += [f"ddp-run: {line}" for line in rootcause.consequence_lines(cause)]
+    out.append(f"ddp-run: rank logs: {logs}")
+    return [*out, *resume, f"ddp-run: {label}: {rootcause.headline(cause)}", f"  where: {cause['where']}"]
+
+
 def job_line(train: Mapping[str, Any], job: int, width: int | None = None) -> list[str]:
     """A sweep's job closes with one line (its detail is in its summary.json; the sweep's table follows at the
     end): ``ddp-run: job 3 completed: 24 steps, final loss 1.0021, val loss 0.9, 4.6 s wall-clock``."""

@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 
 from ddp_runner.config import memory_plan
 from ddp_runner.config.plan import Plan
+from ddp_runner.console import textfit
 from ddp_runner.contract import layout, secrets
 from ddp_runner.contract.errors import PlanError
 from ddp_runner.job import dry_run
@@ -76,7 +77,7 @@ def _job_config(composed: dict[str, Any], how: Invocation, check: Callable[[dict
         resume, chose = _choose_last(composed, how)
     if resume not in resume_checks.NEW_RUN:  # what the workers will pass over, said before launch
         for note in resume_checks.skipped_notes(resume):
-            print(f"ddp-run: note: {note}", file=sys.stderr, flush=True)
+            textfit.say(f"ddp-run: note: {note}", sys.stderr, flush=True)
     if resume not in resume_checks.NEW_RUN and resume_checks.is_run_dir(resume):
         conf, rd, how.env_raw, how.resume_changes = continued_run(resume, bool(composed.get("dry_run")),
                                                                   how.overrides, composed, chose)
@@ -90,8 +91,8 @@ def _job_config(composed: dict[str, Any], how: Invocation, check: Callable[[dict
 def _choose_last(composed: dict[str, Any], how: Invocation) -> tuple[str, list[str]]:
     """``resume=last``: the run it continues, and the overrides that chose it (said on the console)."""
     resume, want = resume_last.choose(str(composed["output"]["root"]), composed, how.overrides)
-    print(f"ddp-run: resume=last: continuing {resume}"
-          + (f" (the newest unfinished run with {want})" if want.given else ""), flush=True)
+    textfit.say(f"ddp-run: resume=last: continuing {resume}"
+                + (f" (the newest unfinished run with {want})" if want.given else ""), flush=True)
     return resume, want.given
 
 
@@ -168,23 +169,23 @@ def _check_trackers(conf: dict[str, Any]) -> None:
 
 
 def _announce(conf: dict[str, Any], plan: Plan, mem: dict[str, Any] | None) -> None:
-    print(f"ddp-run: {conf['task']['name']}: {plan.explanation}; device {plan.device}, backend {plan.backend}",
-          flush=True)
+    textfit.say(f"ddp-run: {conf['task']['name']}: {plan.explanation}; device {plan.device}, backend {plan.backend}",
+                flush=True)
     if mem is not None:
-        print(f"ddp-run: {memory_plan.describe(mem)}", flush=True)
+        textfit.say(f"ddp-run: {memory_plan.describe(mem)}", flush=True)
         for warning in (memory_plan.tight(mem), memory_plan.fsdp_micro_batch_hint(mem, plan)):
             if warning is not None:
-                print(f"ddp-run: warning: {warning}", file=sys.stderr, flush=True)
+                textfit.say(f"ddp-run: warning: {warning}", sys.stderr, flush=True)
 
 
 def _say_resume_changes(how: Invocation) -> None:
     """What differs from the checkpoint's run applies from its step on; run.json records it, the console says it."""
     if not how.resume_changes:
         return
-    print(secrets.redact("ddp-run: changed on resume: " + ", ".join(
-        f"{k} {c['checkpoint']!r} -> {c['used']!r}" for k, c in how.resume_changes.items())
-        + (f" (from step {next(iter(how.resume_changes.values()))['from_step']})"
-           if next(iter(how.resume_changes.values()))['from_step'] is not None else ""), how.masks), flush=True)
+    textfit.say(secrets.redact("ddp-run: changed on resume: " + ", ".join(
+              f"{k} {c['checkpoint']!r} -> {c['used']!r}" for k, c in how.resume_changes.items())
+              + (f" (from step {next(iter(how.resume_changes.values()))['from_step']})"
+                 if next(iter(how.resume_changes.values()))['from_step'] is not None else ""), how.masks), flush=True)
 
 
 def _dry_run(conf: dict[str, Any], plan: Plan, mem: dict[str, Any] | None, launcher: Any, task_dir: str | None,
@@ -220,6 +221,6 @@ def _say_where_it_starts(conf: dict[str, Any], rd: rundir.RunDir | None, how: In
     if (conf.get("launcher") or {}).get("name") in JOINED_LAUNCHERS:
         return  # a node opens the job's own run directory, and continues it when it has a checkpoint
     if resume == "restart":
-        print("ddp-run: resume=restart: a new run from step 0", flush=True)
+        textfit.say("ddp-run: resume=restart: a new run from step 0", flush=True)
     elif resume == "auto" and (note := resume_checks.note_unfinished(str(conf["output"]["root"]))):
-        print(note, file=sys.stderr, flush=True)
+        textfit.say(note, sys.stderr, flush=True)

@@ -22,7 +22,7 @@ from ddp_runner.job.slots import limit
 from ddp_runner.report.sweep import SweepRecord, job_dir_name, job_values
 
 NOT_STARTED = "the sweep was stopped before this job started"
-JOB_LOGS = "jobs"  # a concurrent sweep's folder of job consoles, in the sweep directory
+JOB_LOGS = layout.SWEEP_JOB_LOGS  # a concurrent sweep's folder of job consoles, in the sweep directory
 
 
 def check(conf: Mapping[str, Any]) -> None:

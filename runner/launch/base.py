@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ddp_runner.config.plan import Plan
+from ddp_runner.console import textfit
 from ddp_runner.rundir.run_dir import RunDir
 from ddp_runner.supervise import finalize
 from ddp_runner.supervise.session import Session, environment
@@ -120,5 +121,5 @@ class BaseLauncher:
         code = finalize.finish(rd, manifest, job.plan, rc, session.interrupted, watch=session.observations(),
                                 preempt=session.preempt)
         session.close()
-        print(rd.url, flush=True)
+        textfit.say(rd.url, flush=True)
         return code

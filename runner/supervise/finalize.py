@@ -146,26 +146,20 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
     step[0] = "reporting"
     if ok:
         if late:
-            print(stop_outcome.after_the_end_line(manifest["stop_after_the_end"]), file=sys.stderr, flush=True)
+            textfit.say(stop_outcome.after_the_end_line(manifest["stop_after_the_end"]), sys.stderr, flush=True)
         for line in _closing(rd, manifest, train, check):
             print(line, flush=True)
         return 0
     if stopped is not None:
-        print(stop_outcome.stopped_line(manifest["status"], stops.signal_name(interrupted), stopped), file=sys.stderr)
+        textfit.say(stop_outcome.stopped_line(manifest["status"], stops.signal_name(interrupted), stopped), sys.stderr)
         for line in resume_lines(rd, stopped, manifest["status"]):
-            print(line, file=sys.stderr, flush=True)
+            textfit.say(line, sys.stderr, flush=True)
         return _exit_code(False, rc, interrupted)
     label = manifest["status"].upper() if interrupted is not None else "FAILED"
     log = layout.join(rd.url, layout.rank_log(cause["rank"])) if isinstance(cause.get("rank"), int) else None
-    for i, line in enumerate(rootcause.first_lines(cause, log)):  # the cause first, then the frames
-        print(f"ddp-run: {line}" if i == 0 else line, file=sys.stderr)
-    for line in rootcause.consequence_lines(cause):
-        print(f"ddp-run: {line}", file=sys.stderr)
-    print(f"ddp-run: rank logs: {layout.join(rd.url, layout.LOGS)}", file=sys.stderr)
-    # Last, so that the end of the console names the rank and the cause.
-    for line in resume_lines(rd, None, manifest["status"]):
-        print(line, file=sys.stderr)
-    print(f"ddp-run: {label}: {rootcause.headline(cause)}\n  where: {cause['where']}", file=sys.stderr, flush=True)
+    lines = closing.failed_lines(cause, label, log, layout.join(rd.url, layout.LOGS),
+                                 resume_lines(rd, None, manifest["status"]))
+    textfit.say("\n".join(lines), sys.stderr, flush=True)
     return _exit_code(ok, rc, interrupted)
 
 
@@ -199,7 +193,7 @@ def _finalize_failed(rd: RunDir, manifest: dict[str, Any], rc: int, interrupted:
     except Exception as again:  # noqa: BLE001 - the store is gone: say so, readers will see the run as lost
         recorded = (f"{layout.MANIFEST} could not be updated either ({type(again).__name__});"
                     " readers will see the run as lost")
-    print(f"ddp-run: FAILED while finalising ({step}) in {rd.url}: {error}; {recorded}",
-          file=sys.stderr, flush=True)
+    textfit.say(f"ddp-run: FAILED while finalising ({step}) in {rd.url}: {error}; {recorded}",
+                sys.stderr, flush=True)
     code = _exit_code(False, rc, interrupted)
     return code if code != 0 else 1

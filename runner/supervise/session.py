@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ddp_runner.config.plan import Plan
+from ddp_runner.console import textfit
 from ddp_runner.console.live import Live
 from ddp_runner.console.live import wanted as live_wanted
 from ddp_runner.contract import layout, stops
@@ -135,8 +136,8 @@ class Session:
             if self.live is not None:  # the terminal is the driver's again before anything else is printed
                 self.live.stop()
         if self.lease_lost:
-            print(f"ddp-run: FAILED: lost the lease on {self.rd.url} to another driver; run.json left to it",
-                  file=sys.stderr, flush=True)
+            textfit.say(f"ddp-run: FAILED: lost the lease on {self.rd.url} to another driver; run.json left to it",
+                        sys.stderr, flush=True)
             return rc
         if self.watch is not None:
             self.watch.tick(judge=False)  # processes that ended since the last tick
@@ -155,4 +156,4 @@ class Session:
         if self.mirror is not None:
             self.mirror.flush()
             if (line := self.mirror.left_behind()) is not None:
-                print(line, file=sys.stderr, flush=True)
+                textfit.say(line, sys.stderr, flush=True)
