@@ -166,21 +166,24 @@ class Live:
             self.refresh()
 
     def apply(self, rec: Mapping[str, Any]) -> None:
-        """One record: ``start``, ``step``, ``val``, ``stage`` or a ``line`` to print above the bar. The state
-        moves first: a line printed is followed by the bar as the record left it."""
+        """One record: ``start``, ``step``, ``val``, ``stage``, ``phase`` or a ``line`` to print above the bar. The
+        state moves first: a line printed is followed by the bar as the record left it."""
         kind, s = rec.get("kind"), self.state
         if kind == "line":
             self.say(rec["text"])
         elif kind == "stage":
             s["stage"] = rec["text"]
+        elif kind == "phase":  # a validation under way (None: over)
+            s["phase"] = rec.get("name")
         elif kind == "start":
             s.update(total=rec["total"], step=rec["start"], unit=rec.get("unit"))
             self.paces.clear()  # a resumed run's first steps are not progress made in no time (the ETA)
         elif kind == "step":
-            s.update(step=rec["step"], total=rec["total"], loss=rec["loss"], rate=rec["rate"])
+            s.update(step=rec["step"], total=rec["total"], loss=rec["loss"], rate=rec["rate"], phase=None)
             self._pace(rec.get("t"), rec["step"])
         elif kind == "val":
-            s.update(step=max(s.get("step") or 0, rec["step"]), val=rec["loss"], metrics=rec.get("metrics") or {})
+            s.update(step=max(s.get("step") or 0, rec["step"]), val=rec["loss"], metrics=rec.get("metrics") or {},
+                     phase=None)
             self.say(val_line(rec["step"], s.get("total"), rec["loss"], s["metrics"]))
 
     def _pace(self, t: float | None, step: int) -> None:

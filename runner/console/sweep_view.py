@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import IO, Any
 
 from ddp_runner.console.live import clock, figures, steps_text, wanted
+from ddp_runner.console.live_frame import PHASES
 
 
 class Records:
@@ -45,9 +46,11 @@ class Records:
                 s.update(total=rec.get("total"), step=rec.get("start", 0), unit=rec.get("unit"), stage=None)
             elif kind == "step":
                 s.update(step=rec.get("step", 0), total=rec.get("total"), loss=rec.get("loss"), rate=rec.get("rate"),
-                         stage=None)
+                         stage=None, phase=None)
             elif kind == "val":
-                s["val"] = rec.get("loss")
+                s.update(val=rec.get("loss"), phase=None)
+            elif kind == "phase":  # a validation under way (None: over)
+                s["phase"] = rec.get("name")
         return self.state
 
 
@@ -112,6 +115,8 @@ class View:
         for child in sorted(running, key=lambda c: c.num):
             s = self.records[child.num].read() if child.num in self.records else {}
             progress = steps_text(s.get("step", 0), s.get("total")) or (s.get("stage") or "starting")
+            if (phase := PHASES.get(s.get("phase") or "")):
+                progress = f"{progress} {phase}"
             table.add_row(str(child.num), values_text(child.values), where(child), progress, figures(s),
                           clock(time.time() - child.started))
         if self.live is None:
