@@ -54,7 +54,7 @@ def terminal_columns(stream: IO[str]) -> int | None:
 class Live:
     """Rank 0's records drawn as a one-line bar on ``console`` (a rich Console; the driver's stdout by default)."""
 
-    def __init__(self, path: str, label: str, console: Any = None) -> None:
+    def __init__(self, path: str, label: str, console: Any = None, transient: bool = False) -> None:
         from rich.console import Console
         from rich.live import Live as RichLive
         from rich.spinner import Spinner
@@ -68,16 +68,16 @@ class Live:
         self.console = console or Console(file=sys.stdout)
         self.spinner = Spinner("dots", style="progress.spinner")
         # The driver's own lines above the bar; its stderr only when that is the same terminal (2>file stays).
-        self.live = RichLive(self, console=self.console, refresh_per_second=REFRESH_PER_S, transient=False,
+        self.live = RichLive(self, console=self.console, refresh_per_second=REFRESH_PER_S, transient=transient,
                              redirect_stdout=True, redirect_stderr=wanted(sys.stderr))
         self._resized = threading.Event()
         self._ended = False
         self._previous_winch: Any = None
 
     @classmethod
-    def for_run(cls, local_dir: str, label: str) -> Live:
-        """The bar for the run whose local directory is ``local_dir``."""
-        return cls(str(Path(local_dir, layout.CONSOLE_RECORDS)), label)
+    def for_run(cls, local_dir: str, label: str, transient: bool = False) -> Live:
+        """The bar for the run whose local directory is ``local_dir`` (``transient``: gone when it stops)."""
+        return cls(str(Path(local_dir, layout.CONSOLE_RECORDS)), label, transient=transient)
 
     # -- drawing -------------------------------------------------------------------------------------------------
 

@@ -1,5 +1,7 @@
 """One console view of a concurrent sweep: a row per running job (its devices, step, loss, throughput, time).
 
+A sweep run in turn (:func:`in_turn`) has no view: each job says one line when it ends.
+
 Each job's rank 0 writes its console as records (``tasks/engine/reporting/progress.py``) into a file the pool chose; the
 view reads what was added at every poll. On a terminal the rows are redrawn in place (``rich``); piped, the view
 prints one line when a job starts and one when it ends.
@@ -8,13 +10,25 @@ prints one line when a job starts and one when it ends.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import IO, Any
 
 from ddp_runner.console.live import clock, figures, steps_text, wanted
 from ddp_runner.console.live_frame import PHASES
+from ddp_runner.contract import layout
+
+
+def in_turn(sweep: Any, conf: Mapping[str, Any] | None = None) -> bool:
+    """Is this a job of a sweep (``sweep``: its sweep, or whether it has one) that runs its jobs one after another
+    in this process, on this host? Such a job says one line on the console when it ends, naming its run
+    directory; its plan, run directory and progress stay in that directory (run.json, logs/console.jsonl). A
+    concurrent sweep's job has the sweep's view instead (and its own log); a dry run shows every job's plan."""
+    conf = conf or {}
+    return (bool(sweep) and not os.environ.get(layout.ENV_SWEEP_CONSOLE) and not conf.get("dry_run")
+            and (conf.get("launcher") or {}).get("name", "local") == "local")
 
 
 class Records:

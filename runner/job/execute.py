@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from ddp_runner.config import memory_plan
 from ddp_runner.config.plan import Plan
-from ddp_runner.console import textfit
+from ddp_runner.console import sweep_view, textfit
 from ddp_runner.contract import layout, secrets
 from ddp_runner.contract.errors import PlanError
 from ddp_runner.job import dry_run
@@ -53,7 +53,7 @@ def execute(composed: dict[str, Any], how: Invocation,
             rd.lease.release()
         return refuse(err)
     _keep_secrets(conf, how)
-    _announce(conf, plan, mem)
+    _announce(conf, plan, mem, quiet=sweep_view.in_turn(how.new_run_dir is not None, conf))
     _say_resume_changes(how)
     launcher = registry.get(conf["launcher"])
     if conf["dry_run"]:
@@ -168,11 +168,15 @@ def _check_trackers(conf: dict[str, Any]) -> None:
         tracker_checks.preflight(conf)
 
 
-def _announce(conf: dict[str, Any], plan: Plan, mem: dict[str, Any] | None) -> None:
-    textfit.say(f"ddp-run: {conf['task']['name']}: {plan.explanation}; device {plan.device}, backend {plan.backend}",
-                flush=True)
+def _announce(conf: dict[str, Any], plan: Plan, mem: dict[str, Any] | None, quiet: bool = False) -> None:
+    """The plan and the memory plan on the console (``quiet``: not for a sweep's job run in turn, whose plan is
+    in its run.json), and the memory plan's warnings."""
+    if not quiet:
+        textfit.say(f"ddp-run: {conf['task']['name']}: {plan.explanation}; device {plan.device}, backend"
+                    f" {plan.backend}", flush=True)
     if mem is not None:
-        textfit.say(f"ddp-run: {memory_plan.describe(mem)}", flush=True)
+        if not quiet:
+            textfit.say(f"ddp-run: {memory_plan.describe(mem)}", flush=True)
         for warning in (memory_plan.tight(mem), memory_plan.fsdp_micro_batch_hint(mem, plan)):
             if warning is not None:
                 textfit.say(f"ddp-run: warning: {warning}", sys.stderr, flush=True)

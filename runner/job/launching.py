@@ -12,7 +12,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from ddp_runner.console import textfit
+from ddp_runner.console import sweep_view, textfit
 from ddp_runner.contract import layout, secrets, stops, tracking
 from ddp_runner.contract.errors import PlanError
 from ddp_runner.data import prep as data_prep
@@ -52,7 +52,8 @@ def _record_start(job: Job, rd: rundir.RunDir, cmd: list[str], how: Invocation, 
         manifest["started"] = previous.get("started", manifest["started"])
         manifest["continued"] = previous.get("continued", []) + [started.isoformat(timespec="seconds")]
     rd.write_json(layout.MANIFEST, manifest)
-    textfit.say(f"ddp-run: run directory {rd.url}", flush=True)
+    if not sweep_view.in_turn(how.sweep, conf):  # a sweep's job run in turn names it in its one closing line
+        textfit.say(f"ddp-run: run directory {rd.url}", flush=True)
     return manifest
 
 def launch(job: Job, launcher: Any, how: Invocation, started: datetime, mem: dict[str, Any] | None,

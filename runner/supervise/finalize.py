@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ddp_runner.config.plan import Plan
-from ddp_runner.console import closing, textfit
+from ddp_runner.console import closing, sweep_view, textfit
 from ddp_runner.contract import layout, stops
 from ddp_runner.rundir.manifest import completion_check, read_rank_files
 from ddp_runner.rundir.run_dir import RunDir
@@ -156,6 +156,10 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
             textfit.say(line, sys.stderr, flush=True)
         return _exit_code(False, rc, interrupted)
     label = manifest["status"].upper() if interrupted is not None else "FAILED"
+    if sweep_view.in_turn((manifest.get("invocation") or {}).get("sweep")):  # one line: the rest is in the run dir
+        textfit.say(closing.job_failed_line(cause, label, manifest["invocation"]["sweep"].get("job"),
+                                            layout.join(rd.url, layout.SUMMARY)), sys.stderr, flush=True)
+        return _exit_code(ok, rc, interrupted)
     log = layout.join(rd.url, layout.rank_log(cause["rank"])) if isinstance(cause.get("rank"), int) else None
     lines = closing.failed_lines(cause, label, log, layout.join(rd.url, layout.LOGS),
                                  resume_lines(rd, None, manifest["status"]))
@@ -168,8 +172,8 @@ def _closing(rd: RunDir, manifest: dict[str, Any], train: dict[str, Any], check:
     follows at its end); on a terminal, summary.json named in the run directory printed on the last line."""
     width = textfit.terminal_width(sys.stdout)
     sweep = (manifest.get("invocation") or {}).get("sweep")
-    if sweep is not None:
-        return closing.job_line(train, sweep.get("job"), width)
+    if sweep is not None:  # run in turn, it names its run directory (nothing else does)
+        return closing.job_line(train, sweep.get("job"), width, rd.url if sweep_view.in_turn(sweep) else None)
     summary = layout.SUMMARY if width is not None else layout.join(rd.url, layout.SUMMARY)
     return closing.completed_lines(train, check, summary, width)
 

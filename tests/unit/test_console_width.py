@@ -186,3 +186,56 @@ def test_ddp_runs_at_columns_80_and_no_word_about_a_sweeps_own_jobs_folder(
     assert err == "", err  # the sweep's jobs/ folder (its jobs' consoles) is its own, not a damaged run
     found = listing.scan(str(tmp_path), NOW)
     assert found.skipped == [] and [len(r.jobs) for r in found.rows if r.kind == "sweep"] == [2]
+
+
+# -- a sweep run in turn: one line per finished job ------------------------------------------------------------------
+
+def test_which_sweep_jobs_say_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddp_runner.console import sweep_view
+
+    monkeypatch.delenv(layout.ENV_SWEEP_CONSOLE, raising=False)
+    job = {"id": "00-09-00_sweep", "dir": "/runs/00-09-00_sweep", "job": 1}
+    assert sweep_view.in_turn(job, {"launcher": {"name": "local"}})
+    assert not sweep_view.in_turn(None, {"launcher": {"name": "local"}})  # a run of its own
+    assert not sweep_view.in_turn(job, {"launcher": {"name": "local"}, "dry_run": True})  # every job's plan
+    assert not sweep_view.in_turn(job, {"launcher": {"name": "slurm"}})
+    monkeypatch.setenv(layout.ENV_SWEEP_CONSOLE, "/tmp/job-1.jsonl")  # a concurrent sweep's job: the view
+    assert not sweep_view.in_turn(job, {"launcher": {"name": "local"}})
+
+
+def test_a_job_run_in_turn_keeps_its_rank_0_console_in_its_run_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddp_runner.supervise import session
+
+    monkeypatch.delenv(layout.ENV_SWEEP_CONSOLE, raising=False)
+    monkeypatch.setattr("sys.stdout", io.StringIO())  # piped: no bar, but no step lines on the console either
+    rd = RunDir(url=str(tmp_path), local=str(tmp_path), fs=LocalFileSystem(), path=str(tmp_path))
+    plan = Plan(world_size=2, per_rank_batch=8, accumulation=1, global_batch=16, device="cpu", backend="gloo",
+                nnodes=1, nproc_per_node=2)
+    env: dict[str, str] = {}
+    assert session.live_bar(rd, {"task": {"name": "smoke"}}, plan, env, in_turn=True) is None
+    assert env[layout.ENV_CONSOLE_RECORDS] == str(tmp_path / layout.CONSOLE_RECORDS)
+    env = {}
+    assert session.live_bar(rd, {"task": {"name": "smoke"}}, plan, env) is None and env == {}  # a run: plain lines
+
+
+def test_a_failed_job_run_in_turn_says_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv(layout.ENV_SWEEP_CONSOLE, raising=False)
+    monkeypatch.delenv("COLUMNS", raising=False)
+    run = tmp_path / "00-09-00_sweep" / "2_smoke_w2_seed=3"
+    (run / layout.PROGRESS).mkdir(parents=True)
+    for rank, t in ((1, 10.0), (0, 11.0)):
+        (run / layout.rank_error(rank)).write_text(json.dumps({
+            "rank": rank, "time": 1_760_000_000.0 + t, "type": "TypeError", "message": MESSAGE, "traceback": TAIL,
+            "where": WHERE}))
+    rd = RunDir(url=str(run), local=str(run), fs=LocalFileSystem(), path=str(run))
+    plan = Plan(world_size=2, per_rank_batch=8, accumulation=1, global_batch=16, device="cpu", backend="gloo",
+                nnodes=1, nproc_per_node=2)
+    manifest = {"versions": {}, "invocation": {"sweep": {"id": "00-09-00_sweep", "job": 2}}}
+    assert finalize.finish(rd, manifest, plan, rc=1, interrupted=None) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines() == [
+        f"ddp-run: job 2 FAILED: earliest error on rank 1 [exception]: TypeError: {MESSAGE}; details:"
+        f" {run}/summary.json"], err
+    assert json.loads((run / layout.SUMMARY).read_text())["root_cause"]["where"] == WHERE  # the rest is there
