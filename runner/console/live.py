@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from ddp_runner.console import live_frame
+from ddp_runner.console import live_frame, textfit
 from ddp_runner.console.live_frame import clock, figures, steps_text, times_text  # noqa: F401 - the bar's words
 from ddp_runner.contract import layout
 from ddp_runner.contract.osutil import handle_signals, restore_signals
@@ -195,10 +195,11 @@ class Live:
             self.paces.popleft()
 
     def say(self, text: str) -> None:
-        """Print a line above the bar, as written (no markup)."""
+        """Print a line above the bar, as written (no markup), fitted to the terminal's width."""
         from rich.text import Text
 
-        self.console.print(Text(text), soft_wrap=True)
+        for line in textfit.fit_lines(text, self.console.width):
+            self.console.print(Text(line), soft_wrap=True)
 
 
 def val_line(step: int, total: int | None, loss: float, metrics: Mapping[str, float]) -> str:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import IO, Any
 
+from ddp_runner.console import textfit
 from ddp_runner.console.live import clock, figures, steps_text, wanted
 from ddp_runner.console.live_frame import PHASES
 from ddp_runner.contract import layout
@@ -97,9 +98,10 @@ class View:
         if self.live is not None:
             from rich.text import Text
 
-            self.live.console.print(Text(text), soft_wrap=True)
+            for line in textfit.fit_lines(text, self.live.console.width):
+                self.live.console.print(Text(line), soft_wrap=True)
         else:
-            print(text, file=self.stream, flush=True)
+            textfit.say(text, self.stream, flush=True)
 
     def started(self, child: Any) -> None:
         """A job started."""

@@ -235,7 +235,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _error(msg: str, fix: str) -> int:
-    print(f"ddp-runs: error: {msg}. Fix: {fix}", file=sys.stderr)
+    textfit.say(f"ddp-runs: error: {msg}. Fix: {fix}", sys.stderr)
     return 2
 
 
@@ -280,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _error(f"{root} cannot be read ({type(exc).__name__}: {str(exc)[:200]})",
                       "check the path or URL and its credentials")
     for name, why in found.skipped:
-        print(f"ddp-runs: skipped {name}: {why}", file=sys.stderr)
+        textfit.say(f"ddp-runs: skipped {name}: {why}", sys.stderr)
     if args.json:
         print(json.dumps({"root": root, "runs": [r.to_json() for r in found.rows],
                           "skipped": [{"name": n, "reason": w} for n, w in found.skipped]}, indent=2))

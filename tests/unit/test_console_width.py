@@ -239,3 +239,18 @@ def test_a_failed_job_run_in_turn_says_one_line(tmp_path: Path, monkeypatch: pyt
         f"ddp-run: job 2 FAILED: earliest error on rank 1 [exception]: TypeError: {MESSAGE}; details:"
         f" {run}/summary.json"], err
     assert json.loads((run / layout.SUMMARY).read_text())["root_cause"]["where"] == WHERE  # the rest is there
+
+
+def test_lines_printed_above_the_bar_fit_the_terminal(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from ddp_runner.console import live
+
+    buf = io.StringIO()
+    bar = live.Live(str(tmp_path / "console.jsonl"), "smoke · 2 ranks", console=Console(file=buf, width=COLUMNS))
+    text = ("warning: rank 0 passed over checkpoint step_40 in /scratch/me/outputs/2026-12-05/00-08-17_smoke_w2:"
+            " its meta.json is not JSON; the run continues from step_30")
+    bar.say(text)
+    printed = buf.getvalue()
+    assert len(printed.splitlines()) > 1 and not _too_wide(printed), printed
+    assert " ".join(line.strip() for line in printed.splitlines()).replace("/ ", "/") == text
