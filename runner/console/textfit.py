@@ -1,10 +1,11 @@
 """Text the tools print, fitted to the terminal: lines wrapped at word boundaries under a hanging indent, tables
 narrowed by dropping their least telling columns, commands continued with ``\\`` so that they still paste.
 
-The width, one rule for every tool (:func:`terminal_width`): ``COLUMNS`` when it is set, as argparse, shutil and rich
-read it; else the width of the terminal the stream writes to; else none. Without a width (output piped to a file
-or a CI log, no ``COLUMNS``) nothing is changed: one record per line, for grep. (The live bar follows the
-terminal's own size instead: it is redrawn on every resize, which ``COLUMNS`` does not follow.)"""
+The width, one rule for every tool and the live bar (:func:`terminal_width`): on a terminal, its own width (what a
+resize changes; an exported ``COLUMNS`` is the width the shell had when the tool started); piped, ``COLUMNS`` when
+it is set (as argparse and rich read it: a CI log or a test asks for a width that way); else none: nothing is
+changed, one record per line, for grep. A path printed alone on its line (the run directory, last, for scripts)
+is left whole: the terminal folds it, and a copy of it stays one path."""
 
 from __future__ import annotations
 
@@ -25,18 +26,16 @@ _TWO_COLUMNS = re.compile(r"^ *\S(?:.*?\S)? {2,}(?=\S)")
 
 
 def terminal_width(stream: IO[str] | None = None) -> int | None:
-    """The columns lines printed on ``stream`` (default: stdout) are fitted to: ``COLUMNS`` when set (a positive
-    number), else the terminal's width, else None (not a terminal: lines are left whole)."""
-    columns = os.environ.get("COLUMNS", "").strip()
-    if columns.isdigit() and int(columns) > 0:
-        return int(columns)
+    """The columns lines printed on ``stream`` (default: stdout) are fitted to: the terminal's width, else (piped)
+    ``COLUMNS`` when set to a positive number, else None (lines are left whole)."""
     stream = stream if stream is not None else sys.stdout
     try:
-        if not stream.isatty():
-            return None
-        return os.get_terminal_size(stream.fileno()).columns or None
+        if stream.isatty() and (columns := os.get_terminal_size(stream.fileno()).columns):
+            return columns
     except (AttributeError, ValueError, OSError):
-        return None
+        pass
+    columns = os.environ.get("COLUMNS", "").strip()
+    return int(columns) if columns.isdigit() and int(columns) > 0 else None
 
 
 class _Wrapper(textwrap.TextWrapper):

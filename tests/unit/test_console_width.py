@@ -1,6 +1,6 @@
 """Every line the tools print fits an 80-column console (issue 51, item 9; runner/console/textfit.py): lines wrapped at
 word boundaries under a hanging indent, a command continued with a backslash so that it still pastes, ``ddp-runs``
-narrowed by dropping columns before the run's name is ever cut. The width: ``COLUMNS`` when set, else the terminal's,
+narrowed by dropping columns before the run's name is ever cut. The width: the terminal's, else ``COLUMNS`` when set,
 else none (piped: lines left whole). In process: the dry run, a refusal, ``--help``, a failed run's closing account
 and ``ddp-runs`` over run directories written here."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import time
 from datetime import datetime
@@ -35,13 +36,27 @@ def _too_wide(text: str, width: int = COLUMNS) -> list[str]:
 
 # -- the fitter ----------------------------------------------------------------------------------------------------
 
-def test_the_width_is_columns_then_the_terminal_then_none(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_width_is_the_terminals_else_columns_else_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    import fcntl
+    import pty
+    import struct
+    import termios
+
     monkeypatch.delenv("COLUMNS", raising=False)
     assert textfit.terminal_width(io.StringIO()) is None  # piped: lines as they are, one record per line
     monkeypatch.setenv("COLUMNS", "80")
-    assert textfit.terminal_width(io.StringIO()) == 80  # as argparse, shutil and rich read it
+    assert textfit.terminal_width(io.StringIO()) == 80  # as argparse and rich read it
     monkeypatch.setenv("COLUMNS", "wide")
     assert textfit.terminal_width(io.StringIO()) is None
+    leader, follower = pty.openpty()
+    try:
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 70, 0, 0))
+        monkeypatch.setenv("COLUMNS", "200")  # exported when the shell was wider: the terminal's own width wins
+        with open(follower, "w", closefd=False) as tty:
+            assert textfit.terminal_width(tty) == 70
+    finally:
+        os.close(leader)
+        os.close(follower)
 
 
 def test_lines_wrap_at_words_under_a_hanging_indent_and_paths_break_after_a_slash() -> None:
