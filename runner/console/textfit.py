@@ -21,6 +21,10 @@ NOTE_ROOM = 30  # a table's notes (``most work, at its power limit``) wrap in no
 
 
 MIN_WIDTH = 20  # narrower than this, nothing readable fits: lines are left as they are
+# A command printed on a line of its own, indented under the sentence that offers it (``  ddp-run resume=<dir>``).
+_COMMAND = re.compile(r"^ +(?:ddp-run|ddp-runs|ddp-compare|ddp-export|ddp-doctor|ddp-tokenize|cd|env) ")
+# A shell word: quoted parts and other characters up to a space outside quotes.
+_SHELL_WORD = re.compile(r"""(?:'[^']*'|"(?:\\.|[^"\\])*"|[^\s'"])+""")
 # A line of two columns (``  train.lr   0.001 …``, ``  key:   value``): its first column and the gap after it.
 _TWO_COLUMNS = re.compile(r"^ *\S(?:.*?\S)? {2,}(?=\S)")
 
@@ -64,11 +68,18 @@ def _at_slashes(word: str, room: int) -> list[str]:
 def wrap(line: str, width: int | None) -> list[str]:
     """``line`` as lines of at most ``width`` columns, broken at word boundaries, each continuation under a hanging
     indent (the line's own indent and two columns more, or its second column's where it has two and that leaves
-    ``NOTE_ROOM`` columns); ``[line]`` without a width. A word longer than a line
-    (a path) is broken after a ``/``: the terminal would break it anywhere."""
+    ``NOTE_ROOM`` columns); ``[line]`` without a width. A word longer than a line (a path) is broken after a ``/``:
+    the terminal would break it anywhere. A command on a line of its own (``  ddp-run …``) is continued as
+    :func:`command` continues it, so that it still pastes (one with a comment is left whole)."""
     if width is None or len(line) <= width or width < MIN_WIDTH:
         return [line]
     lead = line[:len(line) - len(line.lstrip(" "))]
+    if _COMMAND.match(line):  # continued with backslashes, so that it still pastes
+        words = _SHELL_WORD.findall(line)
+        if "#" in words:  # a comment ends at a line's end, and what follows it would run: left whole
+            return [line]
+        if " ".join(words) == line.strip():  # else not one command (a usage line of two columns)
+            return command(words, width, lead)
     hang = (lead + INDENT)[:width // 2]
     if (two := _TWO_COLUMNS.match(line)) and two.end() + NOTE_ROOM <= width:
         hang = " " * two.end()  # under the second column

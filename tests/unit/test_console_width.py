@@ -269,3 +269,22 @@ def test_lines_printed_above_the_bar_fit_the_terminal(tmp_path: Path) -> None:
     printed = buf.getvalue()
     assert len(printed.splitlines()) > 1 and not _too_wide(printed), printed
     assert " ".join(line.strip() for line in printed.splitlines()).replace("/ ", "/") == text
+
+
+def test_a_command_on_a_line_of_its_own_still_runs_as_printed(tmp_path: Path) -> None:
+    path = "/home/someone/projects/thing/outputs/2026-12-05/00-08-36_sweep/0_smoke_w1_seed=1"
+    lines = textfit.fit_lines(f"ddp-run: interrupted: the last complete checkpoint is step_8. Continue it with:\n"
+                              f"  ddp-run resume={path} train.max_steps=40", 60)
+    assert not _too_wide("\n".join(lines), 60), lines
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("ddp-run "))
+    script, stand_in = tmp_path / "cmd.sh", tmp_path / "bin" / "ddp-run"  # it prints its arguments
+    stand_in.parent.mkdir()
+    stand_in.write_text("#!/bin/sh\nprintf '%s\\n' \"$@\"\n")
+    stand_in.chmod(0o755)
+    script.write_text("\n".join(lines[at:]) + "\n")
+    ran = subprocess.run(["sh", str(script)], capture_output=True, text=True,
+                         env={"PATH": f"{stand_in.parent}:/usr/bin:/bin"})
+    assert ran.stdout.split() == [f"resume={path}", "train.max_steps=40"], (lines, ran)
+    # A comment would end at the line's end and run what follows: such a line is left whole.
+    commented = f"  ddp-run resume={path}    # in place, from step_8"
+    assert textfit.wrap(commented, 60) == [commented]
