@@ -94,9 +94,11 @@ def test_a_command_is_continued_with_backslashes_and_runs_as_printed(tmp_path: P
 # -- ddp-run's own lines, at COLUMNS=80 ------------------------------------------------------------------------------
 
 def test_a_dry_run_fits_and_its_command_still_pastes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    r = cli_in_process(["task=smoke", "device=cpu", "world_size=2", "dry_run=true"], tmp_path / "outputs",
-                       monkeypatch, env={"COLUMNS": str(COLUMNS)})
+    # A warmup longer than the run: a warning with it, as a run would print it.
+    r = cli_in_process(["task=smoke", "device=cpu", "world_size=2", "train.max_steps=4", "train.warmup_steps=40",
+                        "dry_run=true"], tmp_path / "outputs", monkeypatch, env={"COLUMNS": str(COLUMNS)})
     assert r.returncode == 0, r.stdout + r.stderr
+    assert "ddp-run: warning: train.warmup_steps=40" in r.stderr, r.stderr
     assert not _too_wide(r.stdout) and not _too_wide(r.stderr), _too_wide(r.stdout + r.stderr)
     assert "ddp-run: dry run, nothing launched" in r.stdout and r.stdout.count(" \\\n") >= 3, r.stdout
 
