@@ -14,7 +14,6 @@ more than the e2e tier reads are here, the others in ``tests/e2e/conftest.py``.
 from __future__ import annotations
 
 import importlib.util
-import os
 import random
 import subprocess
 from collections.abc import Callable, Iterator
@@ -33,9 +32,6 @@ from tests.support.tokenized import tokenized  # noqa: F401 - fixtures for every
 
 TESTS = Path(__file__).resolve().parent
 TIERS = ("unit", "integration", "e2e")
-# Piped output is fitted to COLUMNS when it is set (runner/console/textfit.py): one exported by the shell that runs
-# the tests must not wrap the lines they read. A test that wants a width sets it.
-os.environ.pop("COLUMNS", None)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

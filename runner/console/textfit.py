@@ -1,11 +1,12 @@
 """Text the tools print, fitted to the terminal: lines wrapped at word boundaries under a hanging indent, tables
 narrowed by dropping their least telling columns, commands continued with ``\\`` so that they still paste.
 
-The width, one rule for every tool and the live bar (:func:`terminal_width`): on a terminal, its own width (what a
-resize changes; an exported ``COLUMNS`` is the width the shell had when the tool started); piped, ``COLUMNS`` when
-it is set (as argparse and rich read it: a CI log or a test asks for a width that way); else none: nothing is
-changed, one record per line, for grep. A path printed alone on its line (the run directory, last, for scripts)
-is left whole: the terminal folds it, and a copy of it stays one path."""
+The width, one rule for every tool and the live bar (:func:`terminal_width`): a terminal's own width, which follows a
+resize (``COLUMNS``, else 80, only where a terminal's size cannot be read). Output that is no terminal (piped to a
+file, a CI log, another program) is never changed, whatever ``COLUMNS`` says, as ``ls`` prints one name a line when
+piped: one record per line, for grep and scripts (and a ``COLUMNS`` exported by a parent that loaded readline, as
+Python's REPL and pytest do, never reflows a log). A path printed alone on its line (the run directory, last, for
+scripts) is left whole: the terminal folds it, and a copy of it stays one path."""
 
 from __future__ import annotations
 
@@ -30,16 +31,20 @@ _TWO_COLUMNS = re.compile(r"^ *\S(?:.*?\S)? {2,}(?=\S)")
 
 
 def terminal_width(stream: IO[str] | None = None) -> int | None:
-    """The columns lines printed on ``stream`` (default: stdout) are fitted to: the terminal's width, else (piped)
-    ``COLUMNS`` when set to a positive number, else None (lines are left whole)."""
+    """The columns lines printed on ``stream`` (default: stdout) are fitted to: the terminal's own width (where it
+    cannot be read, ``COLUMNS``, else 80); None when ``stream`` is no terminal (lines are left whole)."""
     stream = stream if stream is not None else sys.stdout
     try:
-        if stream.isatty() and (columns := os.get_terminal_size(stream.fileno()).columns):
-            return columns
+        if not stream.isatty():
+            return None
+    except (AttributeError, ValueError):
+        return None
+    try:
+        columns = os.get_terminal_size(stream.fileno()).columns
     except (AttributeError, ValueError, OSError):
-        pass
-    columns = os.environ.get("COLUMNS", "").strip()
-    return int(columns) if columns.isdigit() and int(columns) > 0 else None
+        columns = 0
+    env = os.environ.get("COLUMNS", "").strip()
+    return columns or (int(env) if env.isdigit() and int(env) > 0 else 80)
 
 
 class _Wrapper(textwrap.TextWrapper):

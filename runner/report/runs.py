@@ -288,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ddp-runs: no runs under {root}")
     elif sys.stdout.isatty():
         try:
-            rich_table(found.rows, now, sys.stdout)
+            rich_table(found.rows, now, sys.stdout, textfit.terminal_width(sys.stdout))
         except ImportError:
             print(plain(found.rows, now, textfit.terminal_width(sys.stdout)))
     else:

@@ -1,15 +1,17 @@
 """Every line the tools print fits an 80-column console (issue 51, item 9; runner/console/textfit.py): lines wrapped at
 word boundaries under a hanging indent, a command continued with a backslash so that it still pastes, ``ddp-runs``
-narrowed by dropping columns before the run's name is ever cut. The width: the terminal's, else ``COLUMNS`` when set,
-else none (piped: lines left whole). In process: the dry run, a refusal, ``--help``, a failed run's closing account
-and ``ddp-runs`` over run directories written here."""
+narrowed by dropping columns before the run's name is ever cut. The width: a terminal's own (``COLUMNS``, else 80,
+where its size cannot be read, as for :class:`Terminal` here); piped output is never changed. In process: the dry
+run, a refusal, ``--help``, a failed run's closing account and ``ddp-runs`` over run directories written here."""
 
 from __future__ import annotations
 
 import io
 import json
 import os
+import re
 import subprocess
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -24,30 +26,36 @@ from ddp_runner.report import runs
 from ddp_runner.rundir import listing
 from ddp_runner.rundir.run_dir import RunDir
 from ddp_runner.supervise import finalize
-from tests.support.driver import cli_in_process
+from tests.support.driver import Terminal, cli_in_process
 
 COLUMNS = 80
 NOW = time.time()
 
 
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
 def _too_wide(text: str, width: int = COLUMNS) -> list[str]:
-    return [line for line in text.splitlines() if len(line) > width]
+    return [line for line in ANSI.sub("", text).splitlines() if len(line) > width]
 
 
 # -- the fitter ----------------------------------------------------------------------------------------------------
 
-def test_the_width_is_the_terminals_else_columns_else_none(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_width_is_the_terminals_and_piped_output_is_left_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     import fcntl
     import pty
     import struct
     import termios
 
-    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setenv("COLUMNS", "80")  # as a parent that loaded readline exports it
     assert textfit.terminal_width(io.StringIO()) is None  # piped: lines as they are, one record per line
-    monkeypatch.setenv("COLUMNS", "80")
-    assert textfit.terminal_width(io.StringIO()) == 80  # as argparse and rich read it
+    assert textfit.terminal_width(Terminal()) == 80  # a terminal whose size cannot be read
+    monkeypatch.setenv("COLUMNS", "100")
+    assert textfit.terminal_width(Terminal()) == 100 and textfit.terminal_width(io.StringIO()) is None
     monkeypatch.setenv("COLUMNS", "wide")
-    assert textfit.terminal_width(io.StringIO()) is None
+    assert textfit.terminal_width(Terminal()) == 80
+    monkeypatch.delenv("COLUMNS")
+    assert textfit.terminal_width(Terminal()) == 80
     leader, follower = pty.openpty()
     try:
         fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 70, 0, 0))
@@ -96,7 +104,7 @@ def test_a_command_is_continued_with_backslashes_and_runs_as_printed(tmp_path: P
 def test_a_dry_run_fits_and_its_command_still_pastes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A warmup longer than the run: a warning with it, as a run would print it.
     r = cli_in_process(["task=smoke", "device=cpu", "world_size=2", "train.max_steps=4", "train.warmup_steps=40",
-                        "dry_run=true"], tmp_path / "outputs", monkeypatch, env={"COLUMNS": str(COLUMNS)})
+                        "dry_run=true"], tmp_path / "outputs", monkeypatch, env={"COLUMNS": str(COLUMNS)}, tty=True)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "ddp-run: warning: train.warmup_steps=40" in r.stderr, r.stderr
     assert not _too_wide(r.stdout) and not _too_wide(r.stderr), _too_wide(r.stdout + r.stderr)
@@ -105,7 +113,7 @@ def test_a_dry_run_fits_and_its_command_still_pastes(tmp_path: Path, monkeypatch
 
 def test_a_refusal_fits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     r = cli_in_process(["task=smoke", "device=cpu", "world_size=2", "batch.per_rank=8", "batch.global=100"],
-                       tmp_path / "outputs", monkeypatch, env={"COLUMNS": str(COLUMNS)})
+                       tmp_path / "outputs", monkeypatch, env={"COLUMNS": str(COLUMNS)}, tty=True)
     assert r.returncode == layout.EXIT_REFUSED, r.stdout + r.stderr
     assert "ddp-run: refused: " in r.stderr and "  fix:" in r.stderr
     assert not _too_wide(r.stderr), _too_wide(r.stderr)
@@ -113,7 +121,7 @@ def test_a_refusal_fits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
 
 @pytest.mark.parametrize("args", [["--help"], ["--help", "train"]])
 def test_help_fits(args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    r = cli_in_process(args, tmp_path / "outputs", monkeypatch, env={"COLUMNS": str(COLUMNS)})
+    r = cli_in_process(args, tmp_path / "outputs", monkeypatch, env={"COLUMNS": str(COLUMNS)}, tty=True)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "train.lr" in r.stdout and not _too_wide(r.stdout), _too_wide(r.stdout)
 
@@ -128,9 +136,9 @@ TAIL = [f'  File "{TORCH}/parallel/distributed.py", line 1715, in _run_ddp_forwa
 WHERE = "/home/me/projects/my-own-task/badfwd.py:11 in Net.forward (the engine calls model(x, y))"
 
 
-def test_a_failed_runs_closing_account_fits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_failed_runs_closing_account_fits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", str(COLUMNS))
+    monkeypatch.setattr("sys.stderr", Terminal())
     run = tmp_path / "outputs" / "2026-12-05" / "00-08-17_my_own_regression_task_w2"
     (run / layout.PROGRESS).mkdir(parents=True)
     for rank, t in ((1, 10.0), (0, 11.0)):
@@ -141,7 +149,7 @@ def test_a_failed_runs_closing_account_fits(tmp_path: Path, monkeypatch: pytest.
     plan = Plan(world_size=2, per_rank_batch=8, accumulation=1, global_batch=16, device="cpu", backend="gloo",
                 nnodes=1, nproc_per_node=2)
     assert finalize.finish(rd, {"versions": {}}, plan, rc=1, interrupted=None) == 1
-    err = capsys.readouterr().err
+    err = sys.stderr.getvalue()
     assert not _too_wide(err), _too_wide(err)
     lines = err.strip().splitlines()
     assert lines[0].startswith("ddp-run: earliest error on rank 1 [exception]: TypeError:"), lines
@@ -193,13 +201,15 @@ def test_ddp_runs_keeps_every_runs_name_whole_in_a_narrow_console(width: int, tm
     assert "STATUS" in drawn and ("TASK" not in drawn if width < 120 else True), drawn
 
 
-def test_ddp_runs_at_columns_80_and_no_word_about_a_sweeps_own_jobs_folder(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_ddp_runs_at_80_columns_and_no_word_about_a_sweeps_own_jobs_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     names = _tree(tmp_path)
     monkeypatch.setenv("COLUMNS", str(COLUMNS))
+    monkeypatch.setattr("sys.stdout", Terminal())
+    monkeypatch.setattr("sys.stderr", Terminal())
     assert runs.main([str(tmp_path)]) == 0
-    out, err = capsys.readouterr()
-    assert all(name in out for name in names) and not _too_wide(out), out
+    out, err = sys.stdout.getvalue(), sys.stderr.getvalue()
+    assert "\x1b[" in out and all(name in ANSI.sub("", out) for name in names) and not _too_wide(out), out
     assert err == "", err  # the sweep's jobs/ folder (its jobs' consoles) is its own, not a damaged run
     found = listing.scan(str(tmp_path), NOW)
     assert found.skipped == [] and [len(r.jobs) for r in found.rows if r.kind == "sweep"] == [2]
