@@ -180,8 +180,8 @@ def main() -> None:
         sys.exit(0)
     if "-h" in args or "--help" in args:  # the runner's own help, from the validation table (Hydra's: --hydra-help)
         from ddp_runner.config.cli_help import print_help
-
-        sys.exit(print_help(args, CONFIG_PATH))
+        from ddp_runner.console import textfit
+        sys.exit(print_help(args, CONFIG_PATH, say=textfit.say))
     from ddp_runner.config.cli_help import info_args
 
     args = overrides.logger_list(info_args(args))

@@ -8,6 +8,8 @@ from __future__ import annotations
 import difflib
 import shlex
 import sys
+from collections.abc import Callable
+from typing import IO
 
 from ddp_runner.config import overrides as ov
 from ddp_runner.config import reference, task_module
@@ -16,10 +18,14 @@ from ddp_runner.contract.errors import PlanError
 from ddp_runner.contract.rules import global_batch
 
 
-def print_help(args: list[str], config_path: str) -> int:
+def _print(text: str, stream: IO[str]) -> None:
+    print(text, file=stream)
+
+
+def print_help(args: list[str], config_path: str, say: Callable[[str, IO[str]], None] = _print) -> int:
     """``ddp-run --help [KEY|GROUP ...] [overrides]``: the whole reference, or only the keys and groups named
     (``train.lr``, ``train``), with the values the overrides compose. Returns the exit code: 2 when a name is
-    neither a key nor a group."""
+    neither a key nor a group. ``say(text, stream)`` prints (the CLI's fits the text to the terminal)."""
     names, args = asked(args)
     args = as_the_run_composes(args, config_path)
     cli = ov.parse(without_info(args))
@@ -29,16 +35,16 @@ def print_help(args: list[str], config_path: str) -> int:
         text, unknown = reference.named_help(names, dirs, values)
         if unknown:
             near = difflib.get_close_matches(unknown[0], reference.known_names(dirs, values), n=3)
-            print(f"ddp-run: --help {unknown[0]}: no key or group of that name"
-                  + (f" (did you mean {', '.join(near)}?)" if near else "")
-                  + "; ddp-run --help lists them all", file=sys.stderr)
+            say(f"ddp-run: --help {unknown[0]}: no key or group of that name"
+                + (f" (did you mean {', '.join(near)}?)" if near else "")
+                + "; ddp-run --help lists them all", sys.stderr)
             return 2
-        print(text)
+        say(text, sys.stdout)
     else:
-        print(reference.help_text(dirs, values))
+        say(reference.help_text(dirs, values), sys.stdout)
     if not values:
-        print(f"\n(The config of {' '.join(without_info(args))} cannot be composed, so no values are shown: run it"
-              " without --help to see why.)")
+        say(f"\n(The config of {' '.join(without_info(args))} cannot be composed, so no values are shown: run it"
+            " without --help to see why.)", sys.stdout)
     return 0
 
 

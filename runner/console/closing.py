@@ -95,13 +95,33 @@ def completed_lines(train: Mapping[str, Any], check: Mapping[str, Any], summary:
     return out + textfit.wrap_all(breakdown.goodput_lines(train.get("goodput")), width)
 
 
-def job_line(train: Mapping[str, Any], job: int, width: int | None = None) -> list[str]:
+def failed_lines(cause: Mapping[str, Any], label: str, log: str | None, logs: str, resume: list[str]) -> list[str]:
+    """The console's closing lines for a failed run (``label``: ``FAILED``, or the status a stop left), unfitted:
+    the cause and the user's line first, said once, with the failed rank's last frames (``log``: its log), what
+    followed from it on other ranks, where the rank logs are (``logs``), and how to continue (``resume``)."""
+    from ddp_runner.diagnostics import rootcause
+
+    out = rootcause.account(cause, f"ddp-run: {label}", log)
+    out += [f"ddp-run: {line}" for line in rootcause.consequence_lines(cause)]
+    return [*out, f"ddp-run: rank logs: {logs}", *resume]
+
+
+def job_line(train: Mapping[str, Any], job: int, width: int | None = None, run: str | None = None) -> list[str]:
     """A sweep's job closes with one line (its detail is in its summary.json; the sweep's table follows at the
-    end): ``ddp-run: job 3 completed: 24 steps, final loss 1.0021, val loss 0.9, 4.6 s wall-clock``."""
+    end): ``ddp-run: job 3 completed: 24 steps, final loss 1.0021, val loss 0.9, 4.6 s wall-clock``, and ``; <run>``
+    where its run directory is named nowhere else."""
     g = train.get("goodput") or {}
     parts = [plural(train.get("steps") or 0, "step")]
     if (text := losses(train)):
         parts.append(text)
     if g.get("wall_s") is not None:
         parts.append(f"{g['wall_s']:.1f} s wall-clock")
-    return textfit.wrap(f"ddp-run: job {job} completed: {', '.join(parts)}", width)
+    return textfit.wrap(f"ddp-run: job {job} completed: {', '.join(parts)}" + (f"; {run}" if run else ""), width)
+
+
+def job_failed_line(cause: Mapping[str, Any], label: str, job: int, summary: str) -> str:
+    """A failed job of a sweep run in turn, in one line: ``ddp-run: job 2 FAILED: earliest error on rank 1 […]:
+    …; details: <run>/summary.json`` (its traceback is in the rank's log, the sweep's table follows at the end)."""
+    from ddp_runner.diagnostics import rootcause
+
+    return f"ddp-run: job {job} {label}: {rootcause.headline(cause)}; details: {summary}"

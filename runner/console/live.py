@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from ddp_runner.console import live_frame
+from ddp_runner.console import live_frame, textfit
 from ddp_runner.console.live_frame import clock, figures, steps_text, times_text  # noqa: F401 - the bar's words
 from ddp_runner.contract import layout
 from ddp_runner.contract.osutil import handle_signals, restore_signals
@@ -54,7 +54,7 @@ def terminal_columns(stream: IO[str]) -> int | None:
 class Live:
     """Rank 0's records drawn as a one-line bar on ``console`` (a rich Console; the driver's stdout by default)."""
 
-    def __init__(self, path: str, label: str, console: Any = None) -> None:
+    def __init__(self, path: str, label: str, console: Any = None, transient: bool = False) -> None:
         from rich.console import Console
         from rich.live import Live as RichLive
         from rich.spinner import Spinner
@@ -68,16 +68,16 @@ class Live:
         self.console = console or Console(file=sys.stdout)
         self.spinner = Spinner("dots", style="progress.spinner")
         # The driver's own lines above the bar; its stderr only when that is the same terminal (2>file stays).
-        self.live = RichLive(self, console=self.console, refresh_per_second=REFRESH_PER_S, transient=False,
+        self.live = RichLive(self, console=self.console, refresh_per_second=REFRESH_PER_S, transient=transient,
                              redirect_stdout=True, redirect_stderr=wanted(sys.stderr))
         self._resized = threading.Event()
         self._ended = False
         self._previous_winch: Any = None
 
     @classmethod
-    def for_run(cls, local_dir: str, label: str) -> Live:
-        """The bar for the run whose local directory is ``local_dir``."""
-        return cls(str(Path(local_dir, layout.CONSOLE_RECORDS)), label)
+    def for_run(cls, local_dir: str, label: str, transient: bool = False) -> Live:
+        """The bar for the run whose local directory is ``local_dir`` (``transient``: gone when it stops)."""
+        return cls(str(Path(local_dir, layout.CONSOLE_RECORDS)), label, transient=transient)
 
     # -- drawing -------------------------------------------------------------------------------------------------
 
@@ -166,21 +166,24 @@ class Live:
             self.refresh()
 
     def apply(self, rec: Mapping[str, Any]) -> None:
-        """One record: ``start``, ``step``, ``val``, ``stage`` or a ``line`` to print above the bar. The state
-        moves first: a line printed is followed by the bar as the record left it."""
+        """One record: ``start``, ``step``, ``val``, ``stage``, ``phase`` or a ``line`` to print above the bar. The
+        state moves first: a line printed is followed by the bar as the record left it."""
         kind, s = rec.get("kind"), self.state
         if kind == "line":
             self.say(rec["text"])
         elif kind == "stage":
             s["stage"] = rec["text"]
+        elif kind == "phase":  # a validation under way (None: over)
+            s["phase"] = rec.get("name")
         elif kind == "start":
             s.update(total=rec["total"], step=rec["start"], unit=rec.get("unit"))
             self.paces.clear()  # a resumed run's first steps are not progress made in no time (the ETA)
         elif kind == "step":
-            s.update(step=rec["step"], total=rec["total"], loss=rec["loss"], rate=rec["rate"])
+            s.update(step=rec["step"], total=rec["total"], loss=rec["loss"], rate=rec["rate"], phase=None)
             self._pace(rec.get("t"), rec["step"])
         elif kind == "val":
-            s.update(step=max(s.get("step") or 0, rec["step"]), val=rec["loss"], metrics=rec.get("metrics") or {})
+            s.update(step=max(s.get("step") or 0, rec["step"]), val=rec["loss"], metrics=rec.get("metrics") or {},
+                     phase=None)
             self.say(val_line(rec["step"], s.get("total"), rec["loss"], s["metrics"]))
 
     def _pace(self, t: float | None, step: int) -> None:
@@ -192,10 +195,11 @@ class Live:
             self.paces.popleft()
 
     def say(self, text: str) -> None:
-        """Print a line above the bar, as written (no markup)."""
+        """Print a line above the bar, as written (no markup), fitted to the terminal's width."""
         from rich.text import Text
 
-        self.console.print(Text(text), soft_wrap=True)
+        for line in textfit.fit_lines(text, self.console.width):
+            self.console.print(Text(line), soft_wrap=True)
 
 
 def val_line(step: int, total: int | None, loss: float, metrics: Mapping[str, float]) -> str:

@@ -4,8 +4,9 @@ on one line. Pure functions over the bar's state.
 A frame reads ``⠴ mytask · 2 ranks ━━━━━━━╸━━━━ step 16/48 loss 0.1376 · 12,895 samples/s · val loss 0.1153 ·
 val accuracy 0.9961 · elapsed 0:12 · ETA 0:03``. Where that is wider than the terminal, fields are dropped in
 :data:`DROP_ORDER` (the ETA first, then the rate, the elapsed time, the task's extra validation metrics, the
-run's label, the validation loss, the spinner); the step and the training loss always stay. The bar takes the
-columns left over, ``BAR_MIN`` to ``BAR_MAX``; it keeps ``BAR_MIN`` as long as something can be dropped instead.
+run's label, the validation loss, the phase, the spinner); the step and the training loss always stay. The bar
+takes the columns left over, ``BAR_MIN`` to ``BAR_MAX``; it keeps ``BAR_MIN`` as long as something can be dropped
+instead. While rank 0 validates, the frame says so (``validating…``) after the step.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from rich.cells import cell_len
 
 BAR_MIN, BAR_MAX = 10, 40
 # Which fields go first when a frame is too wide ("metric": the task's extra validation metrics, the last first).
-DROP_ORDER = ("eta", "rate", "elapsed", "metric", "label", "val", "spinner")
+DROP_ORDER = ("eta", "rate", "elapsed", "metric", "label", "val", "phase", "spinner")
+# What the bar says while rank 0 is in a phase other than training (the phase's one name: tasks/engine/validation.py).
+PHASES = {"validation": "validating…"}
 # The rate's window for the ETA (rank 0's clock): recent steps, so that a slow start-up or a change of pace fades.
 ETA_WINDOW_S = 30.0
 SEP = " · "  # between the figures; the other fields are separated by one space
@@ -87,11 +90,14 @@ def _figures(state: Mapping[str, Any]) -> list[Field]:
 
 def fields(state: Mapping[str, Any], label: str, elapsed: float | None, remaining: float | None,
            finished: bool) -> list[Field]:
-    """Every field of a frame, in the order drawn: spinner (while running), label, bar, step, figures, times."""
+    """Every field of a frame, in the order drawn: spinner (while running), label, bar, step, the phase (while
+    validating), figures, times."""
     out = [] if finished else [Field("spinner", "⠿", style="progress.spinner")]
     out += [Field("label", label, style="progress.description"), Field("bar")]
     if (steps := steps_text(state.get("step") or 0, state.get("total"))):
         out.append(Field("steps", steps))
+    if not finished and (phase := PHASES.get(state.get("phase") or "")):
+        out.append(Field("phase", phase, True, "progress.description"))
     out += _figures(state)
     out.append(Field("elapsed", f"elapsed {clock(elapsed)}", True, "progress.elapsed"))
     if not finished and remaining is not None:

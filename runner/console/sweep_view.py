@@ -1,5 +1,7 @@
 """One console view of a concurrent sweep: a row per running job (its devices, step, loss, throughput, time).
 
+A sweep run in turn (:func:`in_turn`) has no view: each job says one line when it ends.
+
 Each job's rank 0 writes its console as records (``tasks/engine/reporting/progress.py``) into a file the pool chose; the
 view reads what was added at every poll. On a terminal the rows are redrawn in place (``rich``); piped, the view
 prints one line when a job starts and one when it ends.
@@ -8,12 +10,26 @@ prints one line when a job starts and one when it ends.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import IO, Any
 
+from ddp_runner.console import textfit
 from ddp_runner.console.live import clock, figures, steps_text, wanted
+from ddp_runner.console.live_frame import PHASES
+from ddp_runner.contract import layout
+
+
+def in_turn(sweep: Any, conf: Mapping[str, Any] | None = None) -> bool:
+    """Is this a job of a sweep (``sweep``: its sweep, or whether it has one) that runs its jobs one after another
+    in this process, on this host? Such a job says one line on the console when it ends, naming its run
+    directory; its plan, run directory and progress stay in that directory (run.json, logs/console.jsonl). A
+    concurrent sweep's job has the sweep's view instead (and its own log); a dry run shows every job's plan."""
+    conf = conf or {}
+    return (bool(sweep) and not os.environ.get(layout.ENV_SWEEP_CONSOLE) and not conf.get("dry_run")
+            and (conf.get("launcher") or {}).get("name", "local") == "local")
 
 
 class Records:
@@ -45,9 +61,11 @@ class Records:
                 s.update(total=rec.get("total"), step=rec.get("start", 0), unit=rec.get("unit"), stage=None)
             elif kind == "step":
                 s.update(step=rec.get("step", 0), total=rec.get("total"), loss=rec.get("loss"), rate=rec.get("rate"),
-                         stage=None)
+                         stage=None, phase=None)
             elif kind == "val":
-                s["val"] = rec.get("loss")
+                s.update(val=rec.get("loss"), phase=None)
+            elif kind == "phase":  # a validation under way (None: over)
+                s["phase"] = rec.get("name")
         return self.state
 
 
@@ -80,9 +98,10 @@ class View:
         if self.live is not None:
             from rich.text import Text
 
-            self.live.console.print(Text(text), soft_wrap=True)
+            for line in textfit.fit_lines(text, self.live.console.width):
+                self.live.console.print(Text(line), soft_wrap=True)
         else:
-            print(text, file=self.stream, flush=True)
+            textfit.say(text, self.stream, flush=True)
 
     def started(self, child: Any) -> None:
         """A job started."""
@@ -112,6 +131,8 @@ class View:
         for child in sorted(running, key=lambda c: c.num):
             s = self.records[child.num].read() if child.num in self.records else {}
             progress = steps_text(s.get("step", 0), s.get("total")) or (s.get("stage") or "starting")
+            if (phase := PHASES.get(s.get("phase") or "")):
+                progress = f"{progress} {phase}"
             table.add_row(str(child.num), values_text(child.values), where(child), progress, figures(s),
                           clock(time.time() - child.started))
         if self.live is None:

@@ -107,6 +107,8 @@ ENV_CONSOLE_RECORDS = "DDP_RUNNER_CONSOLE_RECORDS"
 # records for the sweep's view.
 ENV_SWEEP_JOB = "DDP_RUNNER_SWEEP_JOB"
 ENV_SWEEP_CONSOLE = "DDP_RUNNER_SWEEP_CONSOLE"
+# A concurrent sweep's folder of its jobs' consoles (job-<N>.log), in the sweep directory beside the jobs' runs.
+SWEEP_JOB_LOGS = "jobs"
 
 # Every environment built for workers keeps NVLink multicast off (it can take shared GPUs out of service).
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}

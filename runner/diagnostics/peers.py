@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ddp_runner.console import textfit
 from ddp_runner.contract import layout
 from ddp_runner.rundir.mirror import Mirror
 from ddp_runner.rundir.run_dir import RunDir
@@ -111,8 +112,8 @@ class PeerRanks:
     def _warn(self, exc: Exception) -> None:
         if not self.warned:
             self.warned = True
-            print(f"ddp-run: warning: the other nodes' progress records in {self.rd.url}: {exc}",
-                  file=sys.stderr, flush=True)
+            textfit.say(f"ddp-run: warning: the other nodes' progress records in {self.rd.url}: {exc}",
+                        sys.stderr, flush=True)
 
 
 class Relay:

@@ -10,6 +10,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from ddp_runner.config.diagnostic_keys import without_fault
+from ddp_runner.console import textfit
 from ddp_runner.contract import checkpoints, command_line, secrets
 from ddp_runner.contract.errors import PlanError
 from ddp_runner.contract.rules import flatten
@@ -70,8 +71,8 @@ def _settings_changed(conf: dict[str, Any], composed: dict[str, Any], overrides:
         else:
             ignored.append(o)
     if ignored:
-        print(secrets.redact(f"ddp-run: warning: continuing {run_url} with its own config.yaml; ignored: "
-                             f"{' '.join(ignored)}"), file=sys.stderr, flush=True)
+        textfit.say(secrets.redact(f"ddp-run: warning: continuing {run_url} with its own config.yaml; ignored: "
+                                   f"{' '.join(ignored)}"), sys.stderr, flush=True)
     try:
         resume_keys.check(theirs, mine, run_url, None)
     except PlanError as err:
@@ -98,7 +99,7 @@ def continued_run(resume: str, dry_run: bool, overrides: list[str], composed: di
         raise damaged.refusal() from None
     conf["dry_run"] = dry_run
     if without_fault(conf):  # a rehearsal fault strikes once, not again in the continued run
-        print("ddp-run: note: the run's fault.* is not repeated when it is continued", file=sys.stderr)
+        textfit.say("ddp-run: note: the run's fault.* is not repeated when it is continued", sys.stderr)
     keys = {o.split("=", 1)[0].lstrip("+~"): o.split("=", 1)[-1] for o in overrides}
     changes = _settings_changed(conf, composed, [o for o in overrides if o not in chose], rd.url)
     resume_checks.check_no_live_driver(rd.url, previous)

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import os
 import shlex
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ddp_runner.config.plan import Plan
+from ddp_runner.console import textfit
 from ddp_runner.contract import layout, secrets
 
 RUN_DIR = "$RUN_DIR"  # the stand-in for the run directory
@@ -36,11 +38,16 @@ def shell_word(word: str) -> str:
 def shell_line(cmd: Sequence[str], env: Mapping[str, str]) -> str:
     """``env K=V … cmd …`` as one shell line (just ``cmd`` without variables); the first ``$RUN_DIR`` is checked,
     so that a line pasted without RUN_DIR set is refused by the shell, not by every rank."""
+    return " ".join(shell_words(cmd, env))
+
+
+def shell_words(cmd: Sequence[str], env: Mapping[str, str]) -> list[str]:
+    """:func:`shell_line`'s words, each quoted for the shell."""
     words = [shell_word(w) for w in ([*(["env"] if env else []), *(f"{k}={v}" for k, v in env.items()), *cmd])]
     first = next((i for i, w in enumerate(words) if RUN_DIR in w), None)
     if first is not None:
         words[first] = words[first].replace(RUN_DIR, RUN_DIR_CHECK, 1)
-    return " ".join(words)
+    return words
 
 
 def launch_variables(conf: Mapping[str, Any], plan: Plan, launcher: Any, task_dir: str | None) -> dict[str, str]:
@@ -65,7 +72,11 @@ def print_dry_run(argv: list[str], masks: Sequence[str], cmd: list[str], launche
     slurm = launcher == "slurm"
     starts = ("submits an sbatch job (RUN_DIR/slurm/job.sbatch) whose nodes run" if slurm
               else "starts, with the environment it gives torchrun")
-    print(f"ddp-run: dry run, nothing launched. To launch {what}, run:\n  "
-          + secrets.redact(shlex.join(launch_argv(argv)), list(masks))
-          + "\nddp-run then creates the run directory (RUN_DIR below), writes config.yaml and run.json into it, and "
-          f"{starts}:\n  " + secrets.redact(shell_line(cmd, {} if slurm else env), list(masks)), flush=True)
+    width = textfit.terminal_width(sys.stdout)
+    launch = [secrets.redact(shlex.quote(w), list(masks)) for w in launch_argv(argv)]
+    started = [secrets.redact(w, list(masks)) for w in shell_words(cmd, {} if slurm else env)]
+    print("\n".join([*textfit.fit_lines(f"ddp-run: dry run, nothing launched. To launch {what}, run:", width),
+                     *textfit.command(launch, width),
+                     *textfit.fit_lines("ddp-run then creates the run directory (RUN_DIR below), writes config.yaml"
+                                        f" and run.json into it, and {starts}:", width),
+                     *textfit.command(started, width)]), flush=True)

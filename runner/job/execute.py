@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 
 from ddp_runner.config import memory_plan
 from ddp_runner.config.plan import Plan
+from ddp_runner.console import sweep_view, textfit
 from ddp_runner.contract import layout, secrets
 from ddp_runner.contract.errors import PlanError
 from ddp_runner.job import dry_run
@@ -52,7 +53,7 @@ def execute(composed: dict[str, Any], how: Invocation,
             rd.lease.release()
         return refuse(err)
     _keep_secrets(conf, how)
-    _announce(conf, plan, mem)
+    _announce(conf, plan, mem, quiet=sweep_view.in_turn(how.new_run_dir is not None, conf))
     _say_resume_changes(how)
     launcher = registry.get(conf["launcher"])
     if conf["dry_run"]:
@@ -76,7 +77,7 @@ def _job_config(composed: dict[str, Any], how: Invocation, check: Callable[[dict
         resume, chose = _choose_last(composed, how)
     if resume not in resume_checks.NEW_RUN:  # what the workers will pass over, said before launch
         for note in resume_checks.skipped_notes(resume):
-            print(f"ddp-run: note: {note}", file=sys.stderr, flush=True)
+            textfit.say(f"ddp-run: note: {note}", sys.stderr, flush=True)
     if resume not in resume_checks.NEW_RUN and resume_checks.is_run_dir(resume):
         conf, rd, how.env_raw, how.resume_changes = continued_run(resume, bool(composed.get("dry_run")),
                                                                   how.overrides, composed, chose)
@@ -90,8 +91,8 @@ def _job_config(composed: dict[str, Any], how: Invocation, check: Callable[[dict
 def _choose_last(composed: dict[str, Any], how: Invocation) -> tuple[str, list[str]]:
     """``resume=last``: the run it continues, and the overrides that chose it (said on the console)."""
     resume, want = resume_last.choose(str(composed["output"]["root"]), composed, how.overrides)
-    print(f"ddp-run: resume=last: continuing {resume}"
-          + (f" (the newest unfinished run with {want})" if want.given else ""), flush=True)
+    textfit.say(f"ddp-run: resume=last: continuing {resume}"
+                + (f" (the newest unfinished run with {want})" if want.given else ""), flush=True)
     return resume, want.given
 
 
@@ -168,27 +169,32 @@ def _check_trackers(conf: dict[str, Any]) -> None:
         tracker_checks.preflight(conf)
 
 
-def _announce(conf: dict[str, Any], plan: Plan, mem: dict[str, Any] | None) -> None:
-    print(f"ddp-run: {conf['task']['name']}: {plan.explanation}; device {plan.device}, backend {plan.backend}",
-          flush=True)
-    if plan.micro_batch is not None:
-        print(f"ddp-run: batch.per_rank=auto: starting at {plan.per_rank_batch} ({plan.micro_batch['why']}); the"
-              " ranks halve it on an out-of-memory error in the first steps, the global batch unchanged", flush=True)
+def _announce(conf: dict[str, Any], plan: Plan, mem: dict[str, Any] | None, quiet: bool = False) -> None:
+    """The plan and the memory plan on the console (``quiet``: not for a sweep's job run in turn, whose plan is
+    in its run.json), and the memory plan's warnings."""
+    if not quiet:
+        textfit.say(f"ddp-run: {conf['task']['name']}: {plan.explanation}; device {plan.device}, backend"
+                    f" {plan.backend}", flush=True)
+    if plan.micro_batch is not None and not quiet:
+        textfit.say(f"ddp-run: batch.per_rank=auto: starting at {plan.per_rank_batch} ({plan.micro_batch['why']});"
+                    " the ranks halve it on an out-of-memory error in the first steps, the global batch unchanged",
+                    flush=True)
     if mem is not None:
-        print(f"ddp-run: {memory_plan.describe(mem)}", flush=True)
+        if not quiet:
+            textfit.say(f"ddp-run: {memory_plan.describe(mem)}", flush=True)
         for warning in (memory_plan.tight(mem), memory_plan.fsdp_micro_batch_hint(mem, plan)):
             if warning is not None:
-                print(f"ddp-run: warning: {warning}", file=sys.stderr, flush=True)
+                textfit.say(f"ddp-run: warning: {warning}", sys.stderr, flush=True)
 
 
 def _say_resume_changes(how: Invocation) -> None:
     """What differs from the checkpoint's run applies from its step on; run.json records it, the console says it."""
     if not how.resume_changes:
         return
-    print(secrets.redact("ddp-run: changed on resume: " + ", ".join(
-        f"{k} {c['checkpoint']!r} -> {c['used']!r}" for k, c in how.resume_changes.items())
-        + (f" (from step {next(iter(how.resume_changes.values()))['from_step']})"
-           if next(iter(how.resume_changes.values()))['from_step'] is not None else ""), how.masks), flush=True)
+    textfit.say(secrets.redact("ddp-run: changed on resume: " + ", ".join(
+              f"{k} {c['checkpoint']!r} -> {c['used']!r}" for k, c in how.resume_changes.items())
+              + (f" (from step {next(iter(how.resume_changes.values()))['from_step']})"
+                 if next(iter(how.resume_changes.values()))['from_step'] is not None else ""), how.masks), flush=True)
 
 
 def _dry_run(conf: dict[str, Any], plan: Plan, mem: dict[str, Any] | None, launcher: Any, task_dir: str | None,
@@ -224,6 +230,6 @@ def _say_where_it_starts(conf: dict[str, Any], rd: rundir.RunDir | None, how: In
     if (conf.get("launcher") or {}).get("name") in JOINED_LAUNCHERS:
         return  # a node opens the job's own run directory, and continues it when it has a checkpoint
     if resume == "restart":
-        print("ddp-run: resume=restart: a new run from step 0", flush=True)
+        textfit.say("ddp-run: resume=restart: a new run from step 0", flush=True)
     elif resume == "auto" and (note := resume_checks.note_unfinished(str(conf["output"]["root"]))):
-        print(note, file=sys.stderr, flush=True)
+        textfit.say(note, sys.stderr, flush=True)

@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from ddp_runner.config.plan import Plan
+from ddp_runner.console import textfit
 from ddp_runner.contract import layout, secrets
 from ddp_runner.contract.errors import PlanError
 from ddp_runner.rundir import run_dir as rundir
@@ -64,9 +65,9 @@ class Outcome:
 
 def refuse(err: PlanError) -> Outcome:
     """Print a refusal the user can act on (its secrets masked); the refused outcome."""
-    print(secrets.redact(f"ddp-run: refused: {err.key}={err.value!r}: {err.problem}.\n"
-                         f"  key:   {err.key}\n  value: {err.value!r}\n  fix:   {err.fix}\n"
-                         "Nothing was started and no run directory was created.", secrets.KNOWN), file=sys.stderr)
+    textfit.say(secrets.redact(f"ddp-run: refused: {err.key}={err.value!r}: {err.problem}.\n"
+                               f"  key:   {err.key}\n  value: {err.value!r}\n  fix:   {err.fix}\n"
+                               "Nothing was started and no run directory was created.", secrets.KNOWN), sys.stderr)
     return Outcome(layout.EXIT_REFUSED,
                    reason=secrets.redact(f"refused: {err.key}={err.value!r}: {err.problem}", secrets.KNOWN))
 

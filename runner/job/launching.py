@@ -12,6 +12,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from ddp_runner.console import sweep_view, textfit
 from ddp_runner.contract import layout, secrets, stops, tracking
 from ddp_runner.contract.errors import PlanError
 from ddp_runner.data import prep as data_prep
@@ -56,7 +57,8 @@ def _record_start(job: Job, rd: rundir.RunDir, cmd: list[str], how: Invocation, 
         if first:
             manifest["first_invocation"] = first
     rd.write_json(layout.MANIFEST, manifest)
-    print(f"ddp-run: run directory {rd.url}", flush=True)
+    if not sweep_view.in_turn(how.sweep, conf):  # a sweep's job run in turn names it in its one closing line
+        textfit.say(f"ddp-run: run directory {rd.url}", flush=True)
     return manifest
 
 def launch(job: Job, launcher: Any, how: Invocation, started: datetime, mem: dict[str, Any] | None,
@@ -145,4 +147,4 @@ def _close_trackers(conf: dict[str, Any], rd: rundir.RunDir, trackers: dict[str,
     except (OSError, ValueError):
         status = None
     if (warning := tracker_runs.finish(conf, trackers, status)) is not None:
-        print(f"ddp-run: warning: {warning}", file=sys.stderr, flush=True)
+        textfit.say(f"ddp-run: warning: {warning}", sys.stderr, flush=True)

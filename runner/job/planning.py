@@ -13,6 +13,7 @@ from ddp_runner.config.diagnostic_keys import check as check_diagnostics
 from ddp_runner.config.diagnostic_keys import resolve as resolve_diagnostics
 from ddp_runner.config.plan import Plan, cpu_oversubscribed, make_plan, usable_cores
 from ddp_runner.config.probe import Probe, ProbeError
+from ddp_runner.console import textfit
 from ddp_runner.contract import layout
 from ddp_runner.contract.errors import PlanError
 from ddp_runner.contract.rules import flatten
@@ -47,7 +48,7 @@ def plan_job(cfg: dict[str, Any], task_dirs: list[str]) -> tuple[Plan, str | Non
     decided: workers run exactly this."""
     validate.check(cfg)  # every engine and data key from the config alone, before files, tasks or devices
     for line in validate.warnings(cfg):
-        print(f"ddp-run: warning: {line}", file=sys.stderr, flush=True)
+        textfit.say(f"ddp-run: warning: {line}", sys.stderr, flush=True)
     # A task given as a file (task.module=path/to/mytask.py) runs as its module, found in the file's folder first.
     cfg["task"]["module"], file_dir = task_module.from_file(cfg["task"].get("module"))
     task_dir = task_module.locate(cfg["task"]["module"], cwd=file_dir, extra=task_dirs)
@@ -89,7 +90,7 @@ def _own_train_samples(cfg: dict[str, Any], task_dir: str | None, planned: int |
 
 def _warn(line: str | None) -> None:
     if line:
-        print(f"ddp-run: warning: {line}", file=sys.stderr, flush=True)
+        textfit.say(f"ddp-run: warning: {line}", sys.stderr, flush=True)
 
 
 def _inductor_defaults(probe: Probe | None) -> dict[str, Any] | None:

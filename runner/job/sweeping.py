@@ -28,7 +28,7 @@ from ddp_runner.report.sweep import SweepRecord, job_dir_name, job_values
 from ddp_runner.supervise.stop import guard
 
 NOT_STARTED = "the sweep was stopped before this job started"
-JOB_LOGS = "jobs"  # a concurrent sweep's folder of job consoles, in the sweep directory
+JOB_LOGS = layout.SWEEP_JOB_LOGS  # a concurrent sweep's folder of job consoles, in the sweep directory
 SHOWN_NOT_RUN = 5  # commands of jobs not run printed after a stop (sweep.json lists them all)
 
 

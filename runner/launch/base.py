@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ddp_runner.config.plan import Plan
+from ddp_runner.console import sweep_view
 from ddp_runner.rundir.run_dir import RunDir
 from ddp_runner.supervise import finalize
 from ddp_runner.supervise.session import Session, environment
@@ -120,5 +121,6 @@ class BaseLauncher:
         code = finalize.finish(rd, manifest, job.plan, rc, session.interrupted, watch=session.observations(),
                                 preempt=session.preempt)
         session.close()
-        print(rd.url, flush=True)
+        if not sweep_view.in_turn((manifest.get("invocation") or {}).get("sweep"), job.conf):  # its job line has it
+            print(rd.url, flush=True)  # whole, last: for scripts (textfit: a path alone on its line)
         return code

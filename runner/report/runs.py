@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import IO, Any
 
+from ddp_runner.console import textfit
 from ddp_runner.contract import command_line, console_streams, layout
 from ddp_runner.contract.run_files import RunManifest
 from ddp_runner.diagnostics import rootcause
@@ -26,6 +27,9 @@ from ddp_runner.rundir.rerun import first_invocation, reproduce_command
 from ddp_runner.rundir.resume import NEW_RUN
 
 HEAD = ("RUN", "STATUS", "TASK", "WORLD", "GLOBAL BATCH", "STEP", "LAST LOSS", "THROUGHPUT", "AGE")
+# Where the table is wider than the terminal, these columns go, in this order, before the run's name is ever cut:
+# the name tells the runs apart, and holds the task and the world size (``<time>_<task>_w<N>``).
+DROP_FIRST = ("TASK", "WORLD", "AGE", "THROUGHPUT", "GLOBAL BATCH", "LAST LOSS", "STEP")
 # Statuses after which `ddp-run resume=<dir>` continues the run in place.
 CONTINUABLE = (layout.STATUS_FAILED, layout.STATUS_INTERRUPTED, layout.STATUS_LOST, listing.STATUS_PREEMPTED)
 
@@ -80,11 +84,24 @@ def table(rows: Sequence[listing.Row], now: float) -> list[list[str]]:
     return out
 
 
-def plain(rows: Sequence[listing.Row], now: float) -> str:
-    """The table as aligned plain text (piped output)."""
-    body = [list(HEAD), *table(rows, now)]
+def kept_columns(body: Sequence[Sequence[str]], width: int | None, gap: int) -> list[int]:
+    """The indexes of the columns of ``body`` (the header first) that fit ``width`` columns with ``gap`` between
+    them: :data:`DROP_FIRST` go in turn until the table fits (all of them without a width)."""
+    keep = list(range(len(HEAD)))
     widths = [max(len(line[i]) for line in body) for i in range(len(HEAD))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in body)
+    for name in DROP_FIRST:
+        if width is None or sum(widths[i] for i in keep) + gap * (len(keep) - 1) <= width:
+            break
+        keep.remove(HEAD.index(name))
+    return keep
+
+
+def plain(rows: Sequence[listing.Row], now: float, width: int | None = None) -> str:
+    """The table as aligned plain text (piped output), narrowed to ``width`` columns (None: whole)."""
+    body = [list(HEAD), *table(rows, now)]
+    keep = kept_columns(body, width, 2)
+    widths = {i: max(len(line[i]) for line in body) for i in keep}
+    return "\n".join("  ".join(line[i].ljust(widths[i]) for i in keep).rstrip() for line in body)
 
 
 _STYLE = {layout.STATUS_COMPLETED: "green", layout.STATUS_FAILED: "red", layout.STATUS_LOST: "red",
@@ -97,15 +114,18 @@ def rich_table(rows: Sequence[listing.Row], now: float, file: IO[str], width: in
     from rich.table import Table
     from rich.text import Text
 
+    console = Console(file=file, width=width, force_terminal=True)
+    lines = [(r if i == 0 else r.jobs[i - 1], line) for r in rows
+             for i, line in enumerate([cells(r, now)] + [cells(j, now, "└ ") for j in r.jobs])]
+    # rich draws " │ " between columns and one space at each side
+    keep = kept_columns([list(HEAD), *(line for _, line in lines)], console.width - 2, 3)
     t = Table(show_edge=False, header_style="bold")
-    for h in HEAD:
+    for h in (HEAD[k] for k in keep):
         t.add_column(h, no_wrap=h != "RUN", justify="right" if h in ("WORLD", "GLOBAL BATCH", "STEP") else "left")
-    for r in rows:
-        for i, line in enumerate([cells(r, now)] + [cells(j, now, "└ ") for j in r.jobs]):
-            status = (r if i == 0 else r.jobs[i - 1]).status
-            # Text, not markup: a directory named "a[1]" is shown as it is
-            t.add_row(*(Text(c, style=_STYLE.get(status, "") if k == 1 else "") for k, c in enumerate(line)))
-    Console(file=file, width=width, force_terminal=True).print(t)
+    for row, line in lines:
+        # Text, not markup: a directory named "a[1]" is shown as it is
+        t.add_row(*(Text(line[k], style=_STYLE.get(row.status, "") if k == 1 else "") for k in keep))
+    console.print(t)
 
 
 # -- show --------------------------------------------------------------------------------------------------------
@@ -205,7 +225,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _error(msg: str, fix: str) -> int:
-    print(f"ddp-runs: error: {msg}. Fix: {fix}", file=sys.stderr)
+    textfit.say(f"ddp-runs: error: {msg}. Fix: {fix}", sys.stderr)
     return 2
 
 
@@ -251,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _error(f"{root} cannot be read ({type(exc).__name__}: {str(exc)[:200]})",
                       "check the path or URL and its credentials")
     for name, why in found.skipped:
-        print(f"ddp-runs: skipped {name}: {why}", file=sys.stderr)
+        textfit.say(f"ddp-runs: skipped {name}: {why}", sys.stderr)
     if args.json:
         print(json.dumps({"root": root, "runs": [r.to_json() for r in found.rows],
                           "skipped": [{"name": n, "reason": w} for n, w in found.skipped]}, indent=2))
@@ -259,11 +279,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ddp-runs: no runs under {root}")
     elif sys.stdout.isatty():
         try:
-            rich_table(found.rows, now, sys.stdout)
+            rich_table(found.rows, now, sys.stdout, textfit.terminal_width(sys.stdout))
         except ImportError:
-            print(plain(found.rows, now))
+            print(plain(found.rows, now, textfit.terminal_width(sys.stdout)))
     else:
-        print(plain(found.rows, now))
+        print(plain(found.rows, now, textfit.terminal_width(sys.stdout)))
     return 0
 
 

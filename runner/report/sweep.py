@@ -217,7 +217,7 @@ class SweepRecord:
         self.root = root
         if self.sweep_dir is None:
             self.sweep_dir = create_sweep_dir(root, now)
-            print(f"ddp-run: sweep directory {self.sweep_dir}", flush=True)
+            textfit.say(f"ddp-run: sweep directory {self.sweep_dir}", flush=True)
         return self.sweep_dir
 
     def add(self, num: int, overrides: Sequence[str], code: int, run_dir: str | None, reason: str | None,
@@ -282,9 +282,9 @@ class SweepRecord:
                 closing.append(f"ddp-run: sweep: {best_line(jobs, objective)}")
             print("\n".join(textfit.wrap_all(closing, width)), flush=True)
             if self.follow_hint:
-                print(self.follow_hint.format(sweep=base), flush=True)
+                textfit.say(self.follow_hint.format(sweep=base), flush=True)
         except (OSError, PlanError) as exc:
-            print(f"ddp-run: warning: the sweep record could not be written ({exc})", file=sys.stderr, flush=True)
+            textfit.say(f"ddp-run: warning: the sweep record could not be written ({exc})", sys.stderr, flush=True)
         finally:
             if self.hydra_dir:
                 shutil.rmtree(self.hydra_dir, ignore_errors=True)

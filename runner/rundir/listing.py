@@ -291,6 +291,8 @@ def read_sweep(fs: Any, path: str, name: str, listing: Listing, now: float | Non
         listing.skipped.append((layout.join(name, SWEEP_JSON), damaged.problem))
     jobs: list[Row] = []
     for child in _subdirs(fs, path, listing, name):
+        if child.rstrip("/").rsplit("/", 1)[-1] == layout.SWEEP_JOB_LOGS:
+            continue  # the sweep's own folder of its jobs' consoles, no run
         child_name = layout.join(name, child.rsplit("/", 1)[-1])
         try:
             jobs.append(read_run(fs, child, child_name, _url(fs, child), now))

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ddp_runner.config.plan import Plan
-from ddp_runner.console import closing, textfit
+from ddp_runner.console import closing, sweep_view, textfit
 from ddp_runner.contract import command_line, layout, stops
 from ddp_runner.contract.rules import explain
 from ddp_runner.contract.run_files import RunSummary
@@ -164,25 +164,24 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
     step[0] = "reporting"
     if ok:
         if late:
-            print(stop_outcome.after_the_end_line(manifest["stop_after_the_end"]), file=sys.stderr, flush=True)
+            textfit.say(stop_outcome.after_the_end_line(manifest["stop_after_the_end"]), sys.stderr, flush=True)
         for line in _closing(rd, manifest, train, check):
             print(line, flush=True)
         return 0
     if stopped is not None:
-        print(stop_outcome.stopped_line(manifest["status"], stops.signal_name(interrupted), stopped), file=sys.stderr)
+        textfit.say(stop_outcome.stopped_line(manifest["status"], stops.signal_name(interrupted), stopped), sys.stderr)
         for line in resume_lines(rd, stopped, manifest["status"]):
-            print(line, file=sys.stderr, flush=True)
+            textfit.say(line, sys.stderr, flush=True)
         return _exit_code(False, rc, interrupted)
     label = manifest["status"].upper() if interrupted is not None else "FAILED"
+    if sweep_view.in_turn((manifest.get("invocation") or {}).get("sweep")):  # one line: the rest is in the run dir
+        textfit.say(closing.job_failed_line(cause, label, manifest["invocation"]["sweep"].get("job"),
+                                            layout.join(rd.url, layout.SUMMARY)), sys.stderr, flush=True)
+        return _exit_code(ok, rc, interrupted)
     log = layout.join(rd.url, layout.rank_log(cause["rank"])) if isinstance(cause.get("rank"), int) else None
-    # The cause and the user's line first, torch's frames after them, said once.
-    for line in rootcause.account(cause, f"ddp-run: {label}", log):
-        print(line, file=sys.stderr)
-    for line in rootcause.consequence_lines(cause):
-        print(f"ddp-run: {line}", file=sys.stderr)
-    print(f"ddp-run: rank logs: {layout.join(rd.url, layout.LOGS)}", file=sys.stderr)
-    for line in resume_lines(rd, None, manifest["status"], _FULL_DISK in str(cause.get("message"))):
-        print(line, file=sys.stderr, flush=True)
+    lines = closing.failed_lines(cause, label, log, layout.join(rd.url, layout.LOGS),
+                                 resume_lines(rd, None, manifest["status"], _FULL_DISK in str(cause.get("message"))))
+    textfit.say("\n".join(lines), sys.stderr, flush=True)
     return _exit_code(ok, rc, interrupted)
 
 
@@ -191,8 +190,8 @@ def _closing(rd: RunDir, manifest: dict[str, Any], train: dict[str, Any], check:
     follows at its end); on a terminal, summary.json named in the run directory printed on the last line."""
     width = textfit.terminal_width(sys.stdout)
     sweep = (manifest.get("invocation") or {}).get("sweep")
-    if sweep is not None:
-        return closing.job_line(train, sweep.get("job"), width)
+    if sweep is not None:  # run in turn, it names its run directory (nothing else does)
+        return closing.job_line(train, sweep.get("job"), width, rd.url if sweep_view.in_turn(sweep) else None)
     summary = layout.SUMMARY if width is not None else layout.join(rd.url, layout.SUMMARY)
     return closing.completed_lines(train, check, summary, width)
 
@@ -251,14 +250,14 @@ def _finalize_failed(rd: RunDir, manifest: dict[str, Any], rc: int, interrupted:
         recorded = (f"{layout.MANIFEST} could not be updated either ({type(again).__name__}): it still says"
                     f" {holds!r}, {written}" + ("; readers will see the run as lost once this driver has exited"
                                                  if holds == layout.STATUS_RUNNING else ""))
-    print(f"ddp-run: FAILED while finalising ({step}) in {rd.url}: {error}; {recorded}",
-          file=sys.stderr, flush=True)
+    textfit.say(f"ddp-run: FAILED while finalising ({step}) in {rd.url}: {error}; {recorded}",
+                sys.stderr, flush=True)
     try:  # best effort: the account above is already out
         lines = _after_failure(rd, exc)
     except Exception:  # noqa: BLE001 - a store that is gone cannot be listed either
         lines = []
     for line in lines:
-        print(line, file=sys.stderr, flush=True)
+        textfit.say(line, sys.stderr, flush=True)
     code = _exit_code(False, rc, interrupted)
     return code if code != 0 else 1
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ddp_runner.config.plan import Plan
+from ddp_runner.console import sweep_view, textfit
 from ddp_runner.console.live import Live
 from ddp_runner.console.live import wanted as live_wanted
 from ddp_runner.contract import layout, stops
@@ -52,18 +53,25 @@ def lease_tick(held: Any) -> Callable[[], None]:
     return tick
 
 
-def live_bar(rd: RunDir, conf: Mapping[str, Any], plan: Plan, env: dict[str, str]) -> Live | None:
-    """The live bar when the driver's stdout is a terminal (its path added to ``env`` for rank 0), else None."""
+def live_bar(rd: RunDir, conf: Mapping[str, Any], plan: Plan, env: dict[str, str], in_turn: bool = False,
+             ) -> Live | None:
+    """The live bar when the driver's stdout is a terminal (its path added to ``env`` for rank 0), else None.
+    ``in_turn``: a job of a sweep run in turn, whose rank 0 records its console in the run directory whatever the
+    console, under a bar that is gone when the job ends (its one closing line stays)."""
     env.pop(layout.ENV_CONSOLE_RECORDS, None)  # never inherited from the user's environment
     if plan.nnodes == 1 and (view := os.environ.get(layout.ENV_SWEEP_CONSOLE)):
         env[layout.ENV_CONSOLE_RECORDS] = view  # a job of a concurrent sweep: the sweep's view draws it
         return None
     # One host only: on several, rank 0 may be another node's (torchrun assigns group ranks as nodes join), and
     # that node's rank 0 writes plain lines on its own console.
-    if plan.nnodes != 1 or not live_wanted(sys.stdout):
+    if plan.nnodes != 1:
+        return None
+    if in_turn:
+        env[layout.ENV_CONSOLE_RECORDS] = str(Path(rd.local, layout.CONSOLE_RECORDS))
+    if not live_wanted(sys.stdout):
         return None
     ranks = f"{plan.world_size} rank{'s' if plan.world_size != 1 else ''}"
-    bar = Live.for_run(rd.local, f"{conf['task']['name']} · {ranks}")
+    bar = Live.for_run(rd.local, f"{conf['task']['name']} · {ranks}", transient=in_turn)
     env[layout.ENV_CONSOLE_RECORDS] = bar.path
     return bar
 
@@ -90,7 +98,8 @@ class Session:
             setup.prepare(rd.local, conf)
         # The judge draws rank 0's progress on a terminal (its workers then record their console for it).
         env.pop(layout.ENV_CONSOLE_RECORDS, None)
-        self.live = live_bar(rd, conf, plan, env) if manifest is not None else None
+        in_turn = sweep_view.in_turn((manifest or {}).get("invocation", {}).get("sweep"), conf)
+        self.live = live_bar(rd, conf, plan, env, in_turn) if manifest is not None else None
         self.preempt, grace_s = stops.of(conf.get("checkpoint"))
         self.supervisor = Supervisor(cmd, env, str(Path(rd.local, agent_log)), self.preempt, grace_s,
                                      str(Path(rd.local, layout.STOP_REQUEST)) if stop_by_file else None)
@@ -135,8 +144,8 @@ class Session:
             if self.live is not None:  # the terminal is the driver's again before anything else is printed
                 self.live.stop()
         if self.lease_lost:
-            print(f"ddp-run: FAILED: lost the lease on {self.rd.url} to another driver; run.json left to it",
-                  file=sys.stderr, flush=True)
+            textfit.say(f"ddp-run: FAILED: lost the lease on {self.rd.url} to another driver; run.json left to it",
+                        sys.stderr, flush=True)
             return rc
         if self.watch is not None:
             self.watch.tick(judge=False)  # processes that ended since the last tick
@@ -155,4 +164,4 @@ class Session:
         if self.mirror is not None:
             self.mirror.flush()
             if (line := self.mirror.left_behind()) is not None:
-                print(line, file=sys.stderr, flush=True)
+                textfit.say(line, sys.stderr, flush=True)

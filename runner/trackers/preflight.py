@@ -13,6 +13,7 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
+from ddp_runner.console import textfit
 from ddp_runner.contract import tracking
 from ddp_runner.contract.errors import PlanError
 
@@ -122,4 +123,4 @@ def preflight(conf: dict[str, Any]) -> None:
     """Everything above, before a launch; warnings go to stderr."""
     check_installed(conf)
     for line in check_reachable(conf):
-        print(f"ddp-run: warning: {line}", file=sys.stderr, flush=True)
+        textfit.say(f"ddp-run: warning: {line}", sys.stderr, flush=True)

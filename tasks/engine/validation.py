@@ -116,8 +116,14 @@ class Validator:
         stop vote, taken after every batch; a stop it agrees on cuts the validation short (``StopAgreed``, nothing
         logged). The random generators are left as found (each data loader draws a seed from them): whether and
         where a run validates never changes its training, nor a checkpoint saved around a validation."""
-        with self.phase("validation"):
-            return self._run(writer, step, progress, stop)
+        if progress is not None:
+            progress.phase("validation")  # the driver's bar says so while it runs
+        try:
+            with self.phase("validation"):
+                return self._run(writer, step, progress, stop)
+        finally:
+            if progress is not None:
+                progress.phase(None)
 
     def _run(self, writer: Any, step: int, progress: Progress | None, stop: StopAgreement | None) -> float:
         data = self.parts.val_set

@@ -127,15 +127,16 @@ def test_a_sweeps_job_closes_with_one_line():
         "ddp-run: job 3 completed: 100 steps, final loss 0.7276, val", "  loss 0.7012, 60.0 s wall-clock"]
 
 
-def test_the_driver_closes_a_sweeps_job_with_its_one_line(tmp_path, capsys):
+def test_the_driver_closes_a_sweeps_job_with_its_one_line(tmp_path, capsys, monkeypatch):
     """finalize.finish on a completed run whose manifest names its sweep: one line, and no table."""
+    monkeypatch.delenv("DDP_RUNNER_SWEEP_CONSOLE", raising=False)  # a sweep run in turn (not a concurrent one's job)
     from types import SimpleNamespace
 
     from ddp_runner.supervise import finalize
 
     rd = SimpleNamespace(url=str(tmp_path), local=str(tmp_path))
     manifest = {"invocation": {"sweep": {"id": "s", "dir": "d", "job": 2}}}
-    assert finalize._closing(rd, manifest, _long_run(), CHECK2) == [
-        "ddp-run: job 2 completed: 100 steps, final loss 0.7276, val loss 0.7012, 60.0 s wall-clock"]
+    assert finalize._closing(rd, manifest, _long_run(), CHECK2) == [  # run in turn: it names its run directory
+        f"ddp-run: job 2 completed: 100 steps, final loss 0.7276, val loss 0.7012, 60.0 s wall-clock; {tmp_path}"]
     manifest["invocation"]["sweep"] = None
     assert len(finalize._closing(rd, manifest, _long_run(), CHECK2)) > 5  # a run of its own: the whole account

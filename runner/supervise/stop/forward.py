@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Any
 
+from ddp_runner.console import textfit
 from ddp_runner.contract import stops
 from ddp_runner.supervise.stop import guard
 
@@ -64,16 +65,16 @@ class TorchrunStop:
         guard.note(signum)  # a sweep starts no further job
         alive = self.proc is not None and self.proc.poll() is None
         if self.interrupted is not None:  # a second signal: at once, without the checkpoint
-            print(f"ddp-run: {stops.signal_name(signum)} again: stopping at once, without the checkpoint on stop",
-                  file=sys.stderr, flush=True)
+            textfit.say(f"ddp-run: {stops.signal_name(signum)} again: stopping at once, without the checkpoint on stop",
+                        sys.stderr, flush=True)
             if alive:
                 self.proc.kill()  # the workers die with torchrun (their parent-death signal is SIGKILL)
             return
         # Said at once: stopping can take seconds, and silence invites a second Ctrl-C.
-        print(f"ddp-run: stopping on {stops.signal_name(signum)}: every rank saves a checkpoint of its last optimizer"
-              " step, at the next step boundary or, after the last step, at once (up to"
-              f" {self.grace_s - stops.DRIVER_MARGIN_S:.0f} s, checkpoint.stop_grace_s); press Ctrl-C again to stop at"
-              " once without it", file=sys.stderr, flush=True)
+        textfit.say(f"ddp-run: stopping on {stops.signal_name(signum)}: every rank saves a checkpoint of its last"
+                    " optimizer step, at the next step boundary or, after the last step, at once (up to"
+                    f" {self.grace_s - stops.DRIVER_MARGIN_S:.0f} s, checkpoint.stop_grace_s); press Ctrl-C again to"
+                    " stop at once without it", sys.stderr, flush=True)
         self.interrupted = signum
         if self.request_file is not None:
             with open(self.request_file, "w") as f:  # rank 0 reads it within a second; the signal follows the grace

@@ -26,6 +26,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ddp_runner.console import textfit
 from ddp_runner.contract import stops
 from ddp_runner.contract.osutil import handle_signals, restore_signals
 from ddp_runner.supervise.stop import early
@@ -137,4 +138,4 @@ def take() -> int | None:
 def say(line: str) -> None:
     """One console line on stderr; a terminal closed by SIGHUP is no reason for a traceback."""
     with contextlib.suppress(OSError, ValueError):
-        print(line, file=sys.stderr, flush=True)
+        textfit.say(line, sys.stderr, flush=True)

@@ -138,6 +138,13 @@ class Progress:
                                + "".join(f"  {metric_text(k, v)}" for k, v in metrics.items()) + "\n")
             self.console.flush()
 
+    def phase(self, name: str | None) -> None:
+        """Tell the driver's bar that a phase other than training (``validation``) began, or ended (None). A plain
+        console gets nothing: its validation line follows soon enough."""
+        if self.records is not None:
+            self._release(time.monotonic())  # the bar shows the step the phase follows
+            self.records.record("phase", name=name)
+
     def close(self) -> None:
         """Record the last step held back, if any."""
         self._release(time.monotonic())
