@@ -28,7 +28,8 @@ HEAD = ("RUN", "STATUS", "TASK", "WORLD", "GLOBAL BATCH", "STEP", "LAST LOSS", "
 # Options of ddp-run (Hydra's) that take the next word as their value.
 _VALUE_OPTIONS = ("-cd", "--config-dir", "-cp", "--config-path", "-cn", "--config-name")
 # Statuses after which `ddp-run resume=<dir>` continues the run in place.
-CONTINUABLE = (layout.STATUS_FAILED, layout.STATUS_INTERRUPTED, layout.STATUS_LOST, listing.STATUS_PREEMPTED)
+CONTINUABLE = (layout.STATUS_FAILED, layout.STATUS_INTERRUPTED, layout.STATUS_LOST, listing.STATUS_PREEMPTED,
+               layout.STATUS_PRUNED)
 
 
 # -- cells -----------------------------------------------------------------------------------------------------
@@ -89,7 +90,8 @@ def plain(rows: Sequence[listing.Row], now: float) -> str:
 
 
 _STYLE = {layout.STATUS_COMPLETED: "green", layout.STATUS_FAILED: "red", layout.STATUS_LOST: "red",
-          layout.STATUS_RUNNING: "cyan", layout.STATUS_INTERRUPTED: "yellow", listing.STATUS_PREEMPTED: "yellow"}
+          layout.STATUS_RUNNING: "cyan", layout.STATUS_INTERRUPTED: "yellow", listing.STATUS_PREEMPTED: "yellow",
+          layout.STATUS_PRUNED: "magenta"}
 
 
 def rich_table(rows: Sequence[listing.Row], now: float, file: IO[str], width: int | None = None) -> None:

@@ -59,6 +59,34 @@ def outcome(ok: bool, interrupted: int | None, preempt: int | None = None) -> st
     return layout.STATUS_COMPLETED if ok else layout.STATUS_FAILED
 
 
+def prune_record() -> dict[str, Any] | None:
+    """What the sweep's driver said when its pruner stopped this run (a search's trial: ``layout.ENV_PRUNE_REQUEST``
+    names the file, written before the stop was sent), or None: then a stop is an interrupt."""
+    import json
+    import os
+
+    path = os.environ.get(layout.ENV_PRUNE_REQUEST)
+    if not path or not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            found = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _status(manifest: dict[str, Any], ok: bool, interrupted: int | None, preempt: int | None,
+            stopped: dict[str, Any] | None) -> str:
+    """The run's final status; a stop a search's pruner asked for (:func:`prune_record`) is ``pruned``, its record
+    kept in ``manifest["pruned"]`` (an earlier attempt's is dropped: a continued run ends on its own)."""
+    manifest.pop("pruned", None)
+    if stopped is not None and not ok and (pruned := prune_record()) is not None:
+        manifest["pruned"] = pruned
+        return layout.STATUS_PRUNED
+    return outcome(ok, interrupted, preempt)
+
+
 def agreed_stop(facts: dict[int, dict], world_size: int) -> dict[str, Any] | None:
     """The stop every rank reports (``stopped`` in its facts: step, signal, checkpoint), or None."""
     found = [facts.get(r, {}).get("stopped") for r in range(world_size)]
@@ -118,7 +146,7 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
                  "traceback": agent_log.strip().splitlines()[-12:], "consequences": [], "other_failed_ranks": []}
     rank0 = facts.get(0, {})
     manifest.update(
-        status=outcome(ok, interrupted, preempt),
+        status=_status(manifest, ok, interrupted, preempt, stopped),
         ended=datetime.now().isoformat(timespec="seconds"),
         exit_codes=exit_codes,
         torchrun_exit_code=rc,
@@ -137,7 +165,7 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
         "explanation": plan.explanation,
         "global_batch": plan.global_batch,
         "completion": check,
-        "root_cause": cause,
+        "root_cause": cause, **({"pruned": manifest["pruned"]} if "pruned" in manifest else {}),
         **{k: v for k, v in train.items() if k != "losses"},
         "losses": train.get("losses"),
     }
@@ -154,7 +182,7 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
         print(stop_outcome.stopped_line(manifest["status"], stops.signal_name(interrupted), stopped), file=sys.stderr)
         for line in resume_lines(rd, stopped, manifest["status"]):
             print(line, file=sys.stderr, flush=True)
-        return _exit_code(False, rc, interrupted)
+        return 0 if "pruned" in manifest else _exit_code(False, rc, interrupted)  # a pruned trial ended well
     label = manifest["status"].upper() if interrupted is not None else "FAILED"
     log = layout.join(rd.url, layout.rank_log(cause["rank"])) if isinstance(cause.get("rank"), int) else None
     for i, line in enumerate(rootcause.first_lines(cause, log)):  # the cause first, then the frames

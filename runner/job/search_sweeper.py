@@ -1,0 +1,138 @@
+"""The loop of ``hydra/sweeper=ddp_search`` (the Hydra plugin, ``hydra_plugins/ddp_runner_search``, only hands its
+calls here): ask Optuna for a trial, launch it as one job of the sweep, and go on as soon as a slot is free, so a
+pruned trial's devices go to the next trial at once (no batches). What the trials report and how they end is
+:mod:`ddp_runner.job.search`'s.
+
+The search space is the command line's sweep overrides (Hydra's syntax, as the Optuna sweeper reads it):
+``choice(a,b)`` and ``range(…)`` are categorical, ``interval(lo,hi)`` a float (int where both ends are), with
+``tag(log, interval(…))`` on a log scale; ``hydra.sweeper.params`` adds more (``{key: "interval(1e-4,1)"}``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ddp_runner.job import search
+
+RESULTS = "optimization_results.yaml"  # the search's best trial, in Hydra's sweep folder (kept in the sweep dir)
+
+
+def distribution(override: Any) -> Any:
+    """Optuna's distribution of one Hydra sweep override (choice, range, interval, log tag)."""
+    from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, RangeSweep
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    value = override.value()
+    log = "log" in getattr(value, "tags", set())
+    if isinstance(value, IntervalSweep):
+        if isinstance(value.start, int) and isinstance(value.end, int):
+            return IntDistribution(value.start, value.end, log=log)
+        return FloatDistribution(float(value.start), float(value.end), log=log)
+    if isinstance(value, RangeSweep):
+        return CategoricalDistribution(list(override.sweep_iterator()))
+    if isinstance(value, ChoiceSweep):
+        return CategoricalDistribution([str(v) if not isinstance(v, (int, float, str, bool)) or v is None else v
+                                        for v in override.sweep_iterator()])
+    raise ValueError(f"{override.input_line}: not a sweep ddp_search can search (choice, range, interval)")
+
+
+def space(arguments: Sequence[str], params: Mapping[str, Any] | None) -> tuple[dict[str, Any], list[str]]:
+    """The search space (key → distribution) and the fixed overrides of a command line plus
+    ``hydra.sweeper.params``."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    lines = [*arguments, *(f"{k}={v}" for k, v in (params or {}).items())]
+    dists: dict[str, Any] = {}
+    fixed: list[str] = []
+    for o in parser.parse_overrides(lines):
+        if o.is_sweep_override():
+            dists[o.get_key_element()] = distribution(o)
+        else:
+            fixed.append(o.input_line)
+    return dists, fixed
+
+
+def trial_overrides(params: Mapping[str, Any], fixed: Sequence[str]) -> list[str]:
+    """One trial's command line: the fixed overrides and its sampled values."""
+    return [*fixed, *(f"{k}={v!r}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())]
+
+
+def open_study(folder: str | None, direction: str, pruner: Any, seed: int | None, resume: bool) -> Any:
+    """The study in ``folder``'s journal file (Optuna's file storage: safe across processes; None: in memory);
+    continued when ``resume``."""
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    storage = (JournalStorage(JournalFileBackend(os.path.join(folder, search.STUDY_FILE))) if folder is not None
+               else None)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.create_study(storage=storage, study_name=search.STUDY_NAME, direction=direction, pruner=pruner,
+                               sampler=optuna.samplers.TPESampler(seed=seed), load_if_exists=resume)
+
+
+def run(sweeper: Any, arguments: list[str]) -> None:
+    """The search: ``sweeper`` is the Hydra plugin (its settings, config and launcher)."""
+    from ddp_runner.job import sweeping
+
+    sweep = sweeping.active
+    if sweep is None:
+        raise RuntimeError("hydra/sweeper=ddp_search runs under ddp-run -m only")
+    cfg = sweeper.config
+    sweep.configure(cfg)
+    direction = str(cfg.get("sweep", {}).get("direction") or "minimize")
+    if sweeper.resume:
+        sweep.record.sweep_dir = str(sweeper.resume).rstrip("/")
+        sweep.record.restore()
+    dists, fixed = space(arguments, sweeper.params)
+    pruner = search.make_pruner(sweeper.pruner, sweeper.warmup_steps, sweeper.startup_trials, sweeper.min_steps)
+    # A dry run only plans its trials and leaves nothing behind: its study is in memory.
+    folder = None if cfg.get("dry_run") else _local(sweep.directory())
+    study = open_study(folder, direction, pruner, sweeper.seed, bool(sweeper.resume))
+    found = search.Search(study, sweeper.pruner, sweep.record.objective["key"])
+    search.current = found
+    sweep.record.search = {"pruner": sweeper.pruner, "n_trials": sweeper.n_trials, "study": search.STUDY_FILE}
+    try:
+        _ask_and_launch(sweeper, sweep, found, dists, fixed)
+        sweep.settle()
+    finally:
+        search.current = None
+    _results(cfg, study, direction)
+
+
+def _ask_and_launch(sweeper: Any, sweep: Any, found: search.Search, dists: dict[str, Any],
+                    fixed: list[str]) -> None:
+    import optuna
+
+    done = [t for t in found.study.trials if t.state != optuna.trial.TrialState.RUNNING]
+    num = 1 + max((j["job"] for j in sweep.record.jobs), default=-1)
+    for _ in range(max(0, int(sweeper.n_trials) - len(done))):
+        if sweep.stopped():
+            break
+        trial = found.study.ask(dists)
+        found.add(num, trial)
+        sweeper.launcher.launch([trial_overrides(trial.params, fixed)], initial_job_idx=num)
+        num += 1
+
+
+def _results(cfg: Any, study: Any, direction: str) -> None:
+    """The best trial in Hydra's sweep folder, as Optuna's Hydra sweeper leaves it (kept in the sweep dir)."""
+    from omegaconf import OmegaConf
+
+    try:
+        best = study.best_trial
+    except ValueError:  # no trial completed
+        return
+    OmegaConf.save(OmegaConf.create({"name": "ddp_search", "direction": direction,
+                                     "best_params": dict(best.params), "best_value": best.value}),
+                   os.path.join(str(cfg.hydra.sweep.dir), RESULTS))
+
+
+def _local(folder: str) -> str:
+    """The study's folder on this host (the journal is a plain local file)."""
+    if "://" in folder and not folder.startswith("file://"):
+        raise RuntimeError(f"hydra/sweeper=ddp_search keeps its study in a local sweep directory, not {folder}")
+    return folder.removeprefix("file://")
