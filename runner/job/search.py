@@ -107,9 +107,11 @@ class Search:
             for rec in self._new_records(w, child.files["console"]):
                 verdict = self.report(w, rec)
                 if verdict is not None:
+                    value = verdict["value"]
+                    shown = f"{value:.6g}" if isinstance(value, float) else value
                     pool.view.say(f"ddp-run: sweep: job {num} pruned at step {verdict['step']} ({self.objective} "
-                                  f"{verdict['value']:.6g}, pruner {self.pruner_name}): it saves a checkpoint and"
-                                  " ends; its devices go to the next trial")
+                                  f"{shown}, pruner {self.pruner_name}): it saves a checkpoint and ends; its"
+                                  " devices go to the next trial")
                     pool.prune(num, verdict)
                     break
 
@@ -122,7 +124,7 @@ class Search:
             return None
         w.reported[step] = value
         w.trial.report(value, step)
-        if not w.trial.should_prune():
+        if math.isfinite(value) and not w.trial.should_prune():  # a diverged loss never recovers: pruned at once
             return None
         w.pruned_at = step
         return {"step": step, "value": value if math.isfinite(value) else str(value), "pruner": self.pruner_name}

@@ -4,8 +4,9 @@ pruned trial's devices go to the next trial at once (no batches). What the trial
 :mod:`ddp_runner.job.search`'s.
 
 The search space is the command line's sweep overrides (Hydra's syntax, as the Optuna sweeper reads it):
-``choice(a,b)`` and ``range(…)`` are categorical, ``interval(lo,hi)`` a float (int where both ends are), with
-``tag(log, interval(…))`` on a log scale; ``hydra.sweeper.params`` adds more (``{key: "interval(1e-4,1)"}``).
+``choice(a,b)`` and ``range(…)`` are categorical, ``interval(lo,hi)`` a float (``tag(int, interval(…))`` whole
+numbers), with ``tag(log, interval(…))`` on a log scale; ``hydra.sweeper.params`` adds more
+(``{key: "interval(1e-4,1)"}``).
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ def distribution(override: Any) -> Any:
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
     value = override.value()
-    log = "log" in getattr(value, "tags", set())
+    tags = getattr(value, "tags", set())
+    log = "log" in tags
     if isinstance(value, IntervalSweep):
-        if isinstance(value.start, int) and isinstance(value.end, int):
-            return IntDistribution(value.start, value.end, log=log)
+        if "int" in tags:  # Hydra's interval is a float interval; tag(int, …) makes it whole numbers
+            return IntDistribution(int(value.start), int(value.end), log=log)
         return FloatDistribution(float(value.start), float(value.end), log=log)
     if isinstance(value, RangeSweep):
         return CategoricalDistribution(list(override.sweep_iterator()))

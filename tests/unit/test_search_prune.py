@@ -1,0 +1,144 @@
+"""The early-stopping search's pure parts and its pruning loop against a fake pool (runner/job/search.py,
+runner/job/search_sweeper.py, runner/report/sweep_search.py): pruner choice, the search space, what a validation
+record reports, trial states and the optimizer steps the pruning saved."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+optuna = pytest.importorskip("optuna")
+
+from ddp_runner.job import search, search_sweeper  # noqa: E402
+from ddp_runner.report import sweep_search  # noqa: E402
+
+
+@pytest.mark.parametrize(("name", "cls"), [("median", "MedianPruner"), ("asha", "SuccessiveHalvingPruner"),
+                                           ("hyperband", "HyperbandPruner"), ("none", "NopPruner")])
+def test_each_pruner_name_is_optunas_pruner(name: str, cls: str) -> None:
+    assert type(search.make_pruner(name)).__name__ == cls
+
+
+def test_an_unknown_pruner_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="median, asha, hyperband, none"):
+        search.make_pruner("sometimes")
+
+
+def test_the_search_space_is_the_command_lines_sweeps_and_params() -> None:
+    dists, fixed = search_sweeper.space(["task=gpt", "train.lr=tag(log,interval(0.0001,1))", "seed=choice(1,2)"],
+                                        {"train.warmup_steps": "tag(int,interval(0,10))"})
+    assert fixed == ["task=gpt"]
+    lr = dists["train.lr"]
+    assert isinstance(lr, optuna.distributions.FloatDistribution) and lr.log and (lr.low, lr.high) == (1e-4, 1.0)
+    assert dists["seed"].choices == (1, 2)
+    assert isinstance(dists["train.warmup_steps"], optuna.distributions.IntDistribution)
+    assert search_sweeper.trial_overrides({"train.lr": 0.001, "seed": 2}, fixed) == ["task=gpt", "train.lr=0.001",
+                                                                                     "seed=2"]
+
+
+def test_a_validation_record_reports_its_loss_or_the_named_metric() -> None:
+    rec = {"kind": "val", "step": 5, "loss": 2.5, "metrics": {"val/accuracy": 0.75}}
+    assert search.intermediate(rec, "val_loss") == 2.5
+    assert search.intermediate(rec, "accuracy") == 0.75
+    assert search.intermediate(rec, "tokens_per_s") is None
+    assert search.intermediate({"kind": "step", "step": 5, "loss": 2.0}, "val_loss") is None
+    assert math.isnan(search.intermediate({"kind": "val", "step": 5, "loss": float("nan")}, "val_loss"))
+
+
+def test_trial_states_and_the_pruned_step() -> None:
+    assert sweep_search.trial_state({"status": "completed", "objective": 1.0}) == "completed"
+    assert sweep_search.trial_state({"status": "completed", "objective": None}) == "failed"  # diverged
+    assert sweep_search.trial_state({"status": "pruned"}) == "pruned"
+    assert sweep_search.trial_state({"status": "interrupted"}) == "failed"
+    assert sweep_search.state_text({"status": "pruned", "pruned": {"step": 10}}) == "pruned at step 10"
+    assert sweep_search.state_text({"status": "completed"}) == "completed"
+
+
+def _job(status: str, steps: int | None, planned: int | None = 40, run_dir: str | None = "r") -> dict[str, Any]:
+    return {"status": status, "figures": {"steps": steps}, "planned_steps": planned, "run_dir": run_dir,
+            "objective": 1.0 if status == "completed" else None}
+
+
+def test_steps_saved_count_every_started_trial_at_its_full_length() -> None:
+    jobs = [_job("completed", 40), _job("pruned", 9), _job("pruned", 7), _job("not run", None, None, None)]
+    assert sweep_search.steps_saved(jobs) == {"ran": 56, "unpruned": 120, "saved": 64,
+                                              "saved_fraction": round(64 / 120, 4)}
+    # no plan recorded: the longest completed trial is the full length
+    assert sweep_search.steps_saved([_job("completed", 30, None), _job("pruned", 5, None)])["unpruned"] == 60
+    found = sweep_search.summary(jobs, {"pruner": "median"})
+    assert found["trials"] == {"completed": 1, "pruned": 2, "failed": 1}
+    assert sweep_search.markdown_lines(found)[1].startswith("Optimizer steps: 56 run of 120")
+
+
+class FakePool:
+    """The pool as the search sees it: running children whose rank 0 writes console records."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp, self.running, self.pruned, self.said = tmp, {}, [], []
+        self.view = SimpleNamespace(say=self.said.append)
+
+    def child(self, num: int) -> Path:
+        path = self.tmp / f"job-{num}.console"
+        path.write_text("")
+        self.running[num] = SimpleNamespace(files={"console": str(path)})
+        return path
+
+    def prune(self, num: int, record: dict[str, Any]) -> None:
+        self.pruned.append((num, record))
+
+
+def _val(path: Path, step: int, loss: float, total: int = 40) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps({"kind": "step", "step": step, "total": total, "loss": loss}) + "\n")
+        f.write(json.dumps({"kind": "val", "step": step, "loss": loss, "metrics": {}}) + "\n")
+
+
+def test_a_trial_worse_than_the_median_is_pruned_at_its_validation_and_told_pruned(tmp_path: Path) -> None:
+    study = optuna.create_study(direction="minimize", pruner=search.make_pruner("median", startup_trials=1))
+    found, pool = search.Search(study, "median", "val_loss"), FakePool(tmp_path)
+    good = pool.child(0)
+    found.add(0, study.ask())
+    for step, loss in ((5, 2.0), (10, 1.5)):
+        _val(good, step, loss)
+        found.watch(pool)
+    assert pool.pruned == [] and found.planned(0) == 40
+    del pool.running[0]
+    found.ended(0, {"status": "completed", "objective": 1.5})
+    bad = pool.child(1)
+    found.add(1, study.ask())
+    _val(bad, 5, 9.0)
+    with bad.open("a") as f:
+        f.write('{"kind": "val", "step": 10, "lo')  # a line still being written is read at the next poll
+    found.watch(pool)
+    assert pool.pruned == [(1, {"step": 5, "value": 9.0, "pruner": "median"})]
+    assert "job 1 pruned at step 5" in pool.said[0]
+    found.watch(pool)  # asked once
+    assert len(pool.pruned) == 1
+    found.ended(1, {"status": "pruned"})
+    states = [t.state for t in study.trials]
+    assert states == [optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED]
+    assert study.trials[1].intermediate_values == {5: 9.0}
+
+
+def test_a_diverged_loss_is_pruned_and_a_failed_job_is_a_failed_trial(tmp_path: Path) -> None:
+    study = optuna.create_study(pruner=search.make_pruner("median", startup_trials=0))
+    found, pool = search.Search(study, "median", "val_loss"), FakePool(tmp_path)
+    found.add(0, study.ask())
+    _val(pool.child(0), 5, float("nan"))
+    found.watch(pool)
+    assert pool.pruned and pool.pruned[0][1]["value"] == "nan"
+    found.add(1, study.ask())
+    found.ended(1, {"status": "failed"})
+    assert study.trials[1].state == optuna.trial.TrialState.FAIL
+
+
+def test_the_study_is_a_journal_file_in_the_sweep_folder_and_continues(tmp_path: Path) -> None:
+    first = search_sweeper.open_study(str(tmp_path), "minimize", search.make_pruner("none"), 0, resume=False)
+    first.tell(first.ask(), 1.0)
+    again = search_sweeper.open_study(str(tmp_path), "minimize", search.make_pruner("none"), 0, resume=True)
+    assert (tmp_path / search.STUDY_FILE).is_file() and len(again.trials) == 1
