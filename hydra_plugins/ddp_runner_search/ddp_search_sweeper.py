@@ -27,6 +27,8 @@ class DDPSearchConf:
     warmup_steps: int = 0
     # asha / hyperband: the first rung's steps (null: Optuna's own choice)
     min_steps: Any = None
+    # tpe | random | grid (every combination of the choice/range values once)
+    sampler: str = "tpe"
     seed: Any = None
     # more of the search space, {key: "interval(1e-4,1)"} (beside the command line's sweep overrides)
     params: dict[str, Any] = field(default_factory=dict)
@@ -41,8 +43,10 @@ class DDPSearchSweeper(Sweeper):
     """Asks Optuna for each trial and launches it as soon as a slot is free; the pruner stops trials early."""
 
     def __init__(self, n_trials: int = 8, pruner: str = "median", startup_trials: int = 2, warmup_steps: int = 0,
-                 min_steps: Any = None, seed: Any = None, params: Any = None, resume: Any = None) -> None:
+                 min_steps: Any = None, sampler: str = "tpe", seed: Any = None, params: Any = None,
+                 resume: Any = None) -> None:
         self.n_trials, self.pruner, self.seed, self.resume = n_trials, str(pruner), seed, resume
+        self.sampler = sampler
         self.startup_trials, self.warmup_steps, self.min_steps = startup_trials, warmup_steps, min_steps
         self.params = dict(params or {})
         self.config: Any = None

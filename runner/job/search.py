@@ -25,6 +25,10 @@ from ddp_runner.report.sweep_search import trial_state
 PRUNERS = ("median", "asha", "hyperband", "none")
 STUDY_FILE = "study.journal"
 STUDY_NAME = "ddp-search"
+# Statuses of a trial the search did not decide (a Ctrl-C, a sweep stopped before it started), and the trial's
+# attribute that says so: a continued search does not count it.
+STOPPED = ("interrupted", "preempted", "not run")
+STOPPED_ATTR = "ddp_stopped"
 
 # The search the current ``ddp-run -m`` runs, set by the sweeper (runner/job/search_sweeper.py) and read by the
 # sweep's jobs (runner/job/sweeping.py): Hydra hands its sweeper and its jobs nothing in common.
@@ -39,6 +43,15 @@ def register() -> None:
     from hydra_plugins.ddp_runner_search.ddp_search_sweeper import DDPSearchSweeper
 
     Plugins.instance().register(DDPSearchSweeper)
+
+
+def ended_before(study: Any) -> int:
+    """The trials of ``study`` that ended (completed, pruned, failed): a continued search asks only the rest of
+    its ``n_trials``. A trial stopped by Ctrl-C, or never started, does not count: it is asked again."""
+    import optuna
+
+    return sum(t.state != optuna.trial.TrialState.RUNNING and STOPPED_ATTR not in t.user_attrs
+               for t in study.trials)
 
 
 def make_pruner(name: str, warmup_steps: int = 0, startup_trials: int = 2, min_steps: int | None = None,
@@ -156,6 +169,8 @@ class Search:
             return
         state = trial_state(record)
         value = record.get("objective")
+        if record.get("status") in STOPPED:  # a continued search runs its trial again
+            w.trial.set_user_attr(STOPPED_ATTR, str(record.get("status")))
         try:
             if state == "completed":
                 self.study.tell(w.trial, float(value))

@@ -62,7 +62,38 @@ def trial_overrides(params: Mapping[str, Any], fixed: Sequence[str]) -> list[str
     return [*fixed, *(f"{k}={v!r}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())]
 
 
-def open_study(folder: str | None, direction: str, pruner: Any, seed: int | None, resume: bool) -> Any:
+SAMPLERS = ("tpe", "random", "grid")
+
+
+def make_sampler(name: str, seed: int | None, dists: Mapping[str, Any]) -> Any:
+    """Optuna's sampler for ``hydra.sweeper.sampler``: ``tpe`` (default), ``random``, or ``grid`` (every
+    combination of the choice and range values once, in an order drawn from ``seed``)."""
+    import optuna
+
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "grid":
+        if not all(hasattr(d, "choices") for d in dists.values()):
+            raise ValueError("hydra.sweeper.sampler=grid: every swept key must be a choice(…) or a range(…)")
+        return _grid({k: list(d.choices) for k, d in dists.items()}, seed)
+    raise ValueError(f"hydra.sweeper.sampler={name}: not one of {', '.join(SAMPLERS)}")
+
+
+def _grid(grid: dict[str, list[Any]], seed: int | None) -> Any:
+    """Optuna's grid, whose end does not stop the study: ``Study.stop`` works only inside ``optimize`` (raising in
+    a tell, it would lose the last trial's state); the sweeper asks no more than ``n_trials`` anyway."""
+    import optuna
+
+    class Grid(optuna.samplers.GridSampler):
+        def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
+            return None
+
+    return Grid(grid, seed=seed)
+
+
+def open_study(folder: str | None, direction: str, pruner: Any, sampler: Any, resume: bool) -> Any:
     """The study in ``folder``'s journal file (Optuna's file storage: safe across processes; None: in memory);
     continued when ``resume``."""
     import optuna
@@ -73,7 +104,19 @@ def open_study(folder: str | None, direction: str, pruner: Any, seed: int | None
                else None)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     return optuna.create_study(storage=storage, study_name=search.STUDY_NAME, direction=direction, pruner=pruner,
-                               sampler=optuna.samplers.TPESampler(seed=seed), load_if_exists=resume)
+                               sampler=sampler, load_if_exists=resume)
+
+
+def continued(fixed: list[str], setting: Any) -> tuple[str | None, list[str]]:
+    """The sweep directory whose search this one continues (``hydra.sweeper.resume=<dir>``, or ``resume=<dir>``
+    naming a directory that holds a study), and the trials' fixed overrides without that ``resume=``."""
+    if setting:
+        return str(setting).rstrip("/"), fixed
+    for o in fixed:
+        key, _, value = o.partition("=")
+        if key == "resume" and os.path.isfile(os.path.join(value.removeprefix("file://"), search.STUDY_FILE)):
+            return value.rstrip("/"), [f for f in fixed if f is not o]
+    return None, fixed
 
 
 def run(sweeper: Any, arguments: list[str]) -> None:
@@ -86,17 +129,20 @@ def run(sweeper: Any, arguments: list[str]) -> None:
     cfg = sweeper.config
     sweep.configure(cfg)
     direction = str(cfg.get("sweep", {}).get("direction") or "minimize")
-    if sweeper.resume:
-        sweep.record.sweep_dir = str(sweeper.resume).rstrip("/")
-        sweep.record.restore()
     dists, fixed = space(arguments, sweeper.params)
+    resume, fixed = continued(fixed, sweeper.resume)
+    if resume is not None:  # the trials go on in the same sweep directory, numbered after its earlier ones
+        sweep.record.sweep_dir = resume
+        sweep.record.restore()
     pruner = search.make_pruner(sweeper.pruner, sweeper.warmup_steps, sweeper.startup_trials, sweeper.min_steps)
     # A dry run only plans its trials and leaves nothing behind: its study is in memory.
     folder = None if cfg.get("dry_run") else _local(sweep.directory())
-    study = open_study(folder, direction, pruner, sweeper.seed, bool(sweeper.resume))
+    sampler = make_sampler(str(sweeper.sampler), sweeper.seed, dists)
+    study = open_study(folder, direction, pruner, sampler, resume is not None)
     found = search.Search(study, sweeper.pruner, sweep.record.objective["key"])
     search.current = found
-    sweep.record.search = {"pruner": sweeper.pruner, "n_trials": sweeper.n_trials, "study": search.STUDY_FILE}
+    sweep.record.search = {"pruner": sweeper.pruner, "sampler": str(sweeper.sampler), "n_trials": sweeper.n_trials,
+                           "study": search.STUDY_FILE}
     try:
         _ask_and_launch(sweeper, sweep, found, dists, fixed)
         sweep.settle()
@@ -107,16 +153,19 @@ def run(sweeper: Any, arguments: list[str]) -> None:
 
 def _ask_and_launch(sweeper: Any, sweep: Any, found: search.Search, dists: dict[str, Any],
                     fixed: list[str]) -> None:
-    import optuna
-
-    done = [t for t in found.study.trials if t.state != optuna.trial.TrialState.RUNNING]
-    num = 1 + max((j["job"] for j in sweep.record.jobs), default=-1)
-    for _ in range(max(0, int(sweeper.n_trials) - len(done))):
+    """Ask and launch the trials still to run (a continued search: ``n_trials`` less those that ended before,
+    a stopped or never started one not counted); each launch waits for a free slot."""
+    left = int(sweeper.n_trials) - search.ended_before(found.study)
+    num = max(len(found.study.trials), 1 + max((j["job"] for j in sweep.record.jobs), default=-1))
+    for _ in range(max(0, left)):
         if sweep.stopped():
             break
         trial = found.study.ask(dists)
         found.add(num, trial)
         sweeper.launcher.launch([trial_overrides(trial.params, fixed)], initial_job_idx=num)
+        rec = next((j for j in sweep.record.jobs if j["job"] == num), None)
+        if rec is not None and rec.get("status") in ("not run", "refused"):  # the pool never started it
+            found.ended(num, rec)
         num += 1
 
 

@@ -138,7 +138,40 @@ def test_a_diverged_loss_is_pruned_and_a_failed_job_is_a_failed_trial(tmp_path: 
 
 
 def test_the_study_is_a_journal_file_in_the_sweep_folder_and_continues(tmp_path: Path) -> None:
-    first = search_sweeper.open_study(str(tmp_path), "minimize", search.make_pruner("none"), 0, resume=False)
+    sampler = search_sweeper.make_sampler("random", 0, {})
+    first = search_sweeper.open_study(str(tmp_path), "minimize", search.make_pruner("none"), sampler, resume=False)
     first.tell(first.ask(), 1.0)
-    again = search_sweeper.open_study(str(tmp_path), "minimize", search.make_pruner("none"), 0, resume=True)
+    again = search_sweeper.open_study(str(tmp_path), "minimize", search.make_pruner("none"), sampler, resume=True)
     assert (tmp_path / search.STUDY_FILE).is_file() and len(again.trials) == 1
+
+
+def test_a_grid_asks_every_combination_once() -> None:
+    dists, _ = search_sweeper.space(["train.lr=choice(0.01,0.05,-1)"], None)
+    study = optuna.create_study(sampler=search_sweeper.make_sampler("grid", 2, dists))
+    seen = []
+    for _ in range(3):
+        trial = study.ask(dists)
+        seen.append(trial.params["train.lr"])
+        study.tell(trial, 1.0)
+    assert sorted(seen) == [-1, 0.01, 0.05]
+    with pytest.raises(ValueError, match="choice"):
+        search_sweeper.make_sampler("grid", 0, search_sweeper.space(["train.lr=interval(0,1)"], None)[0])
+
+
+def test_resume_names_the_sweep_whose_study_continues(tmp_path: Path) -> None:
+    (tmp_path / search.STUDY_FILE).write_text("")
+    fixed = ["task=gpt", f"resume={tmp_path}"]
+    assert search_sweeper.continued(fixed, None) == (str(tmp_path), ["task=gpt"])
+    assert search_sweeper.continued(["resume=auto"], None) == (None, ["resume=auto"])  # a job's own resume
+    assert search_sweeper.continued(["task=gpt"], "/x/sweep/") == ("/x/sweep", ["task=gpt"])
+
+
+def test_a_continued_search_counts_the_trials_that_ended_not_those_stopped(tmp_path: Path) -> None:
+    study = optuna.create_study()
+    found = search.Search(study, "none", "val_loss")
+    for num, rec in enumerate([{"status": "completed", "objective": 1.0}, {"status": "pruned"},
+                               {"status": "failed"}, {"status": "interrupted"}, {"status": "not run"}]):
+        found.add(num, study.ask())
+        found.ended(num, rec)
+    study.ask()  # asked, never told (the driver was killed)
+    assert search.ended_before(study) == 3
