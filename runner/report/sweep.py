@@ -148,6 +148,8 @@ def _objective_text(value: Any, status: str) -> str:
     """The objective, or why there is none (a job that did not complete is a failed trial to a sweeper)."""
     if isinstance(value, (int, float)) and math.isfinite(value):
         return f"{value:.6g}"
+    if status == layout.STATUS_PRUNED:
+        return "— (pruned)"
     return "— (failed trial)" if status != layout.STATUS_COMPLETED else "— (not in summary.json: failed trial)"
 
 
