@@ -7,7 +7,7 @@ and the loop are imported only when a search runs).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -31,7 +31,7 @@ class DDPSearchConf:
     sampler: str = "tpe"
     seed: Any = None
     # more of the search space, {key: "interval(1e-4,1)"} (beside the command line's sweep overrides)
-    params: dict[str, Any] = field(default_factory=dict)
+    params: Any = None
     # a sweep directory whose search to continue (its study.journal and sweep.json)
     resume: Any = None
 

@@ -131,6 +131,7 @@ def run(sweeper: Any, arguments: list[str]) -> None:
     direction = str(cfg.get("sweep", {}).get("direction") or "minimize")
     dists, fixed = space(arguments, sweeper.params)
     resume, fixed = continued(fixed, sweeper.resume)
+    sweep.record.swept += [k for k in dists if k not in sweep.record.swept]  # hydra.sweeper.params' keys too
     if resume is not None:  # the trials go on in the same sweep directory, numbered after its earlier ones
         sweep.record.sweep_dir = resume
         sweep.record.restore()
