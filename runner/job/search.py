@@ -137,7 +137,9 @@ class Search:
             return None
         w.reported[step] = value
         w.trial.report(value, step)
-        if math.isfinite(value) and not w.trial.should_prune():  # a diverged loss never recovers: pruned at once
+        # A diverged loss never recovers: pruned at once (unless the search prunes nothing: pruner none).
+        diverged = not math.isfinite(value) and self.pruner_name != "none"
+        if not diverged and not w.trial.should_prune():
             return None
         w.pruned_at = step
         return {"step": step, "value": value if math.isfinite(value) else str(value), "pruner": self.pruner_name}

@@ -134,6 +134,11 @@ def test_a_diverged_loss_is_pruned_and_a_failed_job_is_a_failed_trial(tmp_path: 
     assert pool.pruned and pool.pruned[0][1]["value"] == "nan"
     found.add(1, study.ask())
     found.ended(1, {"status": "failed"})
+    unpruned = search.Search(optuna.create_study(pruner=search.make_pruner("none")), "none", "val_loss")
+    unpruned.add(2, unpruned.study.ask())
+    _val(pool.child(2), 5, float("nan"))
+    unpruned.watch(pool)
+    assert len(pool.pruned) == 1  # pruner none: every trial runs to its end, a diverged one too
     assert study.trials[1].state == optuna.trial.TrialState.FAIL
 
 
@@ -175,3 +180,16 @@ def test_a_continued_search_counts_the_trials_that_ended_not_those_stopped(tmp_p
         found.ended(num, rec)
     study.ask()  # asked, never told (the driver was killed)
     assert search.ended_before(study) == 3
+
+
+def test_ddp_compares_trials_say_where_a_trial_was_pruned_and_the_steps_saved() -> None:
+    from ddp_runner.report.sweep import trials_markdown
+
+    jobs = [{**_job("completed", 40), "job": 0, "values": {"train.lr": "0.003"}},
+            {**_job("pruned", 9), "job": 1, "values": {"train.lr": "1000.0"}, "pruned": {"step": 5}}]
+    record = {"objective": {"key": "val_loss", "direction": "minimize"}, "jobs": jobs,
+              "search": sweep_search.summary(jobs, {"pruner": "median"})}
+    text = trials_markdown(record)
+    assert "| 1 | train.lr=1000.0 | pruned at step 5 | — (pruned) |" in text
+    assert "Best: job 0 (train.lr=0.003)" in text
+    assert "Optimizer steps: 49 run of 80 had every trial run to its end (saved 31, 39%)." in text
