@@ -1,7 +1,7 @@
 """Early-stopping search (issue 53): the same learning-rate search of the tiny GPT, pruned and unpruned, in one run.
 
     python bench/prune_bench.py                      # 8 trials, 2 side by side, pruner median, on the CPU
-    python bench/prune_bench.py --pruner asha --steps 120
+    python bench/prune_bench.py --pruner asha --steps 100
 
 Both searches ask the same trials in the same order (the grid sampler over ``--lrs``, one seed), 2 side by side
 (``sweep.parallel=2``, one core each); about half the learning rates diverge or crawl. The unpruned search
@@ -53,7 +53,7 @@ def main() -> None:
     """Run both searches, compare them, print and record the figures."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trials", type=int, default=8)
-    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--steps", type=int, default=200)
     p.add_argument("--val-every", type=int, default=10)
     p.add_argument("--lrs", default=LRS)
     p.add_argument("--pruner", default="median")

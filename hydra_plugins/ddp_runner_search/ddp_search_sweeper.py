@@ -5,8 +5,8 @@ Hydra imports every module of the ``hydra_plugins`` namespace package at start-u
 and the loop are imported only when a search runs).
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: Hydra's plugin scan may run this module's body outside sys.modules,
+# where a dataclass cannot resolve string annotations.
 from dataclasses import dataclass
 from typing import Any
 
