@@ -193,3 +193,20 @@ def test_ddp_compares_trials_say_where_a_trial_was_pruned_and_the_steps_saved() 
     assert "| 1 | train.lr=1000.0 | pruned at step 5 | — (pruned) |" in text
     assert "Best: job 0 (train.lr=0.003)" in text
     assert "Optimizer steps: 49 run of 80 had every trial run to its end (saved 31, 39%)." in text
+
+
+def test_a_stop_the_pruner_asked_for_ends_pruned_and_only_then(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               ) -> None:
+    from ddp_runner.contract import layout
+    from ddp_runner.supervise import finalize
+
+    stopped = {"step": 9, "signal": 15, "checkpoint": "step_9"}
+    request = tmp_path / "job-1.prune"
+    monkeypatch.setenv(layout.ENV_PRUNE_REQUEST, str(request))
+    manifest: dict[str, Any] = {"pruned": {"step": 1}}  # an earlier attempt's
+    assert finalize._status(manifest, False, 15, None, stopped) == "interrupted" and "pruned" not in manifest
+    request.write_text(json.dumps({"step": 5, "value": "nan", "pruner": "median"}))
+    assert finalize._status(manifest, False, 15, None, stopped) == "pruned"
+    assert manifest["pruned"] == {"step": 5, "value": "nan", "pruner": "median"}
+    assert finalize._status(manifest, True, None, None, None) == "completed"  # the stop came after the end
+    assert finalize._status({}, False, None, None, None) == "failed"  # a failure is no prune
