@@ -25,10 +25,10 @@ from ddp_runner.report.sweep_search import trial_state
 PRUNERS = ("median", "asha", "hyperband", "none")
 STUDY_FILE = "study.journal"
 STUDY_NAME = "ddp-search"
-# Statuses of a trial the search did not decide (a Ctrl-C, a sweep stopped before it started), and the trial's
-# attribute that says so: a continued search does not count it.
-STOPPED = ("interrupted", "preempted", "not run")
+# A trial the search did not end (report/sweep_search.py: a stop cut it short, or it never started) says so in
+# this attribute: a continued search does not count it, and asks it again.
 STOPPED_ATTR = "ddp_stopped"
+REQUEUED_ATTR = "ddp_requeued"  # the study's: numbers of the stopped trials already asked again
 
 # The search the current ``ddp-run -m`` runs, set by the sweeper (runner/job/search_sweeper.py) and read by the
 # sweep's jobs (runner/job/sweeping.py): Hydra hands its sweeper and its jobs nothing in common.
@@ -48,10 +48,19 @@ def register() -> None:
 def ended_before(study: Any) -> int:
     """The trials of ``study`` that ended (completed, pruned, failed): a continued search asks only the rest of
     its ``n_trials``. A trial stopped by Ctrl-C, or never started, does not count: it is asked again."""
-    import optuna
+    return sum(t.state.is_finished() and STOPPED_ATTR not in t.user_attrs for t in study.trials)
 
-    return sum(t.state != optuna.trial.TrialState.RUNNING and STOPPED_ATTR not in t.user_attrs
-               for t in study.trials)
+
+def requeue_stopped(study: Any) -> list[dict[str, Any]]:
+    """A continued search runs again, first, the trials a stop cut short or never started (their values
+    enqueued once: the study remembers which it requeued). Their values, in order."""
+    done = set(study.user_attrs.get(REQUEUED_ATTR) or [])
+    stopped = [t for t in study.trials if STOPPED_ATTR in t.user_attrs and t.number not in done]
+    for t in stopped:
+        study.enqueue_trial(dict(t.params), skip_if_exists=False)
+    if stopped:
+        study.set_user_attr(REQUEUED_ATTR, sorted(done | {t.number for t in stopped}))
+    return [dict(t.params) for t in stopped]
 
 
 def make_pruner(name: str, warmup_steps: int = 0, startup_trials: int = 2, min_steps: int | None = None,
@@ -171,7 +180,7 @@ class Search:
             return
         state = trial_state(record)
         value = record.get("objective")
-        if record.get("status") in STOPPED:  # a continued search runs its trial again
+        if state == "stopped":  # a continued search runs its trial again
             w.trial.set_user_attr(STOPPED_ATTR, str(record.get("status")))
         try:
             if state == "completed":

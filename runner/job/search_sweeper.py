@@ -140,6 +140,9 @@ def run(sweeper: Any, arguments: list[str]) -> None:
     folder = None if cfg.get("dry_run") else _local(sweep.directory())
     sampler = make_sampler(str(sweeper.sampler), sweeper.seed, dists)
     study = open_study(folder, direction, pruner, sampler, resume is not None)
+    if resume is not None and (again := search.requeue_stopped(study)):
+        print(f"ddp-run: sweep: continuing the search in {resume}: {len(again)} trial(s) a stop cut short run again"
+              " first", flush=True)
     found = search.Search(study, sweeper.pruner, sweep.record.objective["key"])
     search.current = found
     sweep.record.search = {"pruner": sweeper.pruner, "sampler": str(sweeper.sampler), "n_trials": sweeper.n_trials,

@@ -8,15 +8,19 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+# Statuses of a trial that the search did not end: a stop (Ctrl-C, pre-emption) cut it short, or it never started.
+STOPPED = ("interrupted", "preempted", "not run")
+
 
 def trial_state(record: Mapping[str, Any]) -> str:
-    """A sweep job's state as a trial: ``completed`` (with a finite objective), ``pruned``, or ``failed`` (failed,
-    refused, not run, interrupted, or completed without its objective: a diverged loss)."""
+    """A sweep job's state as a trial: ``completed`` (with a finite objective), ``pruned``, ``stopped`` (a stop
+    cut it short or it never started: a continued search runs it again), or ``failed`` (failed, refused, or
+    completed without its objective: a diverged loss)."""
     status = record.get("status")
     value = record.get("objective")
     if status == "completed" and isinstance(value, (int, float)) and math.isfinite(value):
         return "completed"
-    return "pruned" if status == "pruned" else "failed"
+    return "pruned" if status == "pruned" else "stopped" if status in STOPPED else "failed"
 
 
 def state_text(job: Mapping[str, Any]) -> str:
@@ -39,15 +43,18 @@ def full_steps(jobs: Sequence[Mapping[str, Any]]) -> int | None:
 
 
 def steps_saved(jobs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The optimizer steps the trials ran, the steps every trial that ran would have run to its end, and the
-    difference (``saved``, and as a fraction of the full ``unpruned``)."""
+    """The optimizer steps the trials ran, the steps they would have run had no trial been pruned (a pruned one
+    to its end: the steps it planned, else :func:`full_steps`; a completed or failed one as it ran; one a stop cut
+    short is left out of both), and the difference (``saved``, and as a fraction of ``unpruned``)."""
     full = full_steps(jobs)
-    started = [j for j in jobs if j.get("run_dir")]
-    ran = sum(int((j.get("figures") or {}).get("steps") or 0) for j in started)
+    counted = [j for j in jobs if j.get("run_dir") and trial_state(j) != "stopped"]
+    steps = [int((j.get("figures") or {}).get("steps") or 0) for j in counted]
+    ran = sum(steps)
     if full is None:
         return {"ran": ran, "unpruned": None, "saved": None, "saved_fraction": None}
-    unpruned = full * len(started)
-    saved = max(0, unpruned - ran)
+    saved = sum(max(0, (j["planned_steps"] if isinstance(j.get("planned_steps"), int) else full) - n)
+                for j, n in zip(counted, steps, strict=True) if trial_state(j) == "pruned")
+    unpruned = ran + saved
     return {"ran": ran, "unpruned": unpruned, "saved": saved,
             "saved_fraction": round(saved / unpruned, 4) if unpruned else None}
 

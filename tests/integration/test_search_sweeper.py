@@ -18,11 +18,11 @@ from ddp_runner.report.sweep import SweepRecord  # noqa: E402
 
 
 class Launcher:
-    """Hydra's launcher as the sweeper sees it: each job 'runs' at once; lr 3 is pruned, the others complete with
-    their lr as objective."""
+    """Hydra's launcher as the sweeper sees it: each job 'runs' at once; lr 3 is pruned, lr ``interrupt`` is cut
+    short by a Ctrl-C, the others complete with their lr as objective."""
 
-    def __init__(self, record: SweepRecord) -> None:
-        self.record, self.batches = record, []
+    def __init__(self, record: SweepRecord, interrupt: float | None = None) -> None:
+        self.record, self.batches, self.interrupt = record, [], interrupt
 
     def launch(self, batch: list[list[str]], initial_job_idx: int) -> list[Any]:
         [overrides] = batch
@@ -30,14 +30,16 @@ class Launcher:
         assert search.current is not None and sweeping.concurrent({"launcher": {"name": "local"}})
         lr = float(overrides[-1].split("=", 1)[1])
         rec = {"job": initial_job_idx, "values": {"train.lr": str(lr)}, "overrides": overrides, "exit_code": 0,
-               "status": "pruned" if lr == 3 else "completed", "objective": None if lr == 3 else lr,
+               "status": "pruned" if lr == 3 else "interrupted" if lr == self.interrupt else "completed",
+               "objective": None if lr in (3, self.interrupt) else lr,
                "run_dir": f"run{initial_job_idx}", "figures": {"steps": 4 if lr == 3 else 10}}
         self.record.jobs.append(rec)
         search.current.ended(initial_job_idx, rec)
         return []
 
 
-def _sweeper(tmp_path: Path, n_trials: int, resume: str | None = None) -> tuple[Any, SweepRecord]:
+def _sweeper(tmp_path: Path, n_trials: int, resume: str | None = None, interrupt: float | None = None,
+             ) -> tuple[Any, SweepRecord]:
     hydra_dir = tmp_path / "hydra"
     hydra_dir.mkdir(exist_ok=True)
     record = SweepRecord(["ddp-run", "-m"], ["train.lr"], str(hydra_dir))
@@ -45,14 +47,14 @@ def _sweeper(tmp_path: Path, n_trials: int, resume: str | None = None) -> tuple[
     cfg = OmegaConf.create({"output": {"root": str(tmp_path / "out")}, "dry_run": False,
                             "sweep": {"objective": "val_loss", "direction": "minimize"},
                             "hydra": {"sweep": {"dir": str(hydra_dir)}}})
-    sweeper = type("Sweeper", (), dict(config=cfg, launcher=Launcher(record), n_trials=n_trials, pruner="median",
-                                       startup_trials=1, warmup_steps=0, min_steps=None, sampler="grid", seed=0,
-                                       params=None, resume=resume))()
+    sweeper = type("Sweeper", (), dict(config=cfg, launcher=Launcher(record, interrupt), n_trials=n_trials,
+                                       pruner="median", startup_trials=1, warmup_steps=0, min_steps=None,
+                                       sampler="grid", seed=0, params=None, resume=resume))()
     return sweeper, record
 
 
 def test_a_search_asks_its_trials_tells_each_and_continues(tmp_path: Path) -> None:
-    sweeper, record = _sweeper(tmp_path, 3)
+    sweeper, record = _sweeper(tmp_path, 3, interrupt=None)
     search_sweeper.run(sweeper, ["task=gpt", "train.lr=choice(1,2,3,4)"])
     assert search.current is None  # the search is over: later jobs are plain ones
     assert [n for n, _ in sweeper.launcher.batches] == [0, 1, 2]
@@ -73,3 +75,17 @@ def test_a_search_asks_its_trials_tells_each_and_continues(tmp_path: Path) -> No
     assert len(states) == 4 and set(states) <= {"COMPLETE", "PRUNED"}
     launched = {o[1] for _, o in sweeper.launcher.batches + again.launcher.batches}
     assert len(launched) == 4  # the grid asked each value once, across the stop
+
+
+def test_a_continued_search_runs_the_trial_a_stop_cut_short_again_first(tmp_path: Path) -> None:
+    first, record = _sweeper(tmp_path, 2, interrupt=2.0)
+    search_sweeper.run(first, ["train.lr=choice(1,2,4)"])
+    record.write()
+    asked = [o[-1] for _, o in first.launcher.batches]
+    assert "train.lr=2" in asked and len(asked) == 2  # the grid's order (seed 0) asks 2 among the first two
+    again, _ = _sweeper(tmp_path, 3, resume=record.sweep_dir)
+    search_sweeper.run(again, ["train.lr=choice(1,2,4)"])
+    relaunched = [o[-1] for _, o in again.launcher.batches]
+    # the interrupted trial again (first), then the grid's last value: 3 trials ended in all
+    assert relaunched[0] == "train.lr=2" and len(relaunched) == 2 and set(asked + relaunched) == {
+        "train.lr=1", "train.lr=2", "train.lr=4"}

@@ -54,7 +54,9 @@ def test_trial_states_and_the_pruned_step() -> None:
     assert sweep_search.trial_state({"status": "completed", "objective": 1.0}) == "completed"
     assert sweep_search.trial_state({"status": "completed", "objective": None}) == "failed"  # diverged
     assert sweep_search.trial_state({"status": "pruned"}) == "pruned"
-    assert sweep_search.trial_state({"status": "interrupted"}) == "failed"
+    assert sweep_search.trial_state({"status": "refused"}) == "failed"
+    assert sweep_search.trial_state({"status": "interrupted"}) == "stopped"  # a continued search runs it again
+    assert sweep_search.trial_state({"status": "not run"}) == "stopped"
     assert sweep_search.state_text({"status": "pruned", "pruned": {"step": 10}}) == "pruned at step 10"
     assert sweep_search.state_text({"status": "completed"}) == "completed"
 
@@ -65,14 +67,18 @@ def _job(status: str, steps: int | None, planned: int | None = 40, run_dir: str 
 
 
 def test_steps_saved_count_every_started_trial_at_its_full_length() -> None:
-    jobs = [_job("completed", 40), _job("pruned", 9), _job("pruned", 7), _job("not run", None, None, None)]
-    assert sweep_search.steps_saved(jobs) == {"ran": 56, "unpruned": 120, "saved": 64,
-                                              "saved_fraction": round(64 / 120, 4)}
+    jobs = [_job("completed", 40), _job("pruned", 9), _job("pruned", 7), _job("not run", None, None, None),
+            _job("interrupted", 12), _job("failed", 3)]
+    # a pruned trial counts at its full length unpruned, a failed one as it ran, a stopped one not at all
+    assert sweep_search.steps_saved(jobs) == {"ran": 59, "unpruned": 123, "saved": 64,
+                                              "saved_fraction": round(64 / 123, 4)}
     # no plan recorded: the longest completed trial is the full length
     assert sweep_search.steps_saved([_job("completed", 30, None), _job("pruned", 5, None)])["unpruned"] == 60
+    # a pruned trial that planned more (a continued search given other steps) saved what it planned
+    assert sweep_search.steps_saved([_job("completed", 30, 30), _job("pruned", 5, 100)])["saved"] == 95
     found = sweep_search.summary(jobs, {"pruner": "median"})
-    assert found["trials"] == {"completed": 1, "pruned": 2, "failed": 1}
-    assert sweep_search.markdown_lines(found)[1].startswith("Optimizer steps: 56 run of 120")
+    assert found["trials"] == {"completed": 1, "pruned": 2, "stopped": 2, "failed": 1}
+    assert sweep_search.markdown_lines(found)[1].startswith("Optimizer steps: 59 run of 123")
 
 
 class FakePool:
@@ -172,14 +178,20 @@ def test_resume_names_the_sweep_whose_study_continues(tmp_path: Path) -> None:
 
 
 def test_a_continued_search_counts_the_trials_that_ended_not_those_stopped(tmp_path: Path) -> None:
-    study = optuna.create_study()
-    found = search.Search(study, "none", "val_loss")
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    found, dists = search.Search(study, "none", "val_loss"), {"lr": optuna.distributions.FloatDistribution(0, 1)}
     for num, rec in enumerate([{"status": "completed", "objective": 1.0}, {"status": "pruned"},
                                {"status": "failed"}, {"status": "interrupted"}, {"status": "not run"}]):
-        found.add(num, study.ask())
+        found.add(num, study.ask(dists))
         found.ended(num, rec)
-    study.ask()  # asked, never told (the driver was killed)
+    study.ask(dists)  # asked, never told (the driver was killed)
     assert search.ended_before(study) == 3
+    assert [t.user_attrs.get(search.STOPPED_ATTR) for t in study.trials[3:5]] == ["interrupted", "not run"]
+    params = [dict(study.trials[n].params) for n in (3, 4)]
+    assert search.requeue_stopped(study) == params  # asked again first, with their own values
+    assert search.requeue_stopped(study) == []  # once
+    assert search.ended_before(study) == 3  # the requeued trials wait: not ended
+    assert [study.ask(dists).params for _ in range(2)] == params and params[0] != params[1]
 
 
 def test_ddp_compares_trials_say_where_a_trial_was_pruned_and_the_steps_saved() -> None:
