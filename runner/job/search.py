@@ -6,10 +6,11 @@ The pruning stays in the driver. Every trial is a job of the sweep's pool (:mod:
 time when ``sweep.parallel`` is off): its rank 0 writes its console as records, and the pool's poll hands them to
 :meth:`Search.watch`, which reads the new ``val`` records, reports them (``trial.report``), asks the pruner
 (``trial.should_prune``) and, on a prune, asks the pool to stop the job (:meth:`~ddp_runner.job.pool.Pool.prune`).
-When a job ends, :meth:`Search.ended` tells the study its state: completed with its objective, pruned, or failed.
+When a job ends, :meth:`Search.ended` tells the study its state: completed with its objective, pruned, failed, or
+stopped (a Ctrl-C cut it short: told failed, marked to run again).
 
 The study lives in the sweep directory (:data:`STUDY_FILE`, Optuna's journal file storage, safe across
-processes), so a stopped search continues where it left off (``hydra.sweeper.resume=<sweep dir>``).
+processes), so a stopped search continues where it left off (``resume=<sweep dir>``, runner/job/search_sweeper.py).
 """
 
 from __future__ import annotations
