@@ -222,3 +222,27 @@ def test_a_stop_the_pruner_asked_for_ends_pruned_and_only_then(tmp_path: Path, m
     assert manifest["pruned"] == {"step": 5, "value": "nan", "pruner": "median"}
     assert finalize._status(manifest, True, None, None, None) == "completed"  # the stop came after the end
     assert finalize._status({}, False, None, None, None) == "failed"  # a failure is no prune
+
+
+def test_a_pruned_job_closes_its_mlflow_run_killed_and_leaves_its_sweep_well(monkeypatch: pytest.MonkeyPatch,
+                                                                            ) -> None:
+    from ddp_runner.contract import tracking
+    from ddp_runner.trackers import runs
+
+    calls: list[tuple[str, str]] = []
+
+    class Store:
+        def run(self, run_id: str) -> tuple[str, dict[str, str]]:
+            return "RUNNING", {}
+
+        def set_status(self, run_id: str, status: str, *, end: bool) -> None:
+            calls.append((run_id, status))
+
+    monkeypatch.setattr(runs.mlflow_rest, "client", lambda uri, timeout: Store())
+    conf = {"logger": {"mlflow": {"tracking_uri": "http://127.0.0.1:1"}}}
+    record = {tracking.MLFLOW: {"run_id": "r", "parent_run_id": "p", "tracking_uri": "http://127.0.0.1:1"}}
+    assert runs.finish(conf, record, "pruned") is None
+    assert calls == [("r", "KILLED"), ("p", "FINISHED")]
+    calls.clear()
+    runs.finish(conf, record, "interrupted")
+    assert calls == [("r", "KILLED"), ("p", "FAILED")]
