@@ -41,8 +41,10 @@ def register() -> None:
     of an editable install, so the sweeper is registered by hand too (a second registration changes nothing)."""
     from hydra.core.plugins import Plugins
 
-    from hydra_plugins.ddp_runner_search.ddp_search_sweeper import DDPSearchSweeper
-
+    try:
+        from hydra_plugins.ddp_runner_search.ddp_search_sweeper import DDPSearchSweeper
+    except ImportError:  # not installed with the package: hydra/sweeper=ddp_search is then unknown, as Hydra says
+        return
     Plugins.instance().register(DDPSearchSweeper)
 
 
