@@ -246,3 +246,23 @@ def test_a_pruned_job_closes_its_mlflow_run_killed_and_leaves_its_sweep_well(mon
     calls.clear()
     runs.finish(conf, record, "interrupted")
     assert calls == [("r", "KILLED"), ("p", "FAILED")]
+
+
+@pytest.mark.parametrize("name", ["median", "asha", "hyperband", "none"])
+def test_each_pruner_stops_worse_trials_asked_and_told_one_by_one(name: str) -> None:
+    """The search asks and tells (no ``study.optimize``): every pruner works so, and prunes trials that are worse
+    at every step than those before them (``none``: never)."""
+    study = optuna.create_study(pruner=search.make_pruner(name, startup_trials=1, min_steps=10))
+    pruned = []
+    for k in range(6):
+        trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+        at = None
+        for step in range(10, 101, 10):
+            trial.report(k + 1 / step, step)
+            if trial.should_prune():
+                at = step
+                break
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED) if at else study.tell(trial, k + 0.01)
+        pruned.append(at)
+    assert pruned[0] is None  # the first trial always runs to its end
+    assert (any(pruned) if name != "none" else not any(pruned)), pruned
