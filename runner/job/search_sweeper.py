@@ -129,16 +129,14 @@ def run(sweeper: Any, arguments: list[str]) -> None:
     cfg = sweeper.config
     sweep.configure(cfg)
     direction = str(cfg.get("sweep", {}).get("direction") or "minimize")
-    dists, fixed = space(arguments, sweeper.params)
+    dists, fixed, pruner, sampler = _settings(sweeper, arguments)
     resume, fixed = continued(fixed, sweeper.resume)
     sweep.record.swept += [k for k in dists if k not in sweep.record.swept]  # hydra.sweeper.params' keys too
     if resume is not None:  # the trials go on in the same sweep directory, numbered after its earlier ones
         sweep.record.sweep_dir = resume
         sweep.record.restore()
-    pruner = search.make_pruner(sweeper.pruner, sweeper.warmup_steps, sweeper.startup_trials, sweeper.min_steps)
     # A dry run only plans its trials and leaves nothing behind: its study is in memory.
     folder = None if cfg.get("dry_run") else _local(sweep.directory())
-    sampler = make_sampler(str(sweeper.sampler), sweeper.seed, dists)
     study = open_study(folder, direction, pruner, sampler, resume is not None)
     if resume is not None and (again := search.requeue_stopped(study)):
         print(f"ddp-run: sweep: continuing the search in {resume}: {len(again)} trial(s) a stop cut short run again"
@@ -153,6 +151,28 @@ def run(sweeper: Any, arguments: list[str]) -> None:
     finally:
         search.current = None
     _results(cfg, study, direction)
+
+
+def _settings(sweeper: Any, arguments: list[str]) -> tuple[dict[str, Any], list[str], Any, Any]:
+    """The search space, the fixed overrides, the pruner and the sampler; a setting that makes none is refused
+    (exit 2) before any trial starts."""
+    import sys
+
+    from ddp_runner.contract.errors import PlanError
+    from ddp_runner.job.invocation import refuse
+
+    try:
+        dists, fixed = space(arguments, sweeper.params)
+        pruner = search.make_pruner(str(sweeper.pruner), sweeper.warmup_steps, sweeper.startup_trials,
+                                    sweeper.min_steps)
+        return dists, fixed, pruner, make_sampler(str(sweeper.sampler), sweeper.seed, dists)
+    except ValueError as exc:
+        key, _, problem = str(exc).partition(": ")
+        if not key.startswith("hydra.sweeper."):
+            key, problem = "hydra.sweeper", str(exc)
+        err = PlanError(key.split("=", 1)[0], key.partition("=")[2] or None, problem,
+                        "see docs/sweeps.md, 'Searches': pruners median|asha|hyperband|none, samplers tpe|random|grid")
+        sys.exit(refuse(err).code)
 
 
 def _ask_and_launch(sweeper: Any, sweep: Any, found: search.Search, dists: dict[str, Any],

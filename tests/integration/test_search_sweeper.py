@@ -89,3 +89,15 @@ def test_a_continued_search_runs_the_trial_a_stop_cut_short_again_first(tmp_path
     # the interrupted trial again (first), then the grid's last value: 3 trials ended in all
     assert relaunched[0] == "train.lr=2" and len(relaunched) == 2 and set(asked + relaunched) == {
         "train.lr=1", "train.lr=2", "train.lr=4"}
+
+
+def test_a_bad_pruner_or_grid_is_refused_before_any_trial(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for setting, line in ((dict(pruner="bogus"), "refused: hydra.sweeper.pruner='bogus': not one of median"),
+                          (dict(sampler="grid"), "refused: hydra.sweeper.sampler='grid': every swept key")):
+        sweeper, _ = _sweeper(tmp_path, 2)
+        for k, v in setting.items():
+            setattr(sweeper, k, v)
+        with pytest.raises(SystemExit) as stop:
+            search_sweeper.run(sweeper, ["train.lr=interval(0.001,0.1)"])
+        assert stop.value.code == 2 and sweeper.launcher.batches == []
+        assert line in capsys.readouterr().err
