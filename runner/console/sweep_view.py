@@ -111,7 +111,8 @@ class View:
     def ended(self, child: Any) -> None:
         """A job ended."""
         out = child.outcome or {}
-        how = "refused" if out.get("refused") else (f"exit {out.get('code')}" if out.get("code") else "completed")
+        how = "refused" if out.get("refused") else (f"exit {out.get('code')}" if out.get("code") else "pruned"
+                                                    if getattr(child, "pruned", None) else "completed")
         self.say(f"ddp-run: sweep: job {child.num} ({values_text(child.values)}) ended: {how} after "
                  f"{clock((child.ended or time.time()) - child.started)}"
                  + (f"; {out['run_dir']}" if out.get("run_dir") else f"; {out.get('reason') or ''}"))

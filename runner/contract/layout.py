@@ -48,6 +48,9 @@ STATUS_PREEMPTED = "preempted"
 # A stop asked for by a driver that cannot signal its workers without killing them (Slurm: a signal to srun cancels
 # the step): {"signal": N}. Rank 0 looks for it about once a second and the ranks agree on it like on a signal.
 STOP_REQUEST = f"{LOGS}/stop-request.json"
+# Stopped early by a search's pruner (runner/job/search.py): a stop like an interrupt (a checkpoint, continuable with
+# resume=<run dir>), asked by the sweep's driver, which writes the prune record at ENV_PRUNE_REQUEST's path first.
+STATUS_PRUNED = "pruned"
 # Submitted to a scheduler (launcher=slurm), not started yet.
 STATUS_QUEUED = "queued"
 # Never written: what a reader makes of a `running` run whose driver is gone (runner/rundir/status.py).
@@ -109,6 +112,9 @@ ENV_SWEEP_JOB = "DDP_RUNNER_SWEEP_JOB"
 ENV_SWEEP_CONSOLE = "DDP_RUNNER_SWEEP_CONSOLE"
 # A concurrent sweep's folder of its jobs' consoles (job-<N>.log), in the sweep directory beside the jobs' runs.
 SWEEP_JOB_LOGS = "jobs"
+# A search's trial (runner/job/search.py): where the sweep's driver writes its prune record ({"step", "value",
+# "pruner"}) before it stops the job; the job's driver then records the stop as ``pruned`` (supervise/finalize.py).
+ENV_PRUNE_REQUEST = "DDP_RUNNER_PRUNE_REQUEST"
 
 # Every environment built for workers keeps NVLink multicast off (it can take shared GPUs out of service).
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}

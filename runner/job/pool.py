@@ -54,6 +54,7 @@ class Child:
     started: float = field(default_factory=time.time)
     ended: float | None = None
     outcome: dict[str, Any] | None = None
+    pruned: dict[str, Any] | None = None  # a search's pruner stopped it (its prune record)
 
     def placement(self) -> dict[str, Any]:
         """What sweep.json records of where and when it ran."""
@@ -109,9 +110,10 @@ class Pool:
 
     def __init__(self, parallel: object, on_end: Callable[[Child], None],
                  gpus: Callable[[], Sequence[Any]] | None = None, cores: Sequence[int] | None = None,
-                 view: View | None = None) -> None:
+                 view: View | None = None, on_poll: Callable[[Pool], None] | None = None) -> None:
         self.limit = limit(parallel)
         self.on_end = on_end
+        self.on_poll = on_poll  # a search's pruner looks at the running jobs' validations (runner/job/search.py)
         self._find_gpus = gpus or _visible_gpus
         self._gpus: list[Any] | None = None
         self.cores = sorted(cores if cores is not None else os.sched_getaffinity(0))
@@ -159,11 +161,12 @@ class Pool:
         if peer is False:
             self.view.say(f"ddp-run: sweep: job {num}: GPUs {ids} are not peer-connected (P2P): their gradients go"
                           " through host memory; free GPUs that are connected would have been preferred")
-        files = {k: os.path.join(self.private, f"job-{num}.{k}") for k in ("result", "console", "log")}
+        files = {k: os.path.join(self.private, f"job-{num}.{k}") for k in ("result", "console", "log", "prune")}
         env = dict(os.environ)
         env[ENV_SWEEP_JOB] = json.dumps({"num": num, "values": dict(values), "dir": sweep_dir,
                                          "result": files["result"]})
         env[ENV_SWEEP_CONSOLE] = files["console"]
+        env[layout.ENV_PRUNE_REQUEST] = files["prune"]  # written only when a search's pruner stops the job
         if kind == "gpu":
             uuid = {g.physical_index: g.uuid for g in self.gpus()}
             env["CUDA_VISIBLE_DEVICES"] = ",".join(uuid.get(i) or str(i) for i in ids)
@@ -182,6 +185,8 @@ class Pool:
 
     def poll(self) -> None:
         """Reap the jobs that ended (their devices freed, their outcome recorded); redraw the view."""
+        if self.on_poll is not None:
+            self.on_poll(self)
         for num, child in list(self.running.items()):
             rc = child.proc.poll()
             if rc is None:
@@ -222,6 +227,20 @@ class Pool:
         shutil.rmtree(self.private, ignore_errors=True)
 
     # -- stopping -------------------------------------------------------------------------------------------------
+
+    def prune(self, num: int, record: Mapping[str, Any]) -> None:
+        """Stop running job ``num`` because a search's pruner said so: its prune record first (its driver then ends
+        the run ``pruned``), then the stop a Ctrl-C would send (its ranks save a checkpoint and end)."""
+        child = self.running.get(num)
+        if child is None:
+            return
+        child.pruned = dict(record)
+        with open(child.files["prune"], "w") as f:
+            json.dump(child.pruned, f)
+        try:
+            os.kill(child.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
 
     def _handle_signals(self) -> None:
         if not self._old:

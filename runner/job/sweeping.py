@@ -22,6 +22,7 @@ from ddp_runner.console import textfit
 from ddp_runner.contract import layout, stops
 from ddp_runner.contract.errors import PlanError
 from ddp_runner.contract.osutil import handle_signals
+from ddp_runner.job import search
 from ddp_runner.job.objective import Failed, Pending, returned
 from ddp_runner.job.slots import limit
 from ddp_runner.report.sweep import SweepRecord, job_dir_name, job_values
@@ -35,6 +36,7 @@ SHOWN_NOT_RUN = 5  # commands of jobs not run printed after a stop (sweep.json l
 class SweepStopped(guard.Stopped):
     """A stop signal came while a job of a sequential sweep ran: no further job starts (a BaseException, as every
     stop: Hydra's launcher lets it by)."""
+active: Sweep | None = None  # the sweep of this ddp-run -m, once made
 
 
 def check(conf: Mapping[str, Any]) -> None:
@@ -49,8 +51,9 @@ def check(conf: Mapping[str, Any]) -> None:
 
 
 def concurrent(conf: Mapping[str, Any]) -> bool:
-    """Is this job one of a concurrent local sweep?"""
-    return (limit((conf.get("sweep") or {}).get("parallel")) != 1
+    """Is this job one of a concurrent local sweep? (A search's trials always are, one at a time when
+    ``sweep.parallel`` is off: the pruner follows them from this process, runner/job/search.py.)"""
+    return ((limit((conf.get("sweep") or {}).get("parallel")) != 1 or search.current is not None)
             and (conf.get("launcher") or {}).get("name", "local") == "local" and not conf.get("dry_run"))
 
 
@@ -75,6 +78,9 @@ class Sweep:
         self.planned = False  # the jobs were planned up front (once, at the first job)
         self.refused_early: set[int] = set()
         self.stop_signal: int | None = None
+        global active
+        active = self  # a search sweeper (runner/job/search_sweeper.py) finds the sweep it drives here
+        search.register()  # hydra/sweeper=ddp_search, before Hydra composes
 
     def configure(self, conf: Mapping[str, Any]) -> None:
         """The first job's settings of the sweep: where it goes, what its jobs return."""
@@ -210,7 +216,8 @@ class Sweep:
         from ddp_runner.job.pool import Pool, child_argv
 
         if self.pool is None:
-            self.pool = Pool(conf["sweep"].get("parallel"), on_end=self._child_ended)
+            self.pool = Pool(conf["sweep"].get("parallel"), on_end=self._child_ended,
+                             on_poll=search.current.watch if search.current is not None else None)
         self.overrides[num] = list(overrides)
         child = self.pool.start(num, job_values(overrides, self.record.swept), child_argv(self.config_flags, overrides),
                                 conf, self.directory())
@@ -226,9 +233,13 @@ class Sweep:
             placement["rdzv_port"] = _int(facts.get("master_port"))
             if facts.get("cpu_affinity") is not None:
                 placement["rank0_cpu_affinity"] = facts["cpu_affinity"]
-        self.record.add(child.num, self.overrides[child.num], int(out.get("code", 1)), out.get("run_dir"),
-                        out.get("reason"), bool(out.get("refused")), placement=placement)
+        if search.current is not None and search.current.planned(child.num) is not None:
+            placement["planned_steps"] = search.current.planned(child.num)
+        rec = self.record.add(child.num, self.overrides[child.num], int(out.get("code", 1)), out.get("run_dir"),
+                              out.get("reason"), bool(out.get("refused")), placement=placement)
         self.exit = max(self.exit, int(out.get("code", 1)))
+        if search.current is not None:
+            search.current.ended(child.num, rec)
 
     # -- Slurm jobs --------------------------------------------------------------------------------------------------
 
@@ -258,6 +269,16 @@ class Sweep:
     def _objective(self, num: int, wait: Any) -> float | Failed:
         wait(num)
         return self._returned(next(j for j in self.record.jobs if j["job"] == num))
+
+    def stopped(self) -> bool:
+        """Was the sweep stopped (Ctrl-C, SIGTERM): no job is to start."""
+        return self.pool is not None and self.pool.stopping is not None
+
+    def settle(self) -> None:
+        """Wait for the running concurrent jobs (a search tells its study how each ended before it closes)."""
+        if self.pool is not None:
+            for num in list(self.pool.running):
+                self.pool.wait(num)
 
     def finish(self) -> None:
         """Wait for every job still running or queued (concurrent, Slurm)."""

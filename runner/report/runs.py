@@ -31,7 +31,8 @@ HEAD = ("RUN", "STATUS", "TASK", "WORLD", "GLOBAL BATCH", "STEP", "LAST LOSS", "
 # the name tells the runs apart, and holds the task and the world size (``<time>_<task>_w<N>``).
 DROP_FIRST = ("TASK", "WORLD", "AGE", "THROUGHPUT", "GLOBAL BATCH", "LAST LOSS", "STEP")
 # Statuses after which `ddp-run resume=<dir>` continues the run in place.
-CONTINUABLE = (layout.STATUS_FAILED, layout.STATUS_INTERRUPTED, layout.STATUS_LOST, listing.STATUS_PREEMPTED)
+CONTINUABLE = (layout.STATUS_FAILED, layout.STATUS_INTERRUPTED, layout.STATUS_LOST, listing.STATUS_PREEMPTED,
+               layout.STATUS_PRUNED)
 
 
 # -- cells -----------------------------------------------------------------------------------------------------
@@ -105,7 +106,8 @@ def plain(rows: Sequence[listing.Row], now: float, width: int | None = None) -> 
 
 
 _STYLE = {layout.STATUS_COMPLETED: "green", layout.STATUS_FAILED: "red", layout.STATUS_LOST: "red",
-          layout.STATUS_RUNNING: "cyan", layout.STATUS_INTERRUPTED: "yellow", listing.STATUS_PREEMPTED: "yellow"}
+          layout.STATUS_RUNNING: "cyan", layout.STATUS_INTERRUPTED: "yellow", listing.STATUS_PREEMPTED: "yellow",
+          layout.STATUS_PRUNED: "magenta"}
 
 
 def rich_table(rows: Sequence[listing.Row], now: float, file: IO[str], width: int | None = None) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from ddp_runner.console import textfit
 from ddp_runner.contract import layout, secrets
-from ddp_runner.report import sweep_table
+from ddp_runner.report import sweep_search, sweep_table
 from ddp_runner.rundir import records
 
 SWEEP_JSON = "sweep.json"
@@ -129,7 +129,7 @@ def markdown(jobs: Sequence[Mapping[str, Any]], keys: Sequence[str], command: Se
     for j in jobs:
         h = j.get("figures") or {}
         lines.append("| " + " | ".join([
-            str(j["job"]), *(str(j["values"].get(k, "")) for k in keys), j["status"],
+            str(j["job"]), *(str(j["values"].get(k, "")) for k in keys), sweep_search.state_text(j),
             str(h.get("global_batch") or "—"),
             _throughput(h),
             f"{h['final_loss']:.4f}" if h.get("final_loss") is not None else "—",
@@ -148,6 +148,8 @@ def _objective_text(value: Any, status: str) -> str:
     """The objective, or why there is none (a job that did not complete is a failed trial to a sweeper)."""
     if isinstance(value, (int, float)) and math.isfinite(value):
         return f"{value:.6g}"
+    if status == layout.STATUS_PRUNED:
+        return "— (pruned)"
     return "— (failed trial)" if status != layout.STATUS_COMPLETED else "— (not in summary.json: failed trial)"
 
 
@@ -176,8 +178,11 @@ def trials_markdown(record: Mapping[str, Any]) -> str:
              "| job | values | status | " + key + " |", "|---|---|---|---|"]
     for j in jobs:
         values = " ".join(f"{k}={v}" for k, v in (j.get("values") or {}).items()) or "—"
-        lines.append(f"| {j['job']} | {values} | {j['status']} | {_objective_text(j.get('objective'), j['status'])} |")
-    return "\n".join([*lines, "", best_line(jobs, objective)]) + "\n"
+        lines.append(f"| {j['job']} | {values} | {sweep_search.state_text(j)} | "
+                     f"{_objective_text(j.get('objective'), j['status'])} |")
+    found = record.get("search")
+    more = sweep_search.markdown_lines(found) if isinstance(found, Mapping) else []
+    return "\n".join([*lines, "", best_line(jobs, objective), *more]) + "\n"
 
 
 def _throughput(figures: Mapping[str, Any]) -> str:
@@ -203,6 +208,7 @@ class SweepRecord:
         # What each job returns to Hydra (sweep.objective, sweep.direction), from the first job's config.
         self.objective: dict[str, Any] = {"key": "val_loss", "direction": "minimize"}
         self.follow_hint: str | None = None  # how to follow jobs this driver did not wait for
+        self.search: dict[str, Any] | None = None  # an early-stopping search's settings (runner/job/search.py)
 
     @property
     def name(self) -> str | None:
@@ -234,6 +240,8 @@ class SweepRecord:
             manifest = read_json(run_dir, layout.MANIFEST) or {}
             record["run_dir"] = run_dir
             record["status"] = (summary or {}).get("status") or manifest.get("status") or "failed"
+            if manifest.get("pruned") is not None:  # a search's pruner stopped it: where, at what value
+                record["pruned"] = manifest["pruned"]
             if (manifest.get("slurm") or {}).get("job_id"):
                 record["slurm_job"] = manifest["slurm"]["job_id"]
             record["figures"] = headline(summary)
@@ -245,6 +253,16 @@ class SweepRecord:
         record.update(placement or {})
         self.jobs = [j for j in self.jobs if j["job"] != num] + [record]
         return record
+
+    def restore(self) -> None:
+        """A continued search: the jobs its sweep.json recorded before (its directory is ``sweep_dir``)."""
+        import fsspec
+
+        try:
+            fs, path = fsspec.core.url_to_fs(str(self.sweep_dir))
+            self.jobs = list(json.loads(fs.cat_file(layout.join(path, SWEEP_JSON))).get("jobs") or [])
+        except (OSError, ValueError):
+            self.jobs = []
 
     def write(self) -> None:
         """sweep.json, sweep.md and Hydra's multirun.yaml into the sweep directory; a failure only warns."""
@@ -263,11 +281,14 @@ class SweepRecord:
             objective = {**self.objective, "best": top[0]["job"] if len(top) == 1 else None,
                          **({"tied": [j["job"] for j in top]} if len(top) > 1 else {})}
             masked = partial(secrets.redact, secrets=secrets.KNOWN)  # no secret of the config on disk (issue 30)
+            found = sweep_search.summary(jobs, self.search) if self.search is not None else None
             fs.pipe_file(layout.join(base, SWEEP_JSON), masked(json.dumps(
-                {"command": self.argv, "swept": self.swept, "objective": objective, "jobs": jobs},
-                indent=2, default=str)).encode())
-            fs.pipe_file(layout.join(base, SWEEP_MD), masked(markdown(jobs, self.swept, self.argv,
-                                                                      objective)).encode())
+                {"command": self.argv, "swept": self.swept, "objective": objective, "jobs": jobs,
+                 **({"search": found} if found else {})}, indent=2, default=str)).encode())
+            md = markdown(jobs, self.swept, self.argv, objective)
+            if found:
+                md += "\n".join(sweep_search.markdown_lines(found)) + "\n"
+            fs.pipe_file(layout.join(base, SWEEP_MD), masked(md).encode())
             for name in SWEEPER_RECORDS:
                 record = Path(self.hydra_dir or "", name)
                 if self.hydra_dir and record.is_file():
@@ -280,6 +301,7 @@ class SweepRecord:
                        + f"; {layout.join(base, SWEEP_MD)}", *sweep_table.table(jobs, self.swept, objective, width)]
             if top:
                 closing.append(f"ddp-run: sweep: {best_line(jobs, objective)}")
+            closing += [f"ddp-run: sweep: {line}" for line in (sweep_search.markdown_lines(found) if found else [])]
             print("\n".join(textfit.wrap_all(closing, width)), flush=True)
             if self.follow_hint:
                 textfit.say(self.follow_hint.format(sweep=base), flush=True)

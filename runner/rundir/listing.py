@@ -128,14 +128,15 @@ def live_figures(scalars: dict[str, tuple[int, float]]) -> dict[str, Any]:
 def sweep_status(jobs: list[Row], recorded: bool) -> str:
     """A sweep's status from its jobs: ``running`` while a job runs; without its record (sweep.json, written at the
     end), ``interrupted`` (or ``preempted``) when a job was, else ``lost`` (its driver ended before the sweep did);
-    with it, ``completed`` when every job completed, else ``partial``."""
+    with it, ``completed`` when every job completed (or a search pruned it), else ``partial``."""
     statuses = {j.status for j in jobs}
     if statuses & set(_LIVE):
         return layout.STATUS_RUNNING
     if not recorded:
         stopped = statuses & {layout.STATUS_INTERRUPTED, STATUS_PREEMPTED}
         return min(stopped) if stopped else layout.STATUS_LOST
-    return layout.STATUS_COMPLETED if statuses == {layout.STATUS_COMPLETED} else STATUS_PARTIAL
+    # A search's pruned trials ended as the search meant them to (runner/job/search.py).
+    return layout.STATUS_COMPLETED if statuses - {layout.STATUS_PRUNED} == {layout.STATUS_COMPLETED} else STATUS_PARTIAL
 
 
 def job_counts(jobs: list[Row]) -> str:

@@ -108,7 +108,8 @@ def checkpoint_problem(fs: Any, ckpt_dir: str) -> str | None:
 # from step 0), last (the latest unfinished run under output.root, continued in place).
 NEW_RUN = ("auto", "never", "restart")
 LAST = "last"
-UNFINISHED = (layout.STATUS_INTERRUPTED, layout.STATUS_PREEMPTED, layout.STATUS_FAILED, layout.STATUS_LOST)
+UNFINISHED = (layout.STATUS_INTERRUPTED, layout.STATUS_PREEMPTED, layout.STATUS_PRUNED, layout.STATUS_FAILED,
+              layout.STATUS_LOST)
 
 
 def newest_checkpoint(run_url: str) -> str | None:

@@ -66,6 +66,34 @@ def outcome(ok: bool, interrupted: int | None, preempt: int | None = None) -> st
     return layout.STATUS_COMPLETED if ok else layout.STATUS_FAILED
 
 
+def prune_record() -> dict[str, Any] | None:
+    """What the sweep's driver said when its pruner stopped this run (a search's trial: ``layout.ENV_PRUNE_REQUEST``
+    names the file, written before the stop was sent), or None: then a stop is an interrupt."""
+    import json
+    import os
+
+    path = os.environ.get(layout.ENV_PRUNE_REQUEST)
+    if not path or not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            found = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _status(manifest: dict[str, Any], ok: bool, interrupted: int | None, preempt: int | None,
+            stopped: dict[str, Any] | None) -> str:
+    """The run's final status; a stop a search's pruner asked for (:func:`prune_record`) is ``pruned``, its record
+    kept in ``manifest["pruned"]`` (an earlier attempt's is dropped: a continued run ends on its own)."""
+    manifest.pop("pruned", None)
+    if stopped is not None and not ok and (pruned := prune_record()) is not None:
+        manifest["pruned"] = pruned
+        return layout.STATUS_PRUNED
+    return outcome(ok, interrupted, preempt)
+
+
 def agreed_stop(facts: dict[int, dict], world_size: int) -> StopRecord | None:
     """The stop every rank reports (``stopped`` in its facts: step, signal, checkpoint), or None."""
     found = [facts.get(r, {}).get("stopped") for r in range(world_size)]
@@ -136,7 +164,7 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
                  "traceback": agent_log.strip().splitlines()[-12:], "consequences": [], "other_failed_ranks": []}
     rank0 = facts.get(0, {})
     manifest.update(
-        status=outcome(ok, interrupted, preempt),
+        status=_status(manifest, ok, interrupted, preempt, stopped),
         ended=datetime.now().isoformat(timespec="seconds"),
         exit_codes=exit_codes,
         torchrun_exit_code=rc,
@@ -155,7 +183,7 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
         "explanation": (manifest.get("plan") or {}).get("explanation") or plan.explanation,  # auto: as fitted
         "global_batch": plan.global_batch,
         "completion": check,
-        "root_cause": cause,
+        "root_cause": cause, **({"pruned": manifest["pruned"]} if "pruned" in manifest else {}),
         **{k: v for k, v in train.items() if k != "losses"},
         "losses": train.get("losses"),
     }
@@ -172,7 +200,7 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
         textfit.say(stop_outcome.stopped_line(manifest["status"], stops.signal_name(interrupted), stopped), sys.stderr)
         for line in resume_lines(rd, stopped, manifest["status"]):
             textfit.say(line, sys.stderr, flush=True)
-        return _exit_code(False, rc, interrupted)
+        return 0 if "pruned" in manifest else _exit_code(False, rc, interrupted)  # a pruned trial ended well
     label = manifest["status"].upper() if interrupted is not None else "FAILED"
     if sweep_view.in_turn((manifest.get("invocation") or {}).get("sweep")):  # one line: the rest is in the run dir
         textfit.say(closing.job_failed_line(cause, label, manifest["invocation"]["sweep"].get("job"),

@@ -24,7 +24,8 @@ from ddp_runner.trackers.preflight import REACH_TIMEOUT_S, mlflow_uri, quick_req
 
 # MLflow's run status by the job's run.json status.
 MLFLOW_STATUS = {layout.STATUS_COMPLETED: "FINISHED", layout.STATUS_FAILED: "FAILED",
-                 layout.STATUS_INTERRUPTED: "KILLED", layout.STATUS_PREEMPTED: "KILLED"}
+                 layout.STATUS_INTERRUPTED: "KILLED", layout.STATUS_PREEMPTED: "KILLED",
+                 layout.STATUS_PRUNED: "KILLED"}  # a search's pruner stopped it early (MLflow has no "pruned")
 
 
 def _name(url: str) -> str:
@@ -109,7 +110,8 @@ def finish(conf: dict[str, Any], record: dict[str, Any], status: str | None) -> 
             store.set_status(ml["run_id"], mstatus, end=True)
             if ml.get("parent_run_id"):
                 parent_status, _ = store.run(ml["parent_run_id"])
-                failed = parent_status == "FAILED" or mstatus != "FINISHED"
+                # a pruned trial ended as its search meant it to: the sweep did not fail
+                failed = parent_status == "FAILED" or (mstatus != "FINISHED" and status != layout.STATUS_PRUNED)
                 store.set_status(ml["parent_run_id"], "FAILED" if failed else "FINISHED", end=True)
     except Exception as exc:  # noqa: BLE001 - the run is over either way; say it
         return f"the MLflow run {ml['run_id']} could not be closed ({why(exc, tracking.mlflow_uri(conf) or '')})"

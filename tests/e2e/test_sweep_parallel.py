@@ -1,7 +1,7 @@
 """Concurrent local sweeps and search sweepers, end to end on the CPU (real ddp-run, torchrun, gloo).
 
-One Optuna search (hydra-optuna-sweeper, its random sampler seeded so that the three trials draw the three values
-in a known order, the refused one first; one of them a value the plan refuses) runs
+One Optuna search (hydra/sweeper=ddp_search, its grid sampler asking each of the three values once, one of them
+a value the plan refuses; no pruner) runs
 with ``sweep.parallel=auto``: its jobs run side by side, each on its own core. The same two launched jobs run
 again as an ordinary sequential sweep. Several tests read the two sweeps; a third, stopped with Ctrl-C, checks
 that every running job ends with its checkpoint.
@@ -46,16 +46,14 @@ def _jobs(sweep: Path) -> dict[str, dict[str, Any]]:
 
 @pytest.fixture(scope="session")
 def optuna_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    pytest.importorskip("optuna")
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("two jobs side by side need two cores")
 
     def make(root: Path) -> Path:
-        # Not the grid sampler: hydra-optuna-sweeper 1.3 (Optuna 2.10) crashes when the grid's last trial fails
-        # (its failed-trial tell lets the grid's Study.stop() raise), whatever the job returns (docs/sweeps.md).
-        # Seed 2 draws -1, 0.01, 0.05.
-        r = ddp_run(["-m", "hydra/sweeper=optuna", "hydra/sweeper/sampler=random", "hydra.sweeper.sampler.seed=2",
-                     f"train.lr=choice({LRS[0]},{LRS[1]},-1)", "hydra.sweeper.n_trials=3", "hydra.sweeper.n_jobs=3",
+        # The grid, whose last trial may be the failed one (the refused value): the search still ends well.
+        r = ddp_run(["-m", "hydra/sweeper=ddp_search", "hydra.sweeper.sampler=grid", "hydra.sweeper.seed=2",
+                     "hydra.sweeper.pruner=none", f"train.lr=choice({LRS[0]},{LRS[1]},-1)", "hydra.sweeper.n_trials=3",
                      *TINY, "sweep.parallel=auto"], root, timeout=400)
         assert r.returncode == 2, r.stdout + r.stderr  # the worst job's exit code: the refused trial's
         assert "Best: job" in r.stdout, r.stdout

@@ -81,6 +81,9 @@ def test_sweep_status_and_cells() -> None:
     live, refused = listing.Row("c", "c", "run", "running"), listing.Row("d", "", "job", "refused")
     assert listing.sweep_status([done, done], recorded=True) == "completed"
     assert listing.sweep_status([done, refused], recorded=True) == "partial"
+    pruned = listing.Row("f", "f", "run", "pruned")
+    assert listing.sweep_status([done, pruned], recorded=True) == "completed"  # a search's pruned trial
+    assert listing.sweep_status([pruned], recorded=True) == "partial"  # no trial ran to its end
     assert listing.sweep_status([done, live], recorded=False) == "running"
     assert listing.sweep_status([done, failed], recorded=False) == "lost"  # its driver ended before the sweep did
     assert listing.sweep_status([done, listing.Row("e", "e", "run", "preempted")], recorded=False) == "preempted"
