@@ -277,7 +277,12 @@ def test_a_user_project_with_its_own_tasks_runner_and_conf_packages(venv: Path, 
         (work / rel).write_text(text)
     [record] = (venv / "lib").glob("python*/site-packages/ddp_runner-*.dist-info/RECORD")
     top = {line.split("/")[0] for line in record.read_text().splitlines() if line and not line.startswith("..")}
-    assert {t for t in top if not t.endswith(".dist-info")} == {"ddp_runner"}  # one top-level import package
+    # One top-level import package of its own; besides it only Hydra's plugin namespace (``hydra_plugins``, a
+    # namespace package every Hydra plugin shares: no __init__.py of ours at its top), holding our search sweeper.
+    assert {t for t in top if not t.endswith(".dist-info")} == {"ddp_runner", "hydra_plugins"}
+    plugins = {line.split(",")[0] for line in record.read_text().splitlines() if line.startswith("hydra_plugins/")}
+    assert "hydra_plugins/__init__.py" not in plugins
+    assert {p.split("/")[1] for p in plugins} == {"ddp_runner_search"}, plugins
     r = _run([str(venv / "bin/ddp-run"), "task.module=mytask", "device=cpu", "world_size=2", "train.max_steps=4",
               "output.root=out"], cwd=work, env={"PYTHONPATH": str(work / "lib")})
     assert "completed" in r.stdout, r.stdout[-2000:]
