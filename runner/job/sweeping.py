@@ -299,7 +299,7 @@ class Sweep:
                 for num, child in sorted(self.pool.done.items()):
                     fs.put_file(child.files["log"], layout.join(self.record.sweep_dir, JOB_LOGS, f"job-{num}.log"))
         except OSError as exc:
-            print(f"ddp-run: warning: the sweep's job logs could not be kept ({exc})", flush=True)
+            textfit.say(f"ddp-run: warning: the sweep's job logs could not be kept ({exc})", flush=True)
         finally:
             self.pool.close()
 

@@ -300,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps({"root": root, "runs": [r.to_json() for r in found.rows],
                           "skipped": [{"name": n, "reason": w} for n, w in found.skipped]}, indent=2))
     elif not found.rows:
-        print(f"ddp-runs: no runs under {root}")
+        textfit.say(f"ddp-runs: no runs under {root}")
     elif sys.stdout.isatty():
         try:
             rich_table(found.rows, now, sys.stdout, textfit.terminal_width(sys.stdout))

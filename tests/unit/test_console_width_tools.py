@@ -231,3 +231,29 @@ def test_the_sweeps_closing_table_says_where_a_trial_was_pruned() -> None:
              "figures": {"steps": 20, "final_loss": 3.0, "val_loss": 3.1}}]
     lines = sweep_table.table(jobs, ["train.lr"], {"key": "val_loss"}, COLUMNS)
     assert "pruned at step 20" in lines[2] and not _too_wide("\n".join(lines)), lines
+
+
+# -- the fitter's parts these tools use ------------------------------------------------------------------------------
+
+def test_a_reports_prose_wraps_and_its_tables_and_fenced_blocks_stay_whole() -> None:
+    from ddp_runner.contract import textfit
+
+    row = "| " + " | ".join(f"column {i}" for i in range(12)) + " |"
+    code = "ddp-run task=gpt " + " ".join(f"train.key{i}=value{i}" for i in range(8))
+    prose = "- " + " ".join(["a bottleneck sentence that names its run and says where the time goes"] * 2)
+    text = "\n".join([prose, row, "```", code, "```", ""])
+    lines = textfit.fit_prose(text, 40)
+    assert row in lines and code in lines and lines[-1] == "", lines  # whole, and the report's last newline kept
+    assert lines[0].startswith("- a bottleneck") and lines[1].startswith("  run ") and len(lines[0]) <= 40, lines
+    assert not _too_wide("\n".join(x for x in lines if x not in (row, code)), 40), lines
+    assert textfit.fit_prose(text, None) == text.split("\n")
+
+
+def test_under_puts_continuations_under_a_tables_last_column_where_it_leaves_room() -> None:
+    from ddp_runner.contract import textfit
+
+    line = "visible devices  warn     " + "the explanation of a check, in words, that goes on for a while " * 2
+    out = textfit.wrap(line, 70, under=26)
+    assert len(out) > 1 and all(x.startswith(" " * 26) and x[26] != " " for x in out[1:]), out
+    narrow = textfit.wrap(line, 55, under=26)  # 26 + NOTE_ROOM > 55: the usual hang, not a sliver of room
+    assert len(narrow) > 1 and not narrow[1].startswith(" " * 26) and not _too_wide("\n".join(narrow), 55), narrow
