@@ -257,3 +257,15 @@ def test_under_puts_continuations_under_a_tables_last_column_where_it_leaves_roo
     assert len(out) > 1 and all(x.startswith(" " * 26) and x[26] != " " for x in out[1:]), out
     narrow = textfit.wrap(line, 55, under=26)  # 26 + NOTE_ROOM > 55: the usual hang, not a sliver of room
     assert len(narrow) > 1 and not narrow[1].startswith(" " * 26) and not _too_wide("\n".join(narrow), 55), narrow
+
+
+def test_a_refusal_whose_fix_lists_choices_keeps_sweep_mds_table_whole() -> None:
+    from ddp_runner.report import sweep
+
+    job = {"job": 0, "values": {"device": "gpu"}, "status": "refused", "figures": {},
+           "reason": "refused: device='gpu': not a device. Fix: device=auto|cpu|cuda"}
+    lines = sweep.markdown([job], ["device"], ["ddp-run", "-m", "device=gpu"]).splitlines()
+    head = next(line for line in lines if line.startswith("| job "))
+    [row] = [line for line in lines if line.startswith("| 0 ")]
+    cells = re.compile(r"(?<!\\)\|")  # a cell ends at a | that is not escaped
+    assert len(cells.split(row)) == len(cells.split(head)) and "auto\\|cpu\\|cuda" in row, (head, row)
