@@ -222,6 +222,14 @@ def test_a_refusal_outside_a_sweep_keeps_its_five_lines(capsys: pytest.CaptureFi
                                        "batch.global=96\n")
 
 
+def test_a_job_refused_at_its_turn_is_named_as_the_sweeps_job() -> None:
+    from ddp_runner.job.invocation import Invocation, sweep_job
+
+    assert sweep_job(Invocation(argv=["ddp-run"], sweep={"id": "00-09-00_sweep", "dir": "/o", "job": 3})) == "job 3"
+    assert sweep_job(Invocation(argv=["ddp-run"], sweep={"id": "00-09-00_sweep", "dir": "/o", "job": 0})) == "job 0"
+    assert sweep_job(Invocation(argv=["ddp-run"])) is None  # a run of its own: the five lines
+
+
 def test_the_sweeps_closing_table_says_where_a_trial_was_pruned() -> None:
     from ddp_runner.report import sweep_table
 
