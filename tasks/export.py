@@ -24,7 +24,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point of ``ddp-export``."""
-    from ddp_runner.contract import console_streams
+    from ddp_runner.contract import console_streams, textfit
 
     console_streams.guard()  # a closed pipe or an ASCII console never ends it (docs/run-tree.md)
     args = parse(sys.argv[1:] if argv is None else argv)
@@ -36,11 +36,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         found = export.candidates(args.source, args.step)
         for name, why in found.skipped:  # a stray file named step_<N>, a save that never committed
-            print(f"{PROG}: note: {checkpoints.skipped_note(name, why)}", file=sys.stderr)
+            textfit.say(f"{PROG}: note: {checkpoints.skipped_note(name, why)}", sys.stderr)
         weights, state, url, passed_over = export.load_newest(found)
         for bad, reason in passed_over:  # the newest failed its integrity check: the same fallback as a resume
-            print(f"{PROG}: warning: {checkpoints.fallback_warning(_name(bad), reason, _name(url), 'exporting')}",
-                  file=sys.stderr)
+            textfit.say(f"{PROG}: warning: {checkpoints.fallback_warning(_name(bad), reason, _name(url), 'exporting')}",
+                        sys.stderr)
         step = (state.get("progress") or {}).get("step")
         run = url.rstrip("/").rsplit("/", 2)[0] if "/checkpoints/" in url else args.source
         out = args.out or export.default_dir(run, step, args.format)
@@ -48,14 +48,14 @@ def main(argv: list[str] | None = None) -> None:
         files = export.write(weights, state, out, args.format, data_path=data.get("path"))
     except ImportError as exc:
         fix = "pip install 'ddp-runner[hf]'" if args.format == "hf" else f"pip install {exc.name}"
-        print(f"{PROG}: refused: --format {args.format} needs {exc.name}, which is not installed. Fix: {fix}",
-              file=sys.stderr)
+        textfit.say(f"{PROG}: refused: --format {args.format} needs {exc.name}, which is not installed. Fix: {fix}",
+                    sys.stderr)
         sys.exit(EXIT_USAGE)
     except (ValueError, OSError, export.storage.CheckpointError) as exc:
-        print(f"{PROG}: refused: {exc}", file=sys.stderr)
+        textfit.say(f"{PROG}: refused: {exc}", sys.stderr)
         sys.exit(EXIT_USAGE)
-    print(f"{PROG}: step {step} of {url} -> {out}")
-    for f in files:
+    textfit.say(f"{PROG}: step {step} of {url} -> {out}")
+    for f in files:  # a path alone on its line stays whole, for a copy
         print(f"  {f}")
 
 

@@ -23,7 +23,7 @@ from ddp_runner.contract import layout, secrets
 from ddp_runner.contract.errors import PlanError
 from ddp_runner.job import dry_run
 from ddp_runner.job.continued import continued_run
-from ddp_runner.job.invocation import Invocation, Outcome, refuse
+from ddp_runner.job.invocation import Invocation, Outcome, refuse, sweep_job
 from ddp_runner.job.launching import launch, on_disk
 from ddp_runner.job.planning import memory, plan_job
 from ddp_runner.launch import registry
@@ -51,7 +51,7 @@ def execute(composed: dict[str, Any], how: Invocation,
     except PlanError as err:
         if rd is not None and rd.lease is not None:  # refused after taking the lease: give it back now
             rd.lease.release()
-        return refuse(err)
+        return refuse(err, sweep_job(how))
     _keep_secrets(conf, how)
     _announce(conf, plan, mem, quiet=sweep_view.in_turn(how.new_run_dir is not None, conf))
     _say_resume_changes(how)

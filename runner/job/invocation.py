@@ -63,11 +63,20 @@ class Outcome:
         return self.code == layout.EXIT_REFUSED and self.run_dir is None
 
 
-def refuse(err: PlanError) -> Outcome:
-    """Print a refusal the user can act on (its secrets masked); the refused outcome."""
-    textfit.say(secrets.redact(f"ddp-run: refused: {err.key}={err.value!r}: {err.problem}.\n"
-                               f"  key:   {err.key}\n  value: {err.value!r}\n  fix:   {err.fix}\n"
-                               "Nothing was started and no run directory was created.", secrets.KNOWN), sys.stderr)
-    return Outcome(layout.EXIT_REFUSED,
-                   reason=secrets.redact(f"refused: {err.key}={err.value!r}: {err.problem}", secrets.KNOWN))
+def refuse(err: PlanError, job: str | None = None) -> Outcome:
+    """Print a refusal the user can act on (its secrets masked); the refused outcome, whose reason (recorded in a
+    sweep's sweep.json and sweep.md) names the key, its value, the problem and the fix. ``job``: a sweep's job
+    (``job 2 (lr=0.1)``), said in one line, so that a sweep's console keeps one line a job."""
+    reason = f"refused: {err.key}={err.value!r}: {err.problem}"
+    if job is not None:
+        textfit.say(secrets.redact(f"ddp-run: {job} {reason}. Fix: {err.fix}", secrets.KNOWN), sys.stderr)
+    else:
+        textfit.say(secrets.redact(f"ddp-run: {reason}.\n"
+                                   f"  key:   {err.key}\n  value: {err.value!r}\n  fix:   {err.fix}\n"
+                                   "Nothing was started and no run directory was created.", secrets.KNOWN), sys.stderr)
+    return Outcome(layout.EXIT_REFUSED, reason=secrets.redact(f"{reason}. Fix: {err.fix}", secrets.KNOWN))
 
+
+def sweep_job(how: Invocation) -> str | None:
+    """How a refusal names a sweep's job (``job 2``); None for a run of its own."""
+    return f"job {how.sweep['job']}" if how.sweep and how.sweep.get("job") is not None else None

@@ -17,7 +17,7 @@ from ddp_runner.contract import layout, secrets, stops, tracking
 from ddp_runner.contract.errors import PlanError
 from ddp_runner.data import prep as data_prep
 from ddp_runner.diagnostics.doctor import cheap_report
-from ddp_runner.job.invocation import Invocation, Outcome, refuse
+from ddp_runner.job.invocation import Invocation, Outcome, refuse, sweep_job
 from ddp_runner.launch.base import Job
 from ddp_runner.rundir import reserve
 from ddp_runner.rundir import run_dir as rundir
@@ -83,7 +83,7 @@ def _open_and_launch(job: Job, launcher: Any, how: Invocation, started: datetime
         if rd is None:  # another node of a multi-node run: node 0's driver opens the run directory
             return Outcome(launcher.join(job))
     except PlanError as err:
-        return refuse(err)
+        return refuse(err, sweep_job(how))
     try:
         trackers = _open_trackers(job, rd, how)
     except PlanError as err:
@@ -92,7 +92,7 @@ def _open_and_launch(job: Job, launcher: Any, how: Invocation, started: datetime
                 rd.lease.release()
         else:
             rd.remove()  # no half-made run directory
-        return refuse(err)
+        return refuse(err, sweep_job(how))
     if (signum := guard.take()) is not None:  # came while the directory was opened: nothing ran
         return _stopped_before_launch(job, rd, trackers, signum)
     if rd.continued:
@@ -105,7 +105,7 @@ def _open_and_launch(job: Job, launcher: Any, how: Invocation, started: datetime
     try:
         return Outcome(launcher.launch(job, rd, manifest), run_dir=rd.url)
     except PlanError as err:  # refused by the launcher at launch (sbatch): it left no run directory
-        return refuse(err)
+        return refuse(err, sweep_job(how))
     except OSError as exc:  # the run directory became unwritable while it ran: one line and a true status
         from ddp_runner.supervise.finalize import failed_while
 

@@ -15,6 +15,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ddp_runner.console import textfit
 from ddp_runner.job import search
 
 RESULTS = "optimization_results.yaml"  # the search's best trial, in Hydra's sweep folder (kept in the sweep dir)
@@ -139,8 +140,8 @@ def run(sweeper: Any, arguments: list[str]) -> None:
     folder = None if cfg.get("dry_run") else _local(sweep.directory())
     study = open_study(folder, direction, pruner, sampler, resume is not None)
     if resume is not None and (again := search.requeue_stopped(study)):
-        print(f"ddp-run: sweep: continuing the search in {resume}: {len(again)} trial(s) a stop cut short run again"
-              " first", flush=True)
+        textfit.say(f"ddp-run: sweep: continuing the search in {resume}: {len(again)} trial(s) a stop cut short run"
+                    " again first", flush=True)
     found = search.Search(study, sweeper.pruner, sweep.record.objective["key"])
     search.current = found
     sweep.record.search = {"pruner": sweeper.pruner, "sampler": str(sweeper.sampler), "n_trials": sweeper.n_trials,

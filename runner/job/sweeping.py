@@ -137,8 +137,7 @@ class Sweep:
             return
         for num, err in sorted(sweep_plan.refusals(hc, self.grid, hc.job.num).items()):
             values = " ".join(f"{k}={v}" for k, v in job_values(self.grid[num], self.record.swept).items())
-            print(f"ddp-run: sweep: job {num} ({values}) is refused before any job starts:", file=sys.stderr)
-            outcome = refuse(err)
+            outcome = refuse(err, f"sweep: before any job starts, job {num} ({values})")
             self.record.add(num, self.grid[num], outcome.code, None, outcome.reason, True)
             self.exit = max(self.exit, outcome.code)
             self.refused_early.add(num)
@@ -300,7 +299,7 @@ class Sweep:
                 for num, child in sorted(self.pool.done.items()):
                     fs.put_file(child.files["log"], layout.join(self.record.sweep_dir, JOB_LOGS, f"job-{num}.log"))
         except OSError as exc:
-            print(f"ddp-run: warning: the sweep's job logs could not be kept ({exc})", flush=True)
+            textfit.say(f"ddp-run: warning: the sweep's job logs could not be kept ({exc})", flush=True)
         finally:
             self.pool.close()
 

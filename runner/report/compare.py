@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ddp_runner.contract import console_streams, layout
+from ddp_runner.contract import console_streams, layout, textfit
 from ddp_runner.report import projection_report
 from ddp_runner.report.compare_math import (
     EXPECTED_DIFFERENCES,
@@ -75,27 +75,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     projection_report.add_arguments(ap)
     args = ap.parse_args(argv)
     if wrong := projection_report.problem(args):
-        print(f"ddp-compare: error: {wrong}", file=sys.stderr)
+        textfit.say(f"ddp-compare: error: {wrong}", sys.stderr)
         return 2
     try:
         paths = find_runs(args.paths)
     except FileNotFoundError as exc:
-        print(f"ddp-compare: error: {exc}. Fix: pass run directories (holding {layout.MANIFEST}) or sweep"
-              " folders", file=sys.stderr)
+        textfit.say(f"ddp-compare: error: {exc}. Fix: pass run directories (holding {layout.MANIFEST}) or sweep"
+                    " folders", sys.stderr)
         return 2
     if not paths:
-        print(f"ddp-compare: error: no run directory under {' '.join(args.paths)}", file=sys.stderr)
+        textfit.say(f"ddp-compare: error: no run directory under {' '.join(args.paths)}", sys.stderr)
         return 2
     if args.price < 0:
-        print(f"ddp-compare: error: --price={args.price}: must be >= 0", file=sys.stderr)
+        textfit.say(f"ddp-compare: error: --price={args.price}: must be >= 0", sys.stderr)
         return 2
     try:
         runs = [load_run(p) for p in paths]
     except records.DamagedFile as damaged:
-        print(damaged.line("ddp-compare"), file=sys.stderr)
+        textfit.say(damaged.line("ddp-compare"), sys.stderr)
         return 2
     if wrong := projection_report.runs_problem(groups(runs), args):
-        print(f"ddp-compare: error: {wrong}", file=sys.stderr)
+        textfit.say(f"ddp-compare: error: {wrong}", sys.stderr)
         return 2
     # The loss to time the runs to: the user's, or in each group the loss every completed run of it reached.
     target = args.target_loss if args.target_loss is not None else {
@@ -109,8 +109,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     (out / "report.md").write_text(report)
     write_csv(table, out / "report.csv")
     files = plots(runs, table, out) + projected_files
-    print(report)
-    print(f"ddp-compare: wrote {out / 'report.md'}, {out / 'report.csv'}, " + ", ".join(str(f) for f in files))
+    # On a terminal its prose fits (the tables stay whole: report.md is the report); piped, it is report.md.
+    print("\n".join(textfit.fit_prose(report, textfit.terminal_width(sys.stdout))))
+    textfit.say(f"ddp-compare: wrote {out / 'report.md'}, {out / 'report.csv'}, " + ", ".join(str(f) for f in files))
     return 0
 
 

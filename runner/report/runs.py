@@ -132,9 +132,10 @@ def rich_table(rows: Sequence[listing.Row], now: float, file: IO[str], width: in
 
 # -- show --------------------------------------------------------------------------------------------------------
 
-def describe(url: str, now: float | None = None) -> str:
-    """``ddp-runs show``: one run's plan, status, root cause, and the commands that continue or reproduce it.
-    Raises :class:`listing.Damaged` when ``url`` is not a readable run directory."""
+def describe(url: str, now: float | None = None, width: int | None = None) -> str:
+    """``ddp-runs show``: one run's plan, status, root cause, and the commands that continue or reproduce it,
+    fitted to ``width`` columns (None: one line a field, :func:`_fitted`). Raises :class:`listing.Damaged` when
+    ``url`` is not a readable run directory."""
     import fsspec
 
     now = time.time() if now is None else now
@@ -173,7 +174,28 @@ def describe(url: str, now: float | None = None) -> str:
                                            "— (run.json records only the command that continued it)")))
     lines.append(("logs", layout.join(row.url, layout.LOGS)))
     w = max(len(k) for k, _ in lines)
-    return "\n".join(f"{k:<{w}}  {v}" for k, v in lines)
+    return "\n".join(part for k, v in lines for part in _fitted(k, v, w, width))
+
+
+PATH_FIELDS = ("run", "logs")  # a path a user copies: left whole, alone on its line
+COMMAND_FIELDS = ("continue", "reproduce")
+
+
+def _fitted(key: str, value: str, w: int, width: int | None) -> list[str]:
+    """One field of ``ddp-runs show`` as lines of ``width`` columns: its value wrapped under its column; a path
+    too wide goes whole on a line of its own, and a command on its own lines continued with backslashes, with
+    what it does (its ``# …``) after the field's name, so that it still pastes."""
+    line = f"{key:<{w}}  {value}"
+    if width is None or len(line) <= width:
+        return [line]
+    under = " " * (w + 2)
+    if key in PATH_FIELDS:
+        return [key, f"{under}{value}"]
+    if key in COMMAND_FIELDS and value.startswith(("ddp-run ", "cd ")):
+        command, _, note = value.partition("    # ")
+        return [*textfit.wrap(f"{key:<{w}}  {note}".rstrip(), width, under=w + 2),
+                *textfit.wrap(f"{under}{command}", width)]
+    return textfit.wrap(line, width, under=w + 2)
 
 
 def _continue(fs: Any, path: str, url: str, ckpt: str | None) -> str:
@@ -278,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps({"root": root, "runs": [r.to_json() for r in found.rows],
                           "skipped": [{"name": n, "reason": w} for n, w in found.skipped]}, indent=2))
     elif not found.rows:
-        print(f"ddp-runs: no runs under {root}")
+        textfit.say(f"ddp-runs: no runs under {root}")
     elif sys.stdout.isatty():
         try:
             rich_table(found.rows, now, sys.stdout, textfit.terminal_width(sys.stdout))
@@ -297,7 +319,7 @@ def _show(url: str, as_json: bool, now: float) -> int:
             fs, path = fsspec.core.url_to_fs(url)
             print(json.dumps(listing.read_run(fs, path.rstrip("/"), url, url, now).to_json(), indent=2))
         else:
-            print(describe(url, now))
+            print(describe(url, now, textfit.terminal_width(sys.stdout)))
     except listing.Damaged as why:
         if listing.is_sweep(url):
             return _error(f"{url} is a sweep, not one run", f"ddp-runs {shlex.quote(url)} lists its jobs; show one "

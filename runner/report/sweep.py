@@ -134,7 +134,7 @@ def markdown(jobs: Sequence[Mapping[str, Any]], keys: Sequence[str], command: Se
             _throughput(h),
             f"{h['final_loss']:.4f}" if h.get("final_loss") is not None else "—",
             *([_objective_text(j.get("objective"), j["status"])] if name else []),
-            str(j.get("run_dir") or j.get("reason") or "")]) + " |")
+            str(j.get("run_dir") or j.get("reason") or "").replace("|", "\\|")]) + " |")  # a refusal's choices
     failed = [j for j in jobs if j["status"] != "completed"]
     lines += ["", f"{len(jobs) - len(failed)} of {len(jobs)} jobs completed."
               + (f" Not completed: {', '.join(str(j['job']) for j in failed)}." if failed else "")]

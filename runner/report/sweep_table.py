@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ddp_runner.console import textfit
+from ddp_runner.report.sweep_search import state_text
 
 # The columns a narrow terminal loses first (sweep.md and sweep.json keep them all): the job, its swept values,
 # its status and the objective stay.
@@ -28,14 +29,14 @@ def _rate(figures: Mapping[str, Any]) -> str:
 
 
 def rows(jobs: Sequence[Mapping[str, Any]], swept: Sequence[str], objective: Mapping[str, Any]) -> list[list[str]]:
-    """The header and one row per job: number, swept values, status, steps, losses, throughput (and the
-    objective where it is another figure)."""
+    """The header and one row per job: number, swept values, status (``pruned at step 40``, as sweep.md says it),
+    steps, losses, throughput (and the objective where it is another figure)."""
     key = str(objective.get("key") or "")
     extra = [key] if key and key not in SHOWN else []
     out = [["job", *swept, "status", "steps", "final loss", "val loss", "throughput", *extra]]
     for j in sorted(jobs, key=lambda j: j["job"]):
         f = j.get("figures") or {}
-        out.append([str(j["job"]), *(str((j.get("values") or {}).get(k, "")) for k in swept), str(j["status"]),
+        out.append([str(j["job"]), *(str((j.get("values") or {}).get(k, "")) for k in swept), state_text(j),
                     str(f.get("steps") if f.get("steps") is not None else "-"), _number(f.get("final_loss")),
                     _number(f.get("val_loss")), _rate(f), *([_number(j.get("objective"), ".6g")] if extra else [])])
     return out

@@ -99,7 +99,7 @@ def test_a_grid_sweep_refuses_every_infeasible_job_before_the_first_starts(tmp_p
     assert r.returncode == 2, r.stdout + r.stderr
     assert seen[0] == [(2, "refused")], "job 2 was refused only after job 0 started"
     assert [o for o in ran[0] if o.startswith("world_size")] == ["world_size=1"] and len(ran) == 2
-    assert "ddp-run: sweep: job 2 (world_size=3) is refused before any job starts:" in r.stderr, r.stderr
+    assert "ddp-run: sweep: before any job starts, job 2 (world_size=3) refused: batch." in r.stderr, r.stderr
     assert r.stderr.count("refused: batch.") == 1, r.stderr
     jobs = _record(tmp_path / "out")["jobs"]
     assert [(j["job"], j["status"]) for j in jobs] == [(0, "not run"), (1, "not run"), (2, "refused")]

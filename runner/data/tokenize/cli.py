@@ -17,7 +17,7 @@ from typing import Any
 
 import fsspec
 
-from ddp_runner.contract import command_line, console_streams, layout
+from ddp_runner.contract import command_line, console_streams, layout, textfit
 from ddp_runner.data.tokenize.bpe import load_tokenizer, tokenizer_vocab_size
 from ddp_runner.data.tokenize.encode import Encoded, encode
 from ddp_runner.data.tokenize.sources import Source, check_text, default_out, find_sources, input_fs
@@ -84,13 +84,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run(args)
     except UsageError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
+        textfit.say(f"{PROG}: error: {err}", sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted; nothing was written (temporary files removed)", file=sys.stderr)
+        textfit.say(f"{PROG}: interrupted; nothing was written (temporary files removed)", sys.stderr)
         return 130
     except OSError as exc:  # disk full, permissions, a lost connection: not a usage problem, still one line
-        print(f"{PROG}: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        textfit.say(f"{PROG}: failed: {type(exc).__name__}: {exc}", sys.stderr)
         return 1
 
 
@@ -249,11 +249,14 @@ def _meta(args: argparse.Namespace, text: _Text, tok: _TokenizerChoice, enc: Enc
 
 def _say_done(shown: str, n_train: int, n_val: int, vocab_size: int) -> None:
     val_part = f" + {n_val:,} val" if n_val else " (no val.bin: --val-fraction 0 or too little text)"
-    print(f"{PROG}: wrote {n_train:,} train{val_part} tokens, vocabulary {vocab_size}, to {shown}")
+    textfit.say(f"{PROG}: wrote {n_train:,} train{val_part} tokens, vocabulary {vocab_size}, to {shown}")
     paths = [command_line.override("data.path", f"{shown}/train.bin")]
     if n_val:
         paths.append(command_line.override("data.val_path", f"{shown}/val.bin"))
-    print(f"Train on it: {command_line.ddp_run('task=gpt', *paths, f'task.model.vocab={-(-vocab_size // 128) * 128}')}")
+    train = command_line.ddp_run("task=gpt", *paths, f"task.model.vocab={-(-vocab_size // 128) * 128}")
+    # On a terminal the command goes on a line of its own, continued with backslashes so that it still pastes;
+    # piped, one line for scripts.
+    textfit.say(f"Train on it:\n  {train}" if textfit.terminal_width(sys.stdout) else f"Train on it: {train}")
 
 
 def _undecodable(enc: Encoded, args: argparse.Namespace) -> None:

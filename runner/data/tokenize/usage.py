@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from ddp_runner.contract import textfit
 from ddp_runner.contract.errors import PlanError
 
 PROG = "ddp-tokenize"
@@ -26,7 +27,7 @@ class UsageError(PlanError):
 
 def say(msg: str) -> None:
     """A status line on stderr (stdout carries only the final summary)."""
-    print(f"{PROG}: {msg}", file=sys.stderr, flush=True)
+    textfit.say(f"{PROG}: {msg}", sys.stderr, flush=True)
 
 
 def human(n: int) -> str:

@@ -7,7 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from ddp_runner.contract import console_streams
+from ddp_runner.contract import console_streams, textfit
 from ddp_runner.diagnostics.doctor.checks import FAIL, parse_size
 from ddp_runner.diagnostics.doctor.report import full_report, render
 
@@ -39,12 +39,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     console_streams.guard()  # a closed pipe or an ASCII console never ends it (docs/run-tree.md)
     args = _parser().parse_args(argv)
     if args.nproc is not None and args.nproc < 2:
-        print("ddp-doctor: --nproc must be at least 2 (an all-reduce across one process measures nothing)",
-              file=sys.stderr)
+        textfit.say("ddp-doctor: --nproc must be at least 2 (an all-reduce across one process measures nothing)",
+                    sys.stderr)
         return 2
-    progress = None if args.json else (lambda msg: print(f"checking {msg} …", file=sys.stderr, flush=True))
+    progress = None if args.json else (lambda msg: textfit.say(f"checking {msg} …", sys.stderr, flush=True))
     report = full_report(bandwidth=not args.no_bandwidth, device=args.device, nproc=args.nproc, sizes=args.sizes,
                          timeout_s=args.timeout, progress=progress)
-    print(json.dumps(report, indent=2) if args.json else render(report))
+    print(json.dumps(report, indent=2) if args.json else render(report, textfit.terminal_width(sys.stdout)))
     return 1 if report["status"] == FAIL else 0
 

@@ -9,6 +9,7 @@ from dataclasses import asdict
 from typing import Any
 
 from ddp_runner.config.plan import Gpu
+from ddp_runner.contract import textfit
 from ddp_runner.diagnostics.doctor.bandwidth import CPU_SIZES, GPU_SIZES, bandwidth_check
 from ddp_runner.diagnostics.doctor.checks import (
     FAIL,
@@ -81,14 +82,16 @@ def full_report(bandwidth: bool = True, device: str = "auto", nproc: int | None 
     return _report(checks)
 
 
-def render(report: dict[str, Any]) -> str:
-    """The report as a plain aligned table, then the mapping, bandwidth and environment details."""
+def render(report: dict[str, Any], width: int | None = None) -> str:
+    """The report as a plain aligned table, then the mapping, bandwidth and environment details, fitted to ``width``
+    columns (None: lines whole): an explanation continues under its column."""
     checks = report["checks"]
     w = max(len(c["name"]) for c in checks)
     lines = ["ddp-doctor: preflight checks for multi-GPU training", "",
              f"{'CHECK':<{w}}  {'STATUS':<7}  EXPLANATION"]
-    lines += [f"{c['name']:<{w}}  {c['status'].upper() if c['status'] == FAIL else c['status']:<7}  {c['summary']}"
-              for c in checks]
+    lines += [part for c in checks for part in textfit.wrap(
+        f"{c['name']:<{w}}  {c['status'].upper() if c['status'] == FAIL else c['status']:<7}  {c['summary']}",
+        width, under=w + 11)]  # an explanation continues under its column
     by = {c["name"]: c for c in checks}
     mapping = by.get("visible devices", {}).get("data", {}).get("mapping")
     if mapping:
@@ -112,5 +115,5 @@ def render(report: dict[str, Any]) -> str:
         lines += [f"  {k}={v}" for k, v in env.get("variables", {}).items()]
         lines += [f"  {k}={v}  (added by ddp-run for workers)" for k, v in env.get("added_for_workers", {}).items()]
     lines += ["", f"overall: {report['status']}"]
-    return "\n".join(lines)
+    return "\n".join(textfit.wrap_all(lines, width))
 
