@@ -102,6 +102,7 @@ class MicroFit:
         again at half the micro-batch."""
         if self._until is None:  # the launch's first step: this and the next FIT_STEPS - 1 may halve
             self._until = state.step + FIT_STEPS if self.auto else 0
+            loop.micro_batch = self.plan.per_rank if self.auto else None  # logged with every step (batch/micro)
         if state.step >= self._until:
             self._micro_steps(micro_step, no_check)
             return
@@ -151,6 +152,7 @@ class MicroFit:
         smaller = largest_divisor(self.share, size // 2)
         self.out_of_memory.append({"micro_batch": size, "step": state.step + 1})
         self._set(smaller, state, replay=True)
+        loop.micro_batch = smaller
         # The logging window's earlier steps summed fewer, larger micro-batches: counted in the new ones.
         ratio = self.plan.accumulation / old
         loop.loss_sum.mul_(ratio)

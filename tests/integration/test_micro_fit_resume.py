@@ -6,6 +6,7 @@ out-of-memory history in its record."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +15,15 @@ import torch
 import torch.distributed as dist
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams import plugin_data_pb2
 
 from ddp_runner.tasks.engine import checkpoint as ck
 from ddp_runner.tasks.engine.config import Config
 from ddp_runner.tasks.engine.diagnostics import faults
 from ddp_runner.tasks.engine.rank import Context
+from ddp_runner.tasks.engine.trackers.base import Trackers
+from ddp_runner.tasks.engine.trackers.tensorboard import TensorBoard
 from ddp_runner.tasks.engine.trainer import Trainer
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
@@ -50,8 +55,10 @@ def _launch(run_dir: Path, steps: int, oom_above: int | None) -> tuple[Trainer, 
     where a micro-batch above ``oom_above`` samples runs out of memory (None: any fits)."""
     faults.use(faults.Faults(oom_above=(oom_above, None)) if oom_above is not None else faults.Faults())
     run_dir.mkdir(exist_ok=True)
-    trainer = Trainer(_config(*AUTO, f"train.max_steps={steps}"), Context(0, 0, 1, torch.device("cpu"),
-                                                                          str(run_dir), str(run_dir), None))
+    trackers: Future = Future()
+    trackers.set_result(Trackers([TensorBoard(str(run_dir / "tb"))]))
+    trainer = Trainer(_config(*AUTO, f"train.max_steps={steps}"),
+                      Context(0, 0, 1, torch.device("cpu"), str(run_dir), str(run_dir), None), trackers)
     try:
         trainer.maybe_resume()
         return trainer, trainer.train()
@@ -79,3 +86,28 @@ def test_a_resume_keeps_the_fitted_micro_batch_and_the_record_of_how_it_was_foun
 
     _, whole = _launch(tmp_path / "whole", 5, oom_above=4)  # the uninterrupted run
     assert second["losses"] == whole["losses"] and len(whole["losses"]) == 5, "the same steps, bit for bit"
+
+
+def _board(run_dir: Path) -> tuple[list[tuple[int, float]], list[str], dict[str, str]]:
+    """TensorBoard's ``batch/micro`` points, the HPARAMS tab's metrics and its settings (as text)."""
+    acc = EventAccumulator(str(run_dir / "tb"))
+    acc.Reload()
+    content = acc.PluginTagToContent("hparams")
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
+    session = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
+    settings = {k: v.string_value or str(v.number_value) for k, v in session.session_start_info.hparams.items()}
+    return ([(e.step, e.value) for e in acc.Scalars("batch/micro")], [m.name.tag for m in experiment.metric_infos],
+            settings)
+
+
+def test_the_trackers_get_the_fitted_micro_batch_beside_the_plan_the_loop_started_at(gloo_group: None,
+                                                                                      tmp_path: Path):
+    """The plan and HPARAMS are written when the loop starts, before the fitting halves: TensorBoard says that
+    ``batch.per_rank`` is auto, and logs the micro-batch of every step (``batch/micro``, every tracker gets it), a
+    metric of the HPARAMS tab, so that the tab shows the fitted size beside the start."""
+    _launch(tmp_path / "run", 2, oom_above=4)
+    _launch(tmp_path / "run", 3, oom_above=None)  # a resume: its points continue the curve
+    points, metrics, settings = _board(tmp_path / "run")
+    assert points == [(1, 4.0), (2, 4.0), (3, 4.0)], "the size each step ran at, the halved one from step 1 on"
+    assert "batch/micro" in metrics and "train/loss" in metrics
+    assert settings["batch.per_rank"] == "auto", "the plan beside it is the start"
