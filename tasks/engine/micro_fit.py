@@ -72,6 +72,7 @@ class MicroFit:
         self.share = plan.per_rank * plan.accumulation  # samples of one optimizer step on this rank
         self.start = plan.per_rank
         self.out_of_memory: list[dict[str, int]] = []  # each size that ran out, at which step
+        self.earlier: list[dict[str, int]] = []  # the same, of the launches before the checkpoint resumed from
         # ``resize(plan, replay)``: the trainer's feed, loop and checkpoints take a new micro-batch (``replay``: the
         # feed hands the current step's samples out again); ``_until``: the step the fitting ends before (set when
         # the launch's loop runs its first step).
@@ -79,12 +80,16 @@ class MicroFit:
         # The agreement's flag, allocated before any step: a device out of memory may not give even 4 bytes.
         self._flag = torch.zeros(1, device=ctx.device) if auto else None
 
-    def resumed(self, their_plan: dict[str, Any]) -> None:
+    def resumed(self, their_plan: dict[str, Any], their_record: dict[str, Any] | None = None) -> None:
         """Before a resume counts its place in this launch's micro-batches: keep the micro-batch the checkpoint's
         run had settled on (still halved here if this device has less memory), when it divides this launch's
-        share."""
+        share; and the sizes that ran out of memory before the checkpoint (``their_record``: its ``micro_batch``),
+        so that the record stays whole across launches."""
+        if not self.auto:
+            return
+        self.earlier = [dict(o) for o in (their_record or {}).get("out_of_memory") or []]
         theirs = their_plan.get("per_rank_batch")
-        if self.auto and isinstance(theirs, int) and self.share % theirs == 0 and theirs < self.plan.per_rank:
+        if isinstance(theirs, int) and self.share % theirs == 0 and theirs < self.plan.per_rank:
             self.why = f"the checkpoint's micro-batch ({theirs}), kept on resume"
             self.start = theirs
             self._set(theirs, None, replay=False)
@@ -97,6 +102,7 @@ class MicroFit:
         again at half the micro-batch."""
         if self._until is None:  # the launch's first step: this and the next FIT_STEPS - 1 may halve
             self._until = state.step + FIT_STEPS if self.auto else 0
+            loop.micro_batch = self.plan.per_rank if self.auto else None  # logged with every step (batch/micro)
         if state.step >= self._until:
             self._micro_steps(micro_step, no_check)
             return
@@ -146,6 +152,7 @@ class MicroFit:
         smaller = largest_divisor(self.share, size // 2)
         self.out_of_memory.append({"micro_batch": size, "step": state.step + 1})
         self._set(smaller, state, replay=True)
+        loop.micro_batch = smaller
         # The logging window's earlier steps summed fewer, larger micro-batches: counted in the new ones.
         ratio = self.plan.accumulation / old
         loop.loss_sum.mul_(ratio)
@@ -184,11 +191,13 @@ class MicroFit:
             print(f"ddp-run: {line}", file=self.console, flush=True)
 
     def record(self) -> dict[str, Any] | None:
-        """summary.json's and run.json's ``micro_batch`` (None: the micro-batch was given): the size the ranks
-        settled on, where they started, why, and each size that ran out of memory."""
+        """summary.json's, run.json's and a checkpoint's ``micro_batch`` (None: the micro-batch was given): the size
+        the ranks settled on, where this launch started, why, and each size that ran out of memory (in the launches
+        before the checkpoint this one resumed from too)."""
         if not self.auto:
             return None
         why = self.why + ("" if not self.out_of_memory else "; halved after out-of-memory errors at "
                           + ", ".join(f"{o['micro_batch']} (step {o['step']})" for o in self.out_of_memory))
         return {"mode": "auto", "per_rank_share": self.share, "start": self.start, "chosen": self.plan.per_rank,
-                "accumulation": self.plan.accumulation, "out_of_memory": self.out_of_memory, "why": why}
+                "accumulation": self.plan.accumulation, "out_of_memory": self.earlier + self.out_of_memory,
+                "why": why}

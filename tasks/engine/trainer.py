@@ -83,7 +83,7 @@ class Trainer:
         self.checkpoints = CheckpointManager(
             cfg, run_dir=ctx.run_dir, rank=ctx.rank, console=ctx.console, plan=self.plan, strategy=self.strategy,
             optimizer=self.optimizer, scheduler=self.scheduler, scaler=self.scaler)
-        self.checkpoints.on_resume_plan = self.fit.resumed  # auto: a resume keeps the checkpoint's micro-batch
+        self.checkpoints.micro_fit = self.fit  # auto: checkpoints record the fitted micro-batch, a resume keeps it
         # Clock, power, temperature and power-cap state of this rank's GPU, per logging window (None: no NVML).
         self.telemetry = gpu_telemetry.Sampler.start(ctx.device) if t.get("gpu_telemetry", True) else None
         self.stops = StopController(cfg, ctx, self.checkpoints, phase=self.phase, save=self.checkpoint,

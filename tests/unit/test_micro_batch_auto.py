@@ -3,6 +3,7 @@ batch plan, the feed's split of a step into micro-batches, the simulated fault, 
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -156,3 +157,36 @@ def test_a_resume_keeps_the_micro_batch_the_checkpoints_run_settled_on(capsys: p
     given = MicroFit(batch_plan(Config(cfg()), 2), "w", ctx, auto=False, resize=lambda p, r: told.append(p))
     given.resumed({"per_rank_batch": 4})
     assert given.plan.per_rank == 8 and given.record() is None and len(told) == 1  # a given micro-batch stays
+
+
+class _Wandb:
+    """Stands for ``WandbLog``: keeps the parameters it was opened with."""
+
+    name, opened = "wandb", {}
+
+    def __init__(self, record: dict, config: dict, run_name: str) -> None:
+        _Wandb.opened = config
+
+    def log(self, scalars: dict, step: int) -> None: ...
+    def resume_at(self, step: int) -> None: ...
+    def flush(self) -> None: ...
+    def close(self) -> None: ...
+
+
+def test_wandb_parameters_hold_the_plan_the_driver_started_at(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    """Not the whole share: the start in run.json, as MLflow's parameters (the driver's) and TensorBoard's plan
+    have it; the fitted size is the metric batch/micro."""
+    from ddp_runner.tasks.engine.trackers import open as trackers_open
+    from ddp_runner.tasks.engine.trackers import wandb_log
+
+    monkeypatch.setattr(wandb_log, "WandbLog", _Wandb)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    (tmp_path / "run.json").write_text(json.dumps({"plan": {"micro_batch": {"mode": "auto", "start": 4}},
+                                                   "trackers": {"wandb": {"id": "x", "project": "p"}}}))
+    opened = trackers_open.open_trackers(Config(auto(batch__global=32, logger={"wandb": {}})), str(tmp_path),
+                                         str(tmp_path))
+    opened.close()
+    assert opened.names == [] and opened.closed == ["wandb"], opened.errors
+    params = _Wandb.opened
+    assert (params["plan.per_rank_batch"], params["plan.accumulation"], params["batch.per_rank"]) == ("4", "4", "auto")
+    assert params["plan.explanation"] == "global batch 32 = 4 per rank × 2 ranks × 4 accumulation"

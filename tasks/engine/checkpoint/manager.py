@@ -17,9 +17,8 @@ The trainer asks; storage (``storage``, ``sharded``, ``async_saver``) writes and
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -33,6 +32,16 @@ from ddp_runner.tasks.engine.diagnostics import faults, heartbeat
 from ddp_runner.tasks.engine.stop import signals
 from ddp_runner.tasks.engine.strategy.base import Strategy
 from ddp_runner.tasks.engine.train_state import TrainState
+
+
+class MicroBatchFit(Protocol):
+    """``batch.per_rank=auto``'s side of a checkpoint (tasks/engine/micro_fit.py's ``MicroFit``)."""
+
+    def resumed(self, their_plan: dict[str, Any], their_record: dict[str, Any] | None) -> None:
+        """A resume from a checkpoint with this plan and ``micro_batch`` record (None: it has none)."""
+
+    def record(self) -> dict[str, Any] | None:
+        """What a checkpoint records as ``micro_batch`` (None: nothing)."""
 
 
 @dataclass(frozen=True)
@@ -101,9 +110,9 @@ class CheckpointManager:
         self.export_format = c.get("export")  # also export the weights at every checkpoint (ddp-export's formats)
         self.every_steps, self.keep_last, self.final = c.every_steps, c.keep_last, bool(c.get("final", True))
         self.resumed_from: str | None = None
-        # Told the checkpoint's batch plan before a resume checks and counts in this run's (batch.per_rank=auto
-        # takes the micro-batch it had settled on: tasks/engine/micro_fit.py); None: nobody asks.
-        self.on_resume_plan: Callable[[dict[str, Any]], None] | None = None
+        # batch.per_rank=auto (tasks/engine/micro_fit.py): a checkpoint records the fitted micro-batch, and a resume
+        # tells it the checkpoint's plan and record before it checks and counts in this run's; None: a given one.
+        self.micro_fit: MicroBatchFit | None = None
         self._hooks = faults.save_hooks()  # the tests' hold before a commit; None in a real run
         self._first_commit_unix: float | None = None
         # Background saving snapshots rank 0's whole state; a strategy whose state is spread saves collectively.
@@ -139,8 +148,8 @@ class CheckpointManager:
         if not sources.urls:
             return None
         state, src = self._load(sources)
-        if self.on_resume_plan is not None:
-            self.on_resume_plan(state.get("plan", {}))
+        if self.micro_fit is not None:
+            self.micro_fit.resumed(state.get("plan", {}), state.get("micro_batch"))
         model_shapes = {k: tuple(v.shape) for k, v in self.strategy.model.state_dict().items()}
         compat.check(state, src, self.plan, model_shapes, run_sharded=self.strategy.sharded_checkpoint,
                      strategy_name=(self.cfg.get("strategy") or {}).get("name", "ddp"))
@@ -249,6 +258,7 @@ class CheckpointManager:
 
     def _small_state(self, progress: TrainState, rng: list[Any]) -> dict[str, Any]:
         """Everything in a checkpoint but model and optimizer state."""
+        fitted = self.micro_fit.record() if self.micro_fit is not None else None
         return {
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
@@ -256,6 +266,7 @@ class CheckpointManager:
             "rng": rng,
             "plan": self.plan.as_dict(),
             "config": secrets.redact(self.cfg.to_yaml(), secrets.handed_over()),  # a record: no secret in it
+            **({"micro_batch": fitted} if fitted is not None else {}),  # auto: how the plan's micro-batch was found
         }
 
     def _protected(self) -> frozenset[str]:

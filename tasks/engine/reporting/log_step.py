@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_runner.tasks.engine import timing
-from ddp_runner.tasks.engine.config import Config
+from ddp_runner.tasks.engine.config import Config, auto_micro_batch
 from ddp_runner.tasks.engine.diagnostics import heartbeat, profiling
 from ddp_runner.tasks.engine.diagnostics import telemetry as gpu_telemetry
 from ddp_runner.tasks.engine.reporting import log_window as tb
@@ -46,6 +46,7 @@ class Loop:
     timer: timing.PhaseTimer = field(default_factory=lambda: timing.PhaseTimer(torch.device("cpu"), 0, 0))
     gpu_windows: dict[int, list[dict[str, float]]] = field(default_factory=dict)   # each rank's GPU, per window
     time_windows: dict[int, list[dict[str, float]]] = field(default_factory=dict)  # each rank's phase times
+    micro_batch: int | None = None  # batch.per_rank=auto: the micro-batch now (micro_fit.py), logged as batch/micro
 
 
 def rate_unit(tokens_per_sample: int | None) -> str:
@@ -63,7 +64,8 @@ def ready_trackers(opening: Future, cfg: Config, run_dir: str, plan: dict[str, i
     # A sweep's swept values too: its jobs sit side by side in HPARAMS (tensorboard --logdir <sweep dir>).
     hparams = {"task": cfg.task.name, "lr": cfg.train.lr, "precision": cfg.train.precision, "device": cfg.device,
                **tb.swept_values(run_dir)}
-    board.start(plan, hparams, tokens=tokens)
+    auto = auto_micro_batch(cfg)  # the plan is the start: batch.per_rank says so, batch/micro has the fitted size
+    board.start(plan, {**hparams, **({"batch.per_rank": "auto"} if auto else {})}, tokens=tokens, micro=auto)
     return trackers
 
 
@@ -83,11 +85,13 @@ def open_log(loop: Loop, step: int, lr: float, grad_norm: torch.Tensor, *, accum
     later."""
     heartbeat.phase("log")
     loop.window_end = loop.meter.boundary()  # after this step's work, in the device's order
-    loop.pending = tb.PendingLog.start(
+    loop.pending = pending = tb.PendingLog.start(
         step, loop.loss_sum / accumulation / (step - loop.logged_step), grad_norm, lr, loop.meter.steps,
         world_size, telemetry.window() if telemetry else None, loop.timer.window(),
         stop=stop.mine() if stop is not None else 0,
         extra=loop.extras.take() if loop.extras.names else None)
+    if loop.micro_batch is not None:  # the size of this step's micro-batches, not of a later step's halving
+        pending.known[tb.MICRO_BATCH] = float(loop.micro_batch)
     loop.logged_step = step
     loop.loss_sum.zero_()
 
@@ -110,7 +114,7 @@ def close_log(loop: Loop, *, device: torch.device, losses: list[float], unit: st
         loop.time_windows.setdefault(r, []).append(w)
     if loop.writer is not None:  # every rank's GPU and phase times, gathered: rank 0 logs them all
         loop.writer.log({**last, **{f"gpu{r}/{k}": v for r, g in gpus.items() for k, v in g.items()},
-                         **timing.scalars(times)}, pending.step)
+                         **timing.scalars(times), **pending.known}, pending.step)
     if loop.progress is not None:
         rate_key = "perf/tokens_per_s" if unit == "tokens/s" else "perf/samples_per_s"
         loop.progress.update(pending.step, train_loss, last.get(rate_key) or last["perf/samples_per_s"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import resource
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -36,6 +36,7 @@ class PendingLog:
     lr: float
     window_steps: int             # optimizer steps of the perf window that ends with this step
     n_extra: int = 0              # the task's extra metrics, last in each row (tasks/engine/reporting/task_metrics.py)
+    known: dict[str, float] = field(default_factory=dict)  # scalars known on the host at the step, logged as they are
 
     @classmethod
     def start(cls, step: int, mean_loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, window_steps: int,
@@ -125,16 +126,22 @@ def purge_from(writer: Any, step: int) -> None:
 
 # The scalars the HPARAMS tab shows beside each run's settings (their latest values).
 HPARAM_METRICS = ("train/loss", "val/loss", "perf/step_time_s", "perf/samples_per_s", "perf/tokens_per_s")
+# batch.per_rank=auto: the micro-batch of each logged step (its last value is the fitted one; the plan and hparams,
+# written when the loop starts, hold the launch's start).
+MICRO_BATCH = "batch/micro"
 
 
-def write_plan(writer: Any, plan: dict[str, int], hparams: dict[str, Any], tokens: bool = True) -> None:
+def write_plan(writer: Any, plan: dict[str, int], hparams: dict[str, Any], tokens: bool = True,
+               micro: bool = False) -> None:
     """The plan as a TEXT entry and the run's settings in the HPARAMS tab, so the global batch sits beside the
-    curves; loss, step time and throughput are the tab's metrics (tokens/s only for a task with tokens)."""
+    curves; loss, step time and throughput are the tab's metrics (tokens/s only for a task with tokens), and with
+    ``micro`` (``batch.per_rank=auto``) the fitted micro-batch: the plan here is the one the launch started at."""
     text = (explain(plan["global_batch"], plan["per_rank_batch"], plan["world_size"], plan["accumulation"])
             + "\n\n| key | value |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in plan.items()))
     writer.add_text("plan", text, 0)
     from torch.utils.tensorboard.summary import hparams as hp
 
-    metrics = {k: 0.0 for k in HPARAM_METRICS if tokens or k != "perf/tokens_per_s"}
+    metrics = {k: 0.0 for k in (*HPARAM_METRICS, *([MICRO_BATCH] if micro else ()))
+               if tokens or k != "perf/tokens_per_s"}
     for event in hp({**plan, **hparams}, metrics):
         writer._get_file_writer().add_summary(event)

@@ -9,7 +9,7 @@ from typing import IO, Any
 
 from ddp_runner.contract import layout, tracking
 from ddp_runner.contract.rules import explain
-from ddp_runner.tasks.engine.config import Config, batch_plan, read_manifest
+from ddp_runner.tasks.engine.config import Config, auto_micro_batch, batch_plan, read_manifest
 from ddp_runner.tasks.engine.trackers.base import Background, Trackers
 
 
@@ -54,10 +54,19 @@ def _open(name: str, cfg: Config, run_dir: str, local_dir: str, record: dict[str
         return Background(MlflowLog(tracking.mlflow_uri(cfg) or record[name]["tracking_uri"], record[name]["run_id"]))
     from ddp_runner.tasks.engine.trackers.wandb_log import WandbLog
 
-    bp = batch_plan(cfg, int(os.environ.get("WORLD_SIZE", "1")))
+    bp = batch_plan(cfg, int(os.environ.get("WORLD_SIZE", "1")), _start_micro_batch(cfg, run_dir))
     plan = {**bp.as_dict(), "explanation": explain(bp.global_batch, bp.per_rank, bp.world_size, bp.accumulation)}
     wrec = {**record[name], "dir": os.path.join(local_dir)}
     return Background(WandbLog(wrec, tracking.params(cfg, plan), run_dir.rstrip("/").rsplit("/", 1)[-1]))
+
+
+def _start_micro_batch(cfg: Config, run_dir: str) -> int | None:
+    """``batch.per_rank=auto``: the micro-batch the driver chose to start at (run.json), so that the plan among the
+    parameters is the one the driver's trackers record, not the whole share; the size the ranks settle on is the
+    metric ``batch/micro``. None: a given micro-batch."""
+    if not auto_micro_batch(cfg):
+        return None
+    return ((read_manifest(run_dir).get("plan") or {}).get("micro_batch") or {}).get("start")
 
 
 class _Failed:

@@ -15,8 +15,8 @@ class TensorBoard:
     def __init__(self, logdir: str) -> None:
         self.writer = tb.open_writer(logdir)
 
-    def start(self, plan: dict[str, int], hparams: dict[str, Any], tokens: bool) -> None:
-        tb.write_plan(self.writer, plan, hparams, tokens=tokens)
+    def start(self, plan: dict[str, int], hparams: dict[str, Any], tokens: bool, micro: bool = False) -> None:
+        tb.write_plan(self.writer, plan, hparams, tokens=tokens, micro=micro)
 
     def log(self, scalars: dict[str, float], step: int) -> None:
         for k, v in scalars.items():
