@@ -1,9 +1,10 @@
-"""What happened to a multi-node run's nodes, told from their records on node 0 after its finalisation: a node
-whose driver was lost (its record has no end), and the last step each rank reached.
+"""What happened to a multi-node run's nodes, told from their records on node 0: a node whose driver was lost (its
+record has no end), and the last step each rank reached.
 
 A node's ``ddp-run`` killed (SIGKILL of a pod's PID 1, a host lost) takes its torchrun agent down with SIGTERM (the
-agent's parent-death signal), and with ``checkpoint.stop_signal=SIGTERM`` (Kubernetes' pods) every rank takes that
-as the stop: the run ends ``preempted`` with a checkpoint although nothing sent a pod SIGTERM. These lines say so.
+agent's parent-death signal), which every rank takes as the stop: the run ends with a checkpoint although nothing
+sent this node's driver a signal. :func:`stop_cause` gives node 0's finalisation the words for that stop's headline
+(runner/supervise/stop/outcome.py); :func:`lines` says the same of a failure that a lost node caused.
 """
 
 from __future__ import annotations
@@ -29,19 +30,30 @@ def steps_text(progress: Mapping[int, Mapping[str, Any]]) -> str:
     return ", ".join(f"rank {r} after step {p.get('step')} ({p.get('phase')})" for r, p in sorted(progress.items()))
 
 
-def lines(nodes: Mapping[str, Mapping[str, Any]], status: str, interrupted: int | None,
-          progress: Mapping[int, Mapping[str, Any]]) -> list[str]:
-    """The console's lines about a lost peer node (none when every node's driver recorded its end, or when this
-    driver itself was stopped)."""
+def _named(nodes: Mapping[str, Mapping[str, Any]], lost: list[str]) -> str:
+    return ", ".join(f"node {n} (host {nodes[n].get('host')})" for n in lost)
+
+
+def stop_cause(nodes: Mapping[str, Mapping[str, Any]], interrupted: int | None) -> str | None:
+    """What stopped the ranks when this driver was sent no signal (``interrupted`` None) and a peer node's driver
+    recorded no end: ``node 1 (host b) was lost (…)``, for the stop's headline; None otherwise (the stop was this
+    driver's, or every node's driver ended: a stop of its own)."""
     lost = lost_nodes(nodes)
     if not lost or interrupted is not None:
+        return None
+    verb = "was" if len(lost) == 1 else "were"
+    return (f"{_named(nodes, lost)} {verb} lost (its driver recorded no end: its ddp-run, pod or host was killed);"
+            " its torchrun agent stopped that node's ranks with SIGTERM as it went")
+
+
+def lines(nodes: Mapping[str, Mapping[str, Any]], status: str, interrupted: int | None,
+          progress: Mapping[int, Mapping[str, Any]]) -> list[str]:
+    """The console's line about a lost peer node behind a failure, with the last step each rank reached (none when
+    every node's driver recorded its end, when this driver itself was stopped, or for a stop: its headline says
+    so, :func:`stop_cause`)."""
+    lost = lost_nodes(nodes)
+    if not lost or interrupted is not None or status != layout.STATUS_FAILED:
         return []
-    names = ", ".join(f"node {n} (host {nodes[n].get('host')})" for n in lost)
     steps = f"; last step reached: {steps_text(progress)}" if progress else ""
-    if status in (layout.STATUS_PREEMPTED, layout.STATUS_INTERRUPTED):
-        return [f"ddp-run: a peer node was lost: {names} recorded no end (its ddp-run, pod or host was killed);"
-                " its torchrun agent stopped that node's ranks with SIGTERM as it went, which every rank took as"
-                f" the stop: this pod's ddp-run was sent no signal{steps}"]
-    if status == layout.STATUS_FAILED:
-        return [f"ddp-run: a peer node was lost: {names} recorded no end (its ddp-run, pod or host was killed){steps}"]
-    return []
+    return [f"ddp-run: a peer node was lost: {_named(nodes, lost)} recorded no end (its ddp-run, pod or host was"
+            f" killed){steps}"]
