@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ddp_runner.contract import layout
+from ddp_runner.diagnostics.rootcause import least_step
 
 
 def lost_nodes(nodes: Mapping[str, Mapping[str, Any]]) -> list[str]:
@@ -21,13 +22,19 @@ def lost_nodes(nodes: Mapping[str, Mapping[str, Any]]) -> list[str]:
 
 
 def last_steps(progress: Mapping[int, Mapping[str, Any]]) -> dict[int, int | None]:
-    """The last step each rank reported (its progress record), by rank."""
-    return {r: p.get("step") for r, p in sorted(progress.items())}
+    """The last step each rank reached, by rank: its progress record's, or more where the other ranks' records
+    show that it completed more (a lost node's last copy in an object store trails: rootcause.least_step)."""
+    return {r: (bound[0] if (bound := least_step(progress, r)) else p.get("step")) for r, p in sorted(progress.items())}
 
 
 def steps_text(progress: Mapping[int, Mapping[str, Any]]) -> str:
-    """``rank 0 after step 7 (log), rank 1 after step 6 (sync)``."""
-    return ", ".join(f"rank {r} after step {p.get('step')} ({p.get('phase')})" for r, p in sorted(progress.items()))
+    """``rank 0 after step 7 (log), rank 1 after at least step 6 (its last record: step 2, sync)``."""
+    def one(r: int, p: Mapping[str, Any]) -> str:
+        if (bound := least_step(progress, r)) is None:
+            return f"rank {r} after step {p.get('step')} ({p.get('phase')})"
+        return f"rank {r} after at least step {bound[0]} (its last record: step {p.get('step')}, {p.get('phase')})"
+
+    return ", ".join(one(r, p) for r, p in sorted(progress.items()))
 
 
 def _named(nodes: Mapping[str, Mapping[str, Any]], lost: list[str]) -> str:

@@ -43,6 +43,14 @@ def test_a_failure_caused_by_a_lost_node_names_it_and_the_last_steps():
     assert "rank 0 after step 18 (log), rank 1 after step 17 (sync)" in line
 
 
+def test_a_lost_nodes_stale_record_counts_the_step_the_others_prove():
+    # The lost node's last copy in the bucket says step 9; rank 0 completed step 14, so rank 1 completed 13.
+    stale = {0: {"step": 14, "phase": "log"}, 1: {"step": 9, "phase": "log"}}
+    [line] = node_story.lines({"0": ENDED, "1": LOST}, "failed", None, stale)
+    assert "rank 0 after step 14 (log), rank 1 after at least step 13 (its last record: step 9, log)" in line
+    assert node_story.last_steps(stale) == {0: 14, 1: 13}
+
+
 def test_nothing_is_said_when_every_driver_ended_or_this_one_was_stopped():
     assert node_story.lines({"0": ENDED, "1": ENDED}, "failed", None, PROGRESS) == []
     assert node_story.lines({"0": ENDED, "1": LOST}, "failed", 15, PROGRESS) == []
