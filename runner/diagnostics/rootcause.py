@@ -72,9 +72,14 @@ def least_step(progress: Mapping[int, Mapping[str, Any]], rank: int) -> tuple[in
     (None otherwise), and the rank whose record shows it. The ranks of one job step together (every optimizer step
     syncs every rank's gradients), so a rank took part in the sync of the furthest rank's last step: it completed
     the one before. Its own record can trail that far when it is a copy (another node's, mirrored every 15 s into
-    an object store, its node lost since) or was never written."""
-    own = (progress.get(rank) or {}).get("step")
-    steps = [(p.get("step"), r) for r, p in progress.items() if r != rank and isinstance(p.get("step"), int)]
+    an object store, its node lost since) or was never written. Only records of the same start (``start_step``:
+    a torchrun restart resumes every rank from one checkpoint) are compared: an earlier attempt's proves nothing."""
+    mine = progress.get(rank) or {}
+    own = mine.get("step")
+    starts = [p.get("start_step") for p in progress.values()]
+    start = mine.get("start_step") if mine else max((s for s in starts if isinstance(s, int)), default=None)
+    steps = [(p.get("step"), r) for r, p in progress.items()
+             if r != rank and isinstance(p.get("step"), int) and p.get("start_step") == start]
     if not steps:
         return None
     peak, by = max(steps, key=lambda t: (t[0], -t[1]))

@@ -117,6 +117,11 @@ def test_a_killed_ranks_stale_record_is_named_with_the_step_the_others_prove_it_
     # A record one step behind the others' is as fresh as records get (written once a second): said as it is.
     assert rootcause.least_step({0: {"step": 18}, 1: {"step": 17}}, 1) is None
     assert rootcause.least_step({0: {"step": 1}}, 1) is None
+    # A record of an earlier start (torchrun restarted the ranks from step_10's checkpoint) proves nothing.
+    restarted = {0: {"step": 20, "start_step": 0}, 1: {"step": 11, "start_step": 10}, 2: {"step": 12, "start_step": 10}}
+    assert rootcause.least_step(restarted, 1) is None and rootcause.least_step(restarted, 2) is None
+    # No record of its own: the latest start's records count (rank 2's step 14, not rank 1's older step 20).
+    assert rootcause.least_step({1: {"step": 20, "start_step": 0}, 2: {"step": 14, "start_step": 10}}, 0) == (13, 2)
 
 
 def test_oom_killer_evidence_makes_a_sigkill_an_oom():
