@@ -67,6 +67,40 @@ def _at(progress: Mapping[str, Any] | None) -> str:
     return f"after step {progress.get('step')}, in phase {progress.get('phase')}"
 
 
+def least_step(progress: Mapping[int, Mapping[str, Any]], rank: int) -> tuple[int, int] | None:
+    """``(step, by)``: the step ``rank`` completed at least, when the other ranks' records show more than its own
+    (None otherwise), and the rank whose record shows it. The ranks of one job step together (every optimizer step
+    syncs every rank's gradients), so a rank took part in the sync of the furthest rank's last step: it completed
+    the one before. Its own record can trail that far when it is a copy (another node's, mirrored every 15 s into
+    an object store, its node lost since) or was never written. Only records of the same start (``start_step``:
+    a torchrun restart resumes every rank from one checkpoint) are compared: an earlier attempt's proves nothing."""
+    mine = progress.get(rank) or {}
+    own = mine.get("step")
+    starts = [p.get("start_step") for p in progress.values()]
+    start = mine.get("start_step") if mine else max((s for s in starts if isinstance(s, int)), default=None)
+    steps = [(p.get("step"), r) for r, p in progress.items()
+             if r != rank and isinstance(p.get("step"), int) and p.get("start_step") == start]
+    if not steps:
+        return None
+    peak, by = max(steps, key=lambda t: (t[0], -t[1]))
+    least = peak - 1
+    return (least, by) if least > max(own if isinstance(own, int) else 0, 0) else None
+
+
+def reached(progress: Mapping[int, Mapping[str, Any]], rank: int, last: str = "") -> str:
+    """Where ``rank`` was, from the freshest record there is: its own last progress (``last``: how to introduce
+    it, e.g. ``last reported ``), and the step it completed at least when the other ranks' records show more
+    (:func:`least_step`)."""
+    prog = progress.get(rank)
+    said = f"{last}{_at(prog)}" if prog else _at(prog)
+    bound = least_step(progress, rank)
+    if bound is None:
+        return said
+    step, by = bound
+    return (f"{said}; it completed at least step {step} (it took part in step {step + 1}'s gradient sync, which"
+            f" rank {by} completed)")
+
+
 def _events(evidence: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One event per failed rank (and the hang), each with class, time, primary or not."""
     errors: Mapping[int, Mapping[str, Any]] = evidence.get("errors") or {}
@@ -93,7 +127,7 @@ def _events(evidence: Mapping[str, Any]) -> list[dict[str, Any]]:
             events.append({"rank": r, "class": cls, "time": err.get("time", float("inf")),
                            "primary": cls in PRIMARY, "type": err.get("type"), "message": err.get("message"),
                            "where": (err.get("where") or _where_in_traceback(err.get("traceback") or [])
-                                     or _at(prog)),
+                                     or reached(progress, r)),
                            "traceback": err.get("traceback") or []})
             continue
         if (facts.get(r) or {}).get("completed") or (prog or {}).get("phase") == "done":
@@ -111,7 +145,7 @@ def _events(evidence: Mapping[str, Any]) -> list[dict[str, Any]]:
         if terminated:
             events.append({"rank": r, "class": "signal", "time": when, "primary": False, "type": "SIGTERM",
                            "message": "stopped by SIGTERM (torchrun or the driver stopping the run)",
-                           "where": _at(prog), "traceback": []})
+                           "where": reached(progress, r), "traceback": []})
             continue
         oom = name == "SIGKILL" and (watch.get("oom_kills") or 0) > 0
         how = f"killed by {name} (exit code {code})" if name else "ended without an error record (killed by a signal?)"
@@ -121,7 +155,7 @@ def _events(evidence: Mapping[str, Any]) -> list[dict[str, Any]]:
                                    if oom else how),
                        # A killed rank says nothing more: its progress file (written at most once a second) is
                        # the last word, and it may trail the moment of death by up to that second.
-                       "where": f"last reported {_at(prog)}" if prog else _at(prog), "traceback": []})
+                       "where": reached(progress, r, "last reported "), "traceback": []})
     return events
 
 

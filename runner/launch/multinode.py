@@ -27,6 +27,7 @@ from typing import Any
 from ddp_runner.config.plan import Plan
 from ddp_runner.contract import layout
 from ddp_runner.contract.errors import PlanError
+from ddp_runner.launch import node_story
 from ddp_runner.launch.base import BaseLauncher, Job
 from ddp_runner.launch.multinode_nodes import blame, collect, elastic_plan, gather, node_end, node_start, write_node
 from ddp_runner.launch.multinode_rdzv import check, check_endpoint_free, command, env, node_name
@@ -142,7 +143,7 @@ class Multinode(BaseLauncher):
                   file=sys.stderr, flush=True)
         plan = elastic_plan(rd, job.plan, launcher)
         code = finalize.finish(rd, manifest, plan, rc, session.interrupted, watch=session.observations(),
-                                preempt=session.preempt)
+                                preempt=session.preempt, lost=node_story.stop_cause(nodes, session.interrupted))
         blame(rd, manifest, nodes, session.interrupted)
         session.close()
         print(rd.url, flush=True)

@@ -154,15 +154,16 @@ def failed_node(nodes: Mapping[str, Mapping[str, Any]], facts_hosts: Mapping[int
 
 def _tell_lost_nodes(rd: RunDir, manifest: dict[str, Any], nodes: Mapping[str, Mapping[str, Any]],
                      interrupted: int | None) -> None:
-    """A node whose driver was lost, said on the console and in summary.json's ``lost_nodes`` (with the last step
-    each rank reached), so that a stop or failure it caused reads as what it was."""
+    """A node whose driver was lost, recorded in summary.json's ``lost_nodes`` (with the last step each rank
+    reached) and, behind a failure, said on the console (a stop's headline says it already), so that a stop or
+    failure it caused reads as what it was."""
     from ddp_runner.diagnostics.watchdog import read_progress
     from ddp_runner.launch import node_story
 
+    if interrupted is not None or not node_story.lost_nodes(nodes):
+        return
     progress = read_progress(rd.local, int(manifest.get("plan", {}).get("world_size") or 0))
     said = node_story.lines(nodes, str(manifest.get("status")), interrupted, progress)
-    if not said:
-        return
     summary = rd.read_json(layout.SUMMARY)
     summary["lost_nodes"] = {"nodes": node_story.lost_nodes(nodes), "last_steps": node_story.last_steps(progress)}
     rd.write_json(layout.SUMMARY, summary)

@@ -37,12 +37,14 @@ def _exit_codes(facts: dict[int, dict], errors: dict[int, dict], agent_log: str,
 
 
 def finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupted: int | None,
-           watch: dict[str, Any] | None = None, preempt: int | None = None) -> int:
+           watch: dict[str, Any] | None = None, preempt: int | None = None, lost: str | None = None) -> int:
     """Write the final run.json and summary.json, print the outcome, and return the driver's exit code.
 
     ``preempt``: the pre-emption signal (a run it stopped ends ``preempted``). A stop the ranks agreed on (every
     rank's facts say ``stopped``) ends ``interrupted``/``preempted`` with no root cause, whether the signal reached
-    the driver or a worker; the console names the checkpoint and the command that continues the run.
+    the driver or a worker; the console names the checkpoint and the command that continues the run. ``lost``: a
+    multi-node run's lost peer node, the cause of a stop when this driver was sent no signal
+    (runner/launch/node_story.py ``stop_cause``): such a stop ends ``preempted`` and its headline names the node.
 
     A failure while doing so (a full disk, a lost remote store) never escapes as a traceback: it ends with one
     console line, a non-zero exit code and, where run.json can still be written, ``status: failed`` with
@@ -54,7 +56,7 @@ def finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupte
     reserve.release(rd)  # the space held back since the launch takes the final records (a full disk too)
     step = ["reading the rank files"]  # what finalising was doing, for the message
     try:
-        return _finish(rd, manifest, plan, rc, interrupted, step, watch or {}, preempt)
+        return _finish(rd, manifest, plan, rc, interrupted, step, watch or {}, preempt, lost)
     except Exception as exc:  # noqa: BLE001 - whatever it was, the driver must end with a true status
         return _finalize_failed(rd, manifest, rc, interrupted, step[0], exc)
 
@@ -84,13 +86,16 @@ def prune_record() -> dict[str, Any] | None:
 
 
 def _status(manifest: dict[str, Any], ok: bool, interrupted: int | None, preempt: int | None,
-            stopped: dict[str, Any] | None) -> str:
+            stopped: dict[str, Any] | None, lost: str | None = None) -> str:
     """The run's final status; a stop a search's pruner asked for (:func:`prune_record`) is ``pruned``, its record
-    kept in ``manifest["pruned"]`` (an earlier attempt's is dropped: a continued run ends on its own)."""
+    kept in ``manifest["pruned"]`` (an earlier attempt's is dropped: a continued run ends on its own); a stop a lost
+    peer node caused (``lost``) is ``preempted``: the cluster took a node away, whatever signal its agent sent."""
     manifest.pop("pruned", None)
     if stopped is not None and not ok and (pruned := prune_record()) is not None:
         manifest["pruned"] = pruned
         return layout.STATUS_PRUNED
+    if stopped is not None and not ok and lost is not None:
+        return layout.STATUS_PREEMPTED
     return outcome(ok, interrupted, preempt)
 
 
@@ -134,7 +139,7 @@ def fitted_plan(plan: dict[str, Any], fitted: dict[str, Any] | None) -> dict[str
 
 
 def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupted: int | None,
-            step: list[str], watch: dict[str, Any], preempt: int | None) -> int:
+            step: list[str], watch: dict[str, Any], preempt: int | None, lost: str | None = None) -> int:
     from ddp_runner.diagnostics import rootcause
     from ddp_runner.diagnostics.watchdog import read_progress
 
@@ -148,6 +153,8 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
     stopped = None if (watch or {}).get("hang") else agreed_stop(facts, plan.world_size)
     if stopped is not None and interrupted is None:  # the stop reached a worker, not this driver
         interrupted = stopped["signal"]
+    else:
+        lost = None  # this driver's own stop (or none): a lost peer did not cause it
     if late := stop_outcome.cut_nothing(stopped, interrupted, facts, check, plan.world_size):  # rc: its SIGTERM's
         manifest["stop_after_the_end"], interrupted = stops.signal_name(interrupted), None
     ok = (rc == 0 or late) and interrupted is None and check["all_completed"]
@@ -164,7 +171,7 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
                  "traceback": agent_log.strip().splitlines()[-12:], "consequences": [], "other_failed_ranks": []}
     rank0 = facts.get(0, {})
     manifest.update(
-        status=_status(manifest, ok, interrupted, preempt, stopped),
+        status=_status(manifest, ok, interrupted, preempt, stopped, lost),
         ended=datetime.now().isoformat(timespec="seconds"),
         exit_codes=exit_codes,
         torchrun_exit_code=rc,
@@ -197,10 +204,7 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
             print(line, flush=True)
         return 0
     if stopped is not None:
-        textfit.say(stop_outcome.stopped_line(manifest["status"], stops.signal_name(interrupted), stopped), sys.stderr)
-        for line in resume_lines(rd, stopped, manifest["status"]):
-            textfit.say(line, sys.stderr, flush=True)
-        return 0 if "pruned" in manifest else _exit_code(False, rc, interrupted)  # a pruned trial ended well
+        return _stopped(rd, manifest, rc, interrupted, stopped, lost)
     label = manifest["status"].upper() if interrupted is not None else "FAILED"
     if sweep_view.in_turn((manifest.get("invocation") or {}).get("sweep")):  # one line: the rest is in the run dir
         textfit.say(closing.job_failed_line(cause, label, manifest["invocation"]["sweep"].get("job"),
@@ -211,6 +215,18 @@ def _finish(rd: RunDir, manifest: dict[str, Any], plan: Plan, rc: int, interrupt
                                  resume_lines(rd, None, manifest["status"], _FULL_DISK in str(cause.get("message"))))
     textfit.say("\n".join(lines), sys.stderr, flush=True)
     return _exit_code(ok, rc, interrupted)
+
+
+def _stopped(rd: RunDir, manifest: dict[str, Any], rc: int, interrupted: int, stopped: StopRecord,
+             lost: str | None) -> int:
+    """Say how a stop the ranks agreed on ended (its headline names a lost peer node that caused it, else the
+    signal) and what continues it; returns the driver's exit code."""
+    status = manifest["status"]
+    textfit.say(stop_outcome.lost_peer_line(status, lost, stopped) if lost is not None
+                else stop_outcome.stopped_line(status, stops.signal_name(interrupted), stopped), sys.stderr)
+    for line in resume_lines(rd, stopped, status):
+        textfit.say(line, sys.stderr, flush=True)
+    return 0 if "pruned" in manifest else _exit_code(False, rc, interrupted)  # a pruned trial ended well
 
 
 def _closing(rd: RunDir, manifest: dict[str, Any], train: dict[str, Any], check: dict[str, Any]) -> list[str]:

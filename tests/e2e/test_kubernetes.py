@@ -119,13 +119,16 @@ def test_a_pod_whose_ddp_run_is_killed_is_told_as_a_lost_peer_not_a_preemption(c
     run = out_root / "kube1_smoke_w2"
     wait_for("step 2's checkpoint", lambda: (run / "checkpoints" / "step_2" / "meta.json").exists(), driver=pods[0])
     pods[1].send_signal(signal.SIGKILL)  # pod 1's PID 1 killed: nothing sends SIGTERM to any pod
-    (_, out0, err0), _ = finish(*pods, timeout=90)
-    assert "a peer node was lost: node 1" in err0 and "sent no signal" in err0, out0 + err0
+    (rc0, out0, err0), _ = finish(*pods, timeout=90)
+    # The headline itself names the lost node and the step every rank stopped after; no signal is blamed.
+    stopped = load_json(run / layout.rank_facts(0))["stopped"]["step"]
+    assert "ddp-run: PREEMPTED: node 1 (host " in err0 and "by SIGTERM" not in err0, out0 + err0
+    assert f"every rank stopped after step {stopped} (this node's driver was sent no signal)" in err0, err0
+    assert rc0 == 128 + signal.SIGTERM  # a saved stop: the manifests' failure policies never count it
     summary = load_json(run / "summary.json")
-    assert summary["lost_nodes"]["nodes"] == ["1"], summary
+    assert summary["status"] == "preempted" and summary["lost_nodes"]["nodes"] == ["1"], summary
     steps = summary["lost_nodes"]["last_steps"]
     assert set(steps) == {"0", "1"} and all(isinstance(v, int) and v >= 2 for v in steps.values()), steps
-    assert f"rank 0 after step {steps['0']}" in err0
 
 
 def test_pod_env_is_what_the_operators_set():

@@ -100,6 +100,30 @@ def test_a_killed_rank_is_the_cause_and_its_peer_lost_error_a_consequence():
                                       "message": "Connection closed by peer [127.0.0.1]:4242"}]
 
 
+def test_a_killed_ranks_stale_record_is_named_with_the_step_the_others_prove_it_completed():
+    # Issue 52 item 6: a whole pod SIGKILLed under an s3:// root. Rank 1's record is its node's last copy into the
+    # bucket (mirrored every 15 s), from start-up; rank 0, in step with it, completed step 18.
+    evidence = {"world_size": 2, "rc": 1,
+                "errors": {0: _err(0, 100.0, "DistBackendError", "Connection reset by peer [127.0.0.1]:4242")},
+                "progress": {0: {"step": 18, "phase": "sync"}, 1: {"step": 0, "phase": "startup"}},
+                "watch": {"gone": {1: {"time": 100.4, "exit_code": -9}}}, "exit_codes": {"0": 1}}
+    cause = rootcause.root_cause(evidence)
+    assert cause["rank"] == 1 and cause["where"] == (
+        "last reported after step 0, in phase startup; it completed at least step 17 (it took part in step 18's"
+        " gradient sync, which rank 0 completed)")
+    # No record of its own copied at all: not "before training started".
+    del evidence["progress"][1]
+    assert rootcause.root_cause(evidence)["where"].startswith("before training started; it completed at least step 17")
+    # A record one step behind the others' is as fresh as records get (written once a second): said as it is.
+    assert rootcause.least_step({0: {"step": 18}, 1: {"step": 17}}, 1) is None
+    assert rootcause.least_step({0: {"step": 1}}, 1) is None
+    # A record of an earlier start (torchrun restarted the ranks from step_10's checkpoint) proves nothing.
+    restarted = {0: {"step": 20, "start_step": 0}, 1: {"step": 11, "start_step": 10}, 2: {"step": 12, "start_step": 10}}
+    assert rootcause.least_step(restarted, 1) is None and rootcause.least_step(restarted, 2) is None
+    # No record of its own: the latest start's records count (rank 2's step 14, not rank 1's older step 20).
+    assert rootcause.least_step({1: {"step": 20, "start_step": 0}, 2: {"step": 14, "start_step": 10}}, 0) == (13, 2)
+
+
 def test_oom_killer_evidence_makes_a_sigkill_an_oom():
     cause = rootcause.root_cause({"world_size": 2, "rc": 1, "watch": {"gone": {1: {"time": 5.0, "exit_code": -9}},
                                                                       "oom_kills": 1}})

@@ -4,6 +4,9 @@ prints and records it).
 - A stop the ranks agreed on (every rank's facts say ``stopped``): the run ends ``interrupted`` (``preempted``) with
   the checkpoint of the step they stopped after. After the last optimizer step that checkpoint is the final one,
   and what the stop cut short is the final validation: ``resume=<run dir>`` runs only that (docs/resume.md).
+- A stop that a lost peer node caused (its driver's death took its torchrun agent down with SIGTERM, which its ranks
+  took as the stop; this driver was sent no signal): the run ends ``preempted`` (the cluster took a node away; the
+  checkpoint was saved, so it never counts as a failure), and the headline names the lost node, not a signal.
 - A stop that reached the ranks after their work was done (final checkpoint committed, final validation run: every
   rank completed, none stopped) cut nothing: the run is ``completed``.
 """
@@ -32,10 +35,23 @@ def cut_nothing(stopped: Mapping[str, Any] | None, interrupted: int | None, fact
 
 def stopped_line(status: str, signal_name: str, stopped: Mapping[str, Any]) -> str:
     """The console's line for a stop the ranks agreed on: the signal, the step, and what it cut short."""
+    return (f"ddp-run: {status.upper()} by {signal_name}: every rank stopped after step {stopped['step']}"
+            f"{_where(stopped)}")
+
+
+def _where(stopped: Mapping[str, Any]) -> str:
+    """``, the last, during validation``: what the stop's step was and what it cut short."""
     where = ", the last" if stopped.get("last_step") else ""
     if stopped.get("during"):
         where += f", during {stopped['during']}"
-    return f"ddp-run: {status.upper()} by {signal_name}: every rank stopped after step {stopped['step']}{where}"
+    return where
+
+
+def lost_peer_line(status: str, cause: str, stopped: Mapping[str, Any]) -> str:
+    """The console's line for a stop a lost peer node caused (``cause``: runner/launch/node_story.py's
+    ``stop_cause``): what happened, the step every rank stopped after, and that this driver was sent no signal."""
+    return (f"ddp-run: {status.upper()}: {cause}; every rank stopped after step {stopped['step']}{_where(stopped)}"
+            " (this node's driver was sent no signal)")
 
 
 def continue_lines(url: str, status: str, stopped: Mapping[str, Any]) -> list[str]:
