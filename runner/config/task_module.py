@@ -218,15 +218,7 @@ def own_train_samples(cfg: Mapping[str, Any], where: str | None) -> int | None:
     dataset (``train_samples(cfg) -> int``, light: no torch); None where it defines none. The driver plans with
     it, so the plan and the ranks never disagree on the set's size. PlanError when it answers no count."""
     checks = cfg["task"].get("checks")
-    if not checks:
-        return None
-    if where and where not in sys.path:
-        sys.path.append(where)
-    try:
-        fn = getattr(importlib.import_module(checks), "train_samples", None)
-    except ImportError:
-        return None  # run_checks reports it, with the fix
-    if not callable(fn):
+    if (fn := _checks_hook(checks, where, "train_samples")) is None:
         return None
     try:
         n = fn(cfg)
@@ -244,13 +236,19 @@ def own_train_samples(cfg: Mapping[str, Any], where: str | None) -> int | None:
 def memory_facts(cfg: Mapping[str, Any], where: str | None) -> dict[str, Any] | None:
     """The model's parameter counts from the task's ``task.checks`` module, when it computes them without torch
     (``memory_facts(cfg)``: the keys of tasks/engine/driver_probe.py's ``model`` answer); None otherwise."""
-    checks = cfg["task"].get("checks")
+    fn = _checks_hook(cfg["task"].get("checks"), where, "memory_facts")
+    return fn(cfg) if fn is not None else None
+
+
+def _checks_hook(checks: str | None, where: str | None, name: str) -> Any:
+    """The function ``name`` of the task's light checks module, or None where there is no module, it does not
+    import (run_checks reports that, with the fix) or it defines no such function."""
     if not checks:
         return None
     if where and where not in sys.path:
         sys.path.append(where)
     try:
-        fn = getattr(importlib.import_module(checks), "memory_facts", None)
+        fn = getattr(importlib.import_module(checks), name, None)
     except ImportError:
-        return None  # run_checks reports it, with the fix
-    return fn(cfg) if callable(fn) else None
+        return None
+    return fn if callable(fn) else None
