@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.support.driver import ddp_run
+from tests.support.recipes import rank0_sleeps
 from tests.support.run_tree import load_json
 from tests.support.shared_runs import shared_run
 
@@ -22,7 +23,10 @@ STEPS = 60
 SEARCH = ["-m", "hydra/sweeper=ddp_search", "hydra.sweeper.sampler=grid", "hydra.sweeper.seed=1",
           f"train.lr=choice({GOOD},{BAD[0]},{BAD[1]})", "hydra.sweeper.n_trials=3", "task=gpt", "device=cpu",
           "world_size=1", f"train.max_steps={STEPS}", "train.val_every=5", "train.val_samples=64",
-          "sweep.parallel=2"]
+          "sweep.parallel=2",
+          # Every step takes 0.15 s (the rehearsal slow fault): the good trial's 60 steps outlast a pruned trial's
+          # end and the next trial's start however fast the machine, so the slot's reuse shows in the times.
+          *rank0_sleeps(0.15)]
 
 
 @pytest.fixture(scope="session")
