@@ -6,18 +6,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from ddp_runner.tasks import export as export_cli  # noqa: E402
-from ddp_runner.tasks.engine.checkpoint import export, storage  # noqa: E402
+from ddp_runner.tasks import export as export_cli
+from ddp_runner.tasks.engine.checkpoint import export, storage
 
 CUSTOM = "task:\n  name: mytask\n  module: mytask\n  checks: null\n  classes: 3\n  hidden: 64\n"
 GPT = "task:\n  name: gpt\n  module: ddp_runner.tasks.gpt.task\n  model:\n    layers: 2\n    width: 64\n"
