@@ -27,6 +27,7 @@ from ddp_runner.rundir import listing
 from ddp_runner.rundir.run_dir import RunDir
 from ddp_runner.supervise import finalize
 from tests.support.driver import Terminal, cli_in_process
+from tests.support.failed_runs import two_ranks_failed
 
 COLUMNS = 80
 NOW = time.time()
@@ -140,14 +141,7 @@ def test_a_failed_runs_closing_account_fits(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setenv("COLUMNS", str(COLUMNS))
     monkeypatch.setattr("sys.stderr", Terminal())
     run = tmp_path / "outputs" / "2026-12-05" / "00-08-17_my_own_regression_task_w2"
-    (run / layout.PROGRESS).mkdir(parents=True)
-    for rank, t in ((1, 10.0), (0, 11.0)):
-        (run / layout.rank_error(rank)).write_text(json.dumps({
-            "rank": rank, "time": 1_760_000_000.0 + t, "type": "TypeError", "message": MESSAGE, "traceback": TAIL,
-            "where": WHERE}))
-    rd = RunDir(url=str(run), local=str(run), fs=LocalFileSystem(), path=str(run))
-    plan = Plan(world_size=2, per_rank_batch=8, accumulation=1, global_batch=16, device="cpu", backend="gloo",
-                nnodes=1, nproc_per_node=2)
+    rd, plan = two_ranks_failed(run, MESSAGE, TAIL, WHERE)
     assert finalize.finish(rd, {"versions": {}}, plan, rc=1, interrupted=None) == 1
     err = sys.stderr.getvalue()
     assert not _too_wide(err), _too_wide(err)
@@ -252,14 +246,7 @@ def test_a_failed_job_run_in_turn_says_one_line(tmp_path: Path, monkeypatch: pyt
     monkeypatch.delenv(layout.ENV_SWEEP_CONSOLE, raising=False)
     monkeypatch.delenv("COLUMNS", raising=False)
     run = tmp_path / "00-09-00_sweep" / "2_smoke_w2_seed=3"
-    (run / layout.PROGRESS).mkdir(parents=True)
-    for rank, t in ((1, 10.0), (0, 11.0)):
-        (run / layout.rank_error(rank)).write_text(json.dumps({
-            "rank": rank, "time": 1_760_000_000.0 + t, "type": "TypeError", "message": MESSAGE, "traceback": TAIL,
-            "where": WHERE}))
-    rd = RunDir(url=str(run), local=str(run), fs=LocalFileSystem(), path=str(run))
-    plan = Plan(world_size=2, per_rank_batch=8, accumulation=1, global_batch=16, device="cpu", backend="gloo",
-                nnodes=1, nproc_per_node=2)
+    rd, plan = two_ranks_failed(run, MESSAGE, TAIL, WHERE)
     manifest = {"versions": {}, "invocation": {"sweep": {"id": "00-09-00_sweep", "job": 2}}}
     assert finalize.finish(rd, manifest, plan, rc=1, interrupted=None) == 1
     out, err = capsys.readouterr()

@@ -4,17 +4,13 @@ then whole frames of its traceback, never a fragment that starts inside a frame;
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from fsspec.implementations.local import LocalFileSystem
 
-from ddp_runner.config.plan import Plan
-from ddp_runner.contract import layout
 from ddp_runner.diagnostics import rootcause
-from ddp_runner.rundir.run_dir import RunDir
 from ddp_runner.supervise import finalize
+from tests.support.failed_runs import two_ranks_failed
 
 TORCH = "/venv/lib/python3.11/site-packages/torch/nn"
 MESSAGE = "Net.forward() takes 2 positional arguments but 3 were given"
@@ -51,14 +47,7 @@ def test_frames_are_whole_and_leave_out_the_markers_and_the_exception_line() -> 
 def test_the_console_shows_the_cause_first_then_the_frames(tmp_path: Path,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
-    (run / layout.PROGRESS).mkdir(parents=True)
-    for rank, t in ((1, 10.0), (0, 11.0)):
-        (run / layout.rank_error(rank)).write_text(json.dumps({
-            "rank": rank, "time": 1_760_000_000.0 + t, "type": "TypeError", "message": MESSAGE, "traceback": TAIL,
-            "where": WHERE}))
-    rd = RunDir(url=str(run), local=str(run), fs=LocalFileSystem(), path=str(run))
-    plan = Plan(world_size=2, per_rank_batch=8, accumulation=1, global_batch=16, device="cpu", backend="gloo",
-                nnodes=1, nproc_per_node=2)
+    rd, plan = two_ranks_failed(run, MESSAGE, TAIL, WHERE)
 
     assert finalize.finish(rd, {"versions": {}}, plan, rc=1, interrupted=None) == 1
 
